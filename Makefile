@@ -1,0 +1,31 @@
+# The template's own tooling. `make demo` is the main job; `make test` runs every test.
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+DEMO_DIR ?= build/demo
+
+help:  ## Show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements-dev.txt
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10) and "Python 3.10+ is needed")'
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --upgrade pip
+	$(VENV)/bin/python -m pip install -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.installed  ## Create .venv with what template development needs
+
+test: venv  ## Run all template tests: render every option, bake, install, run baked tests
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: venv  ## Lint the template's own Python files
+	$(VENV)/bin/python -m ruff check hooks tests
+
+demo:  ## Bake with defaults into $(DEMO_DIR), install it in its own venv, train on the demo data
+	bash scripts/demo.sh "$(DEMO_DIR)" "$(PYTHON)"
+
+clean:  ## Remove the venv and the demo bake
+	rm -rf $(VENV) build
+
+.PHONY: help venv test lint demo clean

@@ -1,0 +1,86 @@
+"""The demo dataset: photo-like JPEGs of four visually distinct classes, generated, never downloaded."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+log = logging.getLogger(__name__)
+
+DEMO_CLASSES = ("circles", "squares", "stripes", "triangles")
+DEMO_DIR = Path("data/demo")
+_IMAGES_PER_CLASS = 250
+_SIZE = (192, 144)  # width, height: a small photo
+
+
+def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_CLASS) -> Path:
+    """Create the demo dataset under `root` unless it is already there; return `root`.
+
+    The images are written to a temporary folder beside `root` and renamed into place, so that
+    processes starting together (DDP ranks, torchrun nodes on one machine) never see half a dataset.
+    """
+    root = Path(root)
+    if (root / ".complete").exists():
+        return root
+    log.warning("Generating the demo dataset (%d images) in %s", 4 * images_per_class, root.resolve())
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".demo-", dir=root.parent))
+    try:
+        rng = np.random.default_rng(0)
+        for label, name in enumerate(DEMO_CLASSES):
+            (staging / name).mkdir()
+            for i in range(images_per_class):
+                image = _draw(label, rng)
+                image.save(staging / name / f"{name}_{i:04d}.jpg", quality=90)
+        (staging / ".complete").touch()
+        try:
+            os.rename(staging, root)
+        except OSError:  # another process finished first: its copy is identical (same seed)
+            if not (root / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def _background(rng: np.random.Generator) -> Image.Image:
+    """A smooth random colour field, like an out-of-focus scene."""
+    coarse = rng.integers(30, 226, size=(3, 4, 3), dtype=np.uint8)
+    return Image.fromarray(coarse).resize(_SIZE, Image.BICUBIC).filter(ImageFilter.GaussianBlur(8))
+
+
+def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
+    return tuple(int(c) for c in rng.integers(0, 256, size=3))
+
+
+def _draw(label: int, rng: np.random.Generator) -> Image.Image:
+    image = _background(rng)
+    draw = ImageDraw.Draw(image)
+    width, height = _SIZE
+    if DEMO_CLASSES[label] == "stripes":
+        period = rng.uniform(10, 24)
+        angle = rng.uniform(0, np.pi)
+        yy, xx = np.mgrid[0:height, 0:width]
+        wave = np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * 2 * np.pi / period) > 0
+        pixels = np.asarray(image).copy()
+        pixels[wave] = _colour(rng)
+        image = Image.fromarray(pixels)
+    else:
+        for _ in range(int(rng.integers(2, 5))):
+            r = rng.uniform(14, 30)
+            cx, cy = rng.uniform(r, width - r), rng.uniform(r, height - r)
+            if DEMO_CLASSES[label] == "circles":
+                draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
+            elif DEMO_CLASSES[label] == "squares":
+                draw.regular_polygon((cx, cy, r), 4, rotation=rng.uniform(0, 90), fill=_colour(rng))
+            else:
+                draw.regular_polygon((cx, cy, r), 3, rotation=rng.uniform(0, 120), fill=_colour(rng))
+    noise = rng.normal(0, 6, size=(height, width, 3))
+    pixels = np.clip(np.asarray(image, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels)

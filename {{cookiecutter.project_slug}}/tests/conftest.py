@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny image folders written to tmp_path, so that tests run offline and fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+CLASSES = ("ant", "bee", "cat")
+
+
+def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> Path:
+    """Write a small noisy image of one colour; the format follows the file extension."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(abs(hash(path.name)) % 2**32)
+    pixels = np.clip(rng.normal(colour, 10, size=(size[1], size[0], 3)), 0, 255).astype(np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+@pytest.fixture
+def image_root(tmp_path: Path) -> Path:
+    """`root/<class>/<image>` with three classes of eight small JPEGs each."""
+    root = tmp_path / "images"
+    for label, name in enumerate(CLASSES):
+        colour = tuple(255 if c == label else 30 for c in range(3))
+        for i in range(8):
+            write_image(root / name / f"{name}_{i}.jpg", colour)
+    return root
