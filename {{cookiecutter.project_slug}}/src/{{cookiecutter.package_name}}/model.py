@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from {{ cookiecutter.package_name }}.networks import CompactResNet
+from {{ cookiecutter.package_name }}.networks import COMPACT, build_network
+from {{ cookiecutter.package_name }}.reports import per_class_table, save_confusion_png
 
 
 class ImageClassifier(L.LightningModule):
@@ -20,12 +25,19 @@ class ImageClassifier(L.LightningModule):
     saved in every checkpoint, so that a checkpoint alone is enough to predict or export.
 
     Args:
+        architecture: "compact_resnet" (the default, sized by `width` and `depths`) or a
+            torchvision classification model by name: "resnet18", "resnet50", "efficientnet_b0"...
+        weights_path: a local torchvision state dict to start from (torchvision models only);
+            unset: random initialisation. Nothing is downloaded.
         width: channels of the first stage; each later stage doubles them.
         depths: residual blocks per stage.
         lr: peak learning rate of AdamW.
         weight_decay: applied to weights only, not to norm layers and biases.
+        label_smoothing: of the cross-entropy loss (0.1 is a common choice).
         schedule: "cosine" (linear warm-up, then cosine decay to zero) or "onecycle".
         warmup_fraction: share of all training steps spent warming up.
+        compile: run the network through `torch.compile` when fitting.
+        channels_last: NHWC memory layout (faster convolutions on recent GPUs); unset: on CUDA only.
     """
 
     def __init__(
@@ -34,6 +46,8 @@ class ImageClassifier(L.LightningModule):
         image_size: int,
         mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
         std: tuple[float, float, float] = (0.229, 0.224, 0.225),
+        architecture: str = COMPACT,
+        weights_path: str | None = None,
         width: int = 32,
         depths: tuple[int, ...] = (1, 1, 2, 1),
         dropout: float = 0.0,
@@ -42,16 +56,39 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: float = 0.0,
         schedule: Literal["cosine", "onecycle"] = "cosine",
         warmup_fraction: float = 0.05,
+        compile: bool = False,
+        channels_last: bool | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.class_names = list(class_names)
         num_classes = len(self.class_names)
-        self.net = CompactResNet(num_classes, image_size, width, tuple(depths), dropout=dropout)
+        self.net = build_network(
+            architecture, num_classes, image_size, width, tuple(depths), dropout, weights_path
+        )
         self.loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc_top5 = (
+            MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
+        )
+        self.val_confusion = MulticlassConfusionMatrix(num_classes)
+        self.confusion: np.ndarray | None = None  # of the latest validation epoch
+        self._channels_last = False
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        channels_last = hp.channels_last
+        if channels_last is None:
+            channels_last = isinstance(self.trainer.accelerator, CUDAAccelerator)
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
+            self._channels_last = True
+        if hp.compile and stage == "fit":
+            self.net.compile()  # in place: the state dict keeps its keys, checkpoints stay portable
 
     def forward(self, images: Tensor) -> Tensor:
+        if self._channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
         return self.net(images)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -64,12 +101,34 @@ class ImageClassifier(L.LightningModule):
         images, targets = batch
         logits = self(images)
         self.val_acc(logits, targets)
+        self.val_confusion.update(logits, targets)
         self.log("val_loss", self.loss(logits, targets), prog_bar=True, sync_dist=True)
         self.log("val_acc", self.val_acc, prog_bar=True)
+        if self.val_acc_top5 is not None:
+            self.val_acc_top5(logits, targets)
+            self.log("val_acc_top5", self.val_acc_top5)
+
+    def on_validation_epoch_end(self) -> None:
+        matrix = self.val_confusion.compute().cpu().numpy()  # every rank: compute syncs them
+        self.val_confusion.reset()
+        if self.trainer.sanity_checking:
+            return
+        self.confusion = matrix
+        if self.trainer.state.fn == TrainerFn.VALIDATING and self.trainer.is_global_zero:
+            print(per_class_table(matrix, self.class_names))
+
+    def on_fit_end(self) -> None:
+        """Print the per-class accuracy of the last validation and save its confusion matrix."""
+        if self.confusion is None or not self.trainer.is_global_zero:
+            return
+        print(per_class_table(self.confusion, self.class_names))
+        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        path = save_confusion_png(self.confusion, self.class_names, folder / "confusion_matrix.png")
+        print(f"confusion matrix: {path}")
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         images, indices = batch
-        return {"index": indices, "probs": self(images).softmax(dim=1)}
+        return {"index": indices, "probs": self(images).float().softmax(dim=1)}
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -78,7 +137,10 @@ class ImageClassifier(L.LightningModule):
             if param.requires_grad:
                 (decay if param.ndim > 1 else no_decay).append(param)
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [
+                {"params": decay, "weight_decay": hp.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
             lr=hp.lr,
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
@@ -96,4 +158,7 @@ class ImageClassifier(L.LightningModule):
                 return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -1,8 +1,16 @@
-"""The default network: a compact residual CNN (BatchNorm, ResNet basic blocks)."""
+"""The networks: a compact residual CNN (the default) and torchvision architectures by name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+import torchvision
 from torch import Tensor, nn
+
+from {{ cookiecutter.package_name }}.errors import DataError
+
+COMPACT = "compact_resnet"
 
 
 class BasicBlock(nn.Module):
@@ -23,7 +31,9 @@ class BasicBlock(nn.Module):
                 nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
                 nn.BatchNorm2d(out_channels),
             )
-        nn.init.zeros_(self.body[-1].weight)  # each block starts as the identity: stabler early training
+        nn.init.zeros_(
+            self.body[-1].weight
+        )  # each block starts as the identity: stabler early training
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -66,8 +76,59 @@ class CompactResNet(nn.Module):
                 channels = out
         self.stages = nn.Sequential(*stages)
         self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout), nn.Linear(channels, num_classes)
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Dropout(dropout),
+            nn.Linear(channels, num_classes),
         )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.stages(self.stem(x)))
+
+
+def build_network(
+    architecture: str,
+    num_classes: int,
+    image_size: int,
+    width: int = 32,
+    depths: tuple[int, ...] = (1, 1, 2, 1),
+    dropout: float = 0.0,
+    weights_path: str | Path | None = None,
+) -> nn.Module:
+    """The compact CNN, or a torchvision model by name (`resnet18`, `efficientnet_b0`, ...).
+
+    torchvision models start from random weights, or from `weights_path`: a local state dict for
+    the architecture as torchvision defines it (usually ImageNet, 1000 classes), whose last linear
+    layer is then replaced to give `num_classes` outputs. Nothing is ever downloaded.
+    """
+    if architecture == COMPACT:
+        if weights_path is not None:
+            raise DataError("--model.weights_path is for torchvision architectures only")
+        return CompactResNet(num_classes, image_size, width, tuple(depths), dropout=dropout)
+    available = torchvision.models.list_models(module=torchvision.models)
+    if architecture not in available:
+        raise DataError(
+            f"--model.architecture {architecture!r} is neither {COMPACT!r} nor a torchvision "
+            f"classification model (e.g. resnet18, resnet50, efficientnet_b0, convnext_tiny)"
+        )
+    if weights_path is None:
+        return torchvision.models.get_model(architecture, weights=None, num_classes=num_classes)
+    network = torchvision.models.get_model(architecture, weights=None)
+    path = Path(weights_path)
+    if not path.is_file():
+        raise DataError(f"--model.weights_path {path} is not a file")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        network.load_state_dict(state)
+    except RuntimeError as err:
+        raise DataError(f"--model.weights_path {path} does not fit {architecture}: {err}") from err
+    _replace_last_linear(network, num_classes)
+    return network
+
+
+def _replace_last_linear(network: nn.Module, num_classes: int) -> None:
+    """Swap the last `nn.Linear` (the classifier of every torchvision model) for a fresh one."""
+    name, layer = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Linear)][-1]
+    parent_name, _, attribute = name.rpartition(".")
+    parent = network.get_submodule(parent_name) if parent_name else network
+    setattr(parent, attribute, nn.Linear(layer.in_features, num_classes))

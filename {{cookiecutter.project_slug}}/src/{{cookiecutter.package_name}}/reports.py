@@ -1,0 +1,62 @@
+"""Validation reports from a confusion matrix: a per-class accuracy table and its PNG picture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+
+def per_class_table(matrix: np.ndarray, class_names: list[str]) -> str:
+    """A text table: for each class, its validation images, the correct ones and the accuracy.
+
+    `matrix[i, j]` counts images of true class `i` predicted as class `j`.
+    """
+    width = max(len("class"), *(len(name) for name in class_names))
+    lines = [f"{'class':<{width}}  {'images':>7}  {'correct':>7}  {'accuracy':>8}"]
+    for i, name in enumerate(class_names):
+        total, correct = int(matrix[i].sum()), int(matrix[i, i])
+        accuracy = f"{correct / total:8.3f}" if total else f"{'-':>8}"
+        lines.append(f"{name:<{width}}  {total:>7}  {correct:>7}  {accuracy}")
+    return "\n".join(lines)
+
+
+def save_confusion_png(matrix: np.ndarray, class_names: list[str], path: str | Path) -> Path:
+    """Draw the row-normalised confusion matrix (rows: true class, columns: predicted) as a PNG."""
+    path = Path(path)
+    num_classes = len(class_names)
+    cell = max(12, min(48, 720 // max(1, num_classes)))
+    font = ImageFont.load_default()
+    label_width = 8 + max(int(font.getlength(name)) for name in class_names)
+    margin = 24
+    size = (
+        label_width + num_classes * cell + margin,
+        margin + num_classes * cell + label_width + 4,
+    )
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+    rows = matrix.sum(axis=1, keepdims=True)
+    shares = np.divide(matrix, rows, out=np.zeros(matrix.shape, dtype=float), where=rows > 0)
+    left, top = label_width, margin
+    draw.text((left, 4), "predicted ->  (rows: true class)", fill="black", font=font)
+    for i, name in enumerate(class_names):
+        y = top + i * cell
+        draw.text((4, y + cell // 2 - 5), name, fill="black", font=font)
+        for j in range(num_classes):
+            x = left + j * cell
+            shade = int(255 * (1 - shares[i, j]))
+            draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=(shade, shade, 255))
+            if cell >= 28 and matrix[i, j]:
+                colour = "white" if shares[i, j] > 0.5 else "black"
+                draw.text(
+                    (x + 3, y + cell // 2 - 5), str(int(matrix[i, j])), fill=colour, font=font
+                )
+    # Column labels, written sideways below the grid.
+    for j, name in enumerate(class_names):
+        label = Image.new("RGB", (label_width, cell), "white")
+        ImageDraw.Draw(label).text((4, cell // 2 - 5), name, fill="black", font=font)
+        image.paste(label.rotate(90, expand=True), (left + j * cell, top + num_classes * cell + 4))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path
