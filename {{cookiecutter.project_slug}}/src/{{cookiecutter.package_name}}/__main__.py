@@ -38,7 +38,7 @@ def main(args: list[str] | None = None) -> None:
             trainer_defaults={
                 "max_epochs": 10,
                 "logger": {
-                    "class_path": "lightning.pytorch.loggers.CSVLogger",
+                    "class_path": "lightning.pytorch.loggers.{{ 'TensorBoardLogger' if cookiecutter.logger == 'tensorboard' else 'CSVLogger' }}",
                     "init_args": {"save_dir": ".", "name": "lightning_logs"},
                 },
                 "callbacks": [LearningRateMonitor(logging_interval="epoch")],
