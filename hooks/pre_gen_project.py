@@ -4,16 +4,19 @@ Cookiecutter renders this file with the answers, runs it in the new project fold
 that folder when it exits non-zero, so a refused bake leaves no directory behind.
 """
 
+import json
 import keyword
 import re
 import sys
 
 # Names that would shadow the standard library or a dependency when imported.
+# fmt: off
 RESERVED = set(sys.stdlib_module_names) | {
     "torch", "torchvision", "lightning", "pytorch_lightning", "lightning_fabric",
     "lightning_utilities", "torchmetrics", "jsonargparse", "numpy", "PIL", "pillow", "yaml",
     "tensorboard", "onnx", "setuptools", "pkg_resources", "pytest", "ruff", "test", "tests", "src",
 }
+# fmt: on
 
 # What a choice may be; cookiecutter checks prompts and --no-input overrides, not replay files.
 CHOICES = {
@@ -30,13 +33,17 @@ PLAIN_TEXT = ("project_name", "description", "author_name")
 
 def _package_problem(package: str) -> str | None:
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", package):
-        return (f"package_name {package!r} must be a lower-case Python identifier: letters a-z, "
-                "digits and underscores, not starting with a digit")
+        return (
+            f"package_name {package!r} must be a lower-case Python identifier: letters a-z, "
+            "digits and underscores, not starting with a digit"
+        )
     if keyword.iskeyword(package):
         return f"package_name {package!r} is a Python keyword; pick another import name"
     if package in RESERVED:
-        return (f"package_name {package!r} would shadow the standard-library or dependency module "
-                "of that name; pick another import name")
+        return (
+            f"package_name {package!r} would shadow the standard-library or dependency module "
+            "of that name; pick another import name"
+        )
     return None
 
 
@@ -48,16 +55,20 @@ def problems(answers: dict[str, str]) -> list[str]:
         found.append(package_problem)
     slug = answers["project_slug"]
     if not re.fullmatch(r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?", slug):
-        found.append(f"project_slug {slug!r} must be lower-case letters, digits, '.', '_' or '-', "
-                     "starting and ending with a letter or digit")
+        found.append(
+            f"project_slug {slug!r} must be lower-case letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit"
+        )
     email = answers["author_email"]
     if not re.fullmatch(r"[^@\s\"\\]+@[^@\s\"\\]+\.[^@\s\"\\.]+", email):
         found.append(f"author_email {email!r} is not an e-mail address (name@domain.tld)")
     for field in PLAIN_TEXT:
         text = answers[field]
         if not text.strip() or re.search(r"[\"\\\x00-\x1f]", text):
-            found.append(f"{field} {text!r} must be non-empty text on one line without "
-                         "double quotes or backslashes")
+            found.append(
+                f"{field} {text!r} must be non-empty text on one line without "
+                "double quotes or backslashes"
+            )
     version = answers["python_version"]
     if not re.fullmatch(r"3\.(1[0-9]|[2-9][0-9])", version):
         found.append(f"python_version {version!r} must be 3.10 or newer, as MAJOR.MINOR")
@@ -70,21 +81,8 @@ def problems(answers: dict[str, str]) -> list[str]:
     return found
 
 
-ANSWERS = {
-    "project_name": {{ cookiecutter.project_name | tojson }},
-    "package_name": {{ cookiecutter.package_name | tojson }},
-    "project_slug": {{ cookiecutter.project_slug | tojson }},
-    "description": {{ cookiecutter.description | tojson }},
-    "author_name": {{ cookiecutter.author_name | tojson }},
-    "author_email": {{ cookiecutter.author_email | tojson }},
-    "python_version": {{ cookiecutter.python_version | tojson }},
-    "image_size": {{ cookiecutter.image_size | tojson }},
-    "license": {{ cookiecutter.license | tojson }},
-    "dataset_layout": {{ cookiecutter.dataset_layout | tojson }},
-    "logger": {{ cookiecutter.logger | tojson }},
-    "ci": {{ cookiecutter.ci | tojson }},
-    "slurm": {{ cookiecutter.slurm | tojson }},
-}
+# Rendered by cookiecutter; a raw string keeps this file valid Python for ruff before rendering.
+ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 
 if __name__ == "__main__":
     errors = problems(ANSWERS)
