@@ -1,12 +1,28 @@
-"""Helpers shared by the template tests: bake through pytest-cookies and check the result."""
+"""Helpers shared by the template tests: bake via pytest-cookies or the real CLI, run commands."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from itertools import product
 from pathlib import Path
 
 import pytest
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+PROJECT_TEMPLATE = TEMPLATE / "{{cookiecutter.project_slug}}"
+CHOICE_OPTIONS = {
+    name: values
+    for name, values in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
+    if isinstance(values, list)
+}
+
+
+def all_combinations() -> list[dict[str, str]]:
+    """Every combination of the choice options in cookiecutter.json."""
+    names = list(CHOICE_OPTIONS)
+    return [dict(zip(names, values, strict=True)) for values in product(*CHOICE_OPTIONS.values())]
 
 
 def bake(cookies, **context) -> Path:
@@ -17,15 +33,48 @@ def bake(cookies, **context) -> Path:
     return Path(result.project_path)
 
 
+def files_of(project: Path) -> set[str]:
+    """Every file below `project`, as POSIX paths relative to it."""
+    return {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file()}
+
+
 def run(*cmd: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run a command, failing the test with its output when it exits non-zero."""
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+        pytest.fail(
+            f"{' '.join(cmd)} exited {done.returncode}\n"
+            f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        )
     return done
+
+
+def cookiecutter_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The real `cookiecutter` command on this template, with replays kept inside `cwd`."""
+    config = cwd / "cookiecutter-config.yaml"
+    config.write_text(
+        f"cookiecutters_dir: {json.dumps(str(cwd / 'cookiecutters'))}\n"
+        f"replay_dir: {json.dumps(str(cwd / 'replay'))}\n"
+    )
+    cmd = [sys.executable, "-m", "cookiecutter", "--config-file", str(config), str(TEMPLATE)]
+    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def pip_install(project: Path) -> None:
     """Install a baked project into this environment (its dependencies are already here)."""
-    run(sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "-e",
-        f"{project}[dev]", cwd=project)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-build-isolation",
+        "-e",
+        f"{project}[dev]",
+        cwd=project,
+    )
+
+
+def pip_uninstall(distribution: str, cwd: Path) -> None:
+    """Remove a baked project installed by `pip_install`, leaving the environment as it was."""
+    run(sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", distribution, cwd=cwd)

@@ -1,70 +1,243 @@
-"""Render-only checks of the default bake: file set, no leftover Jinja, parsable config files."""
+"""Render-only checks of every option combination: exact files, no Jinja, configs parse, ruff."""
 
 from __future__ import annotations
 
 import json
 import re
-import tomllib
+import sys
 from pathlib import Path
 
+import pytest
+import tomllib
 import yaml
-from conftest import bake
+from conftest import (
+    CHOICE_OPTIONS,
+    PROJECT_TEMPLATE,
+    TEMPLATE,
+    all_combinations,
+    bake,
+    files_of,
+    run,
+)
 
-DEFAULT_FILES = {
+# Files that exist in a bake only for one value of an option (template paths, rendered names).
+OPTION_FILES = {
+    ("ci", "github"): {".github/workflows/ci.yml"},
+    ("slurm", "yes"): {"scripts/slurm.sbatch"},
+}
+
+# What any bake must hold, whatever the options (the architecture the house style asks for).
+CORE_FILES = {
+    ".cookiecutter.json",
     ".gitignore",
+    ".pre-commit-config.yaml",
+    "LICENSE",
     "Makefile",
     "README.md",
     "pyproject.toml",
-    "configs/cpu_debug.yaml",
-    "src/shape_sorter/__init__.py",
-    "src/shape_sorter/__main__.py",
-    "src/shape_sorter/data.py",
-    "src/shape_sorter/datasets.py",
-    "src/shape_sorter/demo.py",
-    "src/shape_sorter/errors.py",
-    "src/shape_sorter/images.py",
-    "src/shape_sorter/model.py",
-    "src/shape_sorter/networks.py",
+    "src/{package}/__init__.py",
+    "src/{package}/__main__.py",
+    "src/{package}/data.py",
+    "src/{package}/model.py",
     "tests/conftest.py",
-    "tests/test_cli.py",
-    "tests/test_data.py",
-    "tests/test_model.py",
 }
 
+# Jinja left behind: `{{` (GitHub's `${{ }}` is meant to survive), `{%`, `{#`, or a context lookup.
+UNRENDERED = re.compile(r"(?<!\$)\{\{|\{%|\{#|cookiecutter\.(?!json)\w")
 
-def files_of(project: Path) -> set[str]:
-    return {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()}
-
-
-def test_default_bake_has_exactly_the_expected_files(cookies) -> None:
-    project = bake(cookies, project_name="Shape Sorter")
-    assert project.name == "shape-sorter"
-    assert files_of(project) == DEFAULT_FILES
+COMBINATIONS = all_combinations()
 
 
-def test_no_unrendered_jinja(cookies) -> None:
+def combination_id(options: dict[str, str]) -> str:
+    return "-".join(options.values())
+
+
+def template_files(package: str) -> set[str]:
+    """The files of the project template, named as a bake with `package` names them."""
+    return {
+        name.replace("{{cookiecutter.package_name}}", package)
+        for name in files_of(PROJECT_TEMPLATE)
+    }
+
+
+def expected_files(options: dict[str, str], package: str) -> set[str]:
+    """The template's files, less those whose option is off, plus the recorded answers."""
+    files = template_files(package) | {".cookiecutter.json"}
+    for (option, value), names in OPTION_FILES.items():
+        if options[option] != value:
+            files -= names
+    return files
+
+
+def parse_config_files(project: Path) -> int:
+    """Parse every TOML, YAML and JSON file of the bake; return how many there were."""
+    parsers = {
+        ".toml": tomllib.loads,
+        ".yaml": yaml.safe_load,
+        ".yml": yaml.safe_load,
+        ".json": json.loads,
+    }
+    count = 0
+    for name in files_of(project):
+        parse = parsers.get(Path(name).suffix)
+        if parse is not None:
+            parse((project / name).read_text(encoding="utf-8"))
+            count += 1
+    return count
+
+
+def test_option_files_exist_in_the_template() -> None:
+    # Guards the pruning checks below against naming a file the template does not have.
+    for names in OPTION_FILES.values():
+        assert names <= template_files("x")
+    assert {option for option, _ in OPTION_FILES} <= set(CHOICE_OPTIONS)
+
+
+def test_every_choice_option_is_asked_with_help_text() -> None:
+    context = json.loads((TEMPLATE / "cookiecutter.json").read_text())
+    questions = [key for key in context if not key.startswith("_")]
+    assert set(context["__prompts__"]) == set(questions)
+    assert set(CHOICE_OPTIONS) >= {"license", "dataset_layout", "logger", "ci", "slurm"}
+    for option, values in CHOICE_OPTIONS.items():
+        help_text = context["__prompts__"][option]
+        assert set(help_text) == {"__prompt__", *values}, option
+    assert len(COMBINATIONS) == 64
+
+
+@pytest.mark.parametrize("options", COMBINATIONS, ids=combination_id)
+def test_combination_renders_clean(cookies, options: dict[str, str]) -> None:
+    project = bake(cookies, project_name="Combo Check", **options)
+    files = files_of(project)
+    assert files == expected_files(options, "combo_check")
+    assert {name.format(package="combo_check") for name in CORE_FILES} <= files
+    leftovers = {
+        name for name in files if UNRENDERED.search((project / name).read_text(encoding="utf-8"))
+    }
+    assert leftovers == set()
+    assert parse_config_files(project) >= 3
+    run(sys.executable, "-m", "ruff", "check", "--no-cache", ".", cwd=project)
+    run(sys.executable, "-m", "ruff", "format", "--no-cache", "--check", ".", cwd=project)
+
+
+def test_bake_has_no_caches_or_stray_files(cookies) -> None:
     project = bake(cookies)
-    leftovers = [
-        name for name in files_of(project)
-        if re.search(r"{{|{%", (project / name).read_text(encoding="utf-8"))
-    ]
-    assert leftovers == []
-
-
-def test_config_files_parse(cookies) -> None:
-    project = bake(cookies, project_name="Shape Sorter", author_email="a@b.org")
-    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
-    assert meta["name"] == "shape-sorter"
-    assert meta["authors"] == [{"name": "Your Name", "email": "a@b.org"}]
-    assert meta["scripts"] == {"shape-sorter": "shape_sorter.__main__:main"}
-    for path in project.rglob("*"):
-        if path.suffix in (".yaml", ".yml"):
-            yaml.safe_load(path.read_text())
-        elif path.suffix == ".json":
-            json.loads(path.read_text())
+    stray = re.compile(r"__pycache__|\.pyc$|\.ruff_cache|\.pytest_cache|\.DS_Store|\.egg-info")
+    assert [name for name in files_of(project) if stray.search(name)] == []
 
 
 def test_names_derive_from_the_project_name(cookies) -> None:
     project = bake(cookies, project_name="My Fancy_Classifier")
     assert project.name == "my-fancy-classifier"
     assert (project / "src" / "my_fancy_classifier" / "__main__.py").exists()
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["name"] == "my-fancy-classifier"
+    assert meta["scripts"] == {"my-fancy-classifier": "my_fancy_classifier.__main__:main"}
+
+
+def test_free_text_answers_reach_the_metadata(cookies) -> None:
+    project = bake(
+        cookies,
+        author_name="Ada Lovelace",
+        author_email="ada@example.org",
+        python_version="3.12",
+        description="Sorts moths from butterflies.",
+    )
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    meta = pyproject["project"]
+    assert meta["authors"] == [{"name": "Ada Lovelace", "email": "ada@example.org"}]
+    assert meta["requires-python"] == ">=3.12"
+    assert meta["description"] == "Sorts moths from butterflies."
+    assert pyproject["tool"]["ruff"]["target-version"] == "py312"
+    workflow = yaml.safe_load((project / ".github/workflows/ci.yml").read_text())
+    assert workflow["jobs"]["test"]["strategy"]["matrix"]["python"] == ["3.12"]
+    assert "Ada Lovelace" in (project / "LICENSE").read_text()
+
+
+@pytest.mark.parametrize(
+    ("license_id", "spdx", "first_words"),
+    [
+        ("MIT", "MIT", "MIT License"),
+        ("Apache-2.0", "Apache-2.0", "Apache License"),
+        ("BSD-3-Clause", "BSD-3-Clause", "BSD 3-Clause License"),
+        ("Proprietary", "LicenseRef-Proprietary", "Copyright (c)"),
+    ],
+)
+def test_license_option_sets_the_file_and_the_metadata(
+    cookies, license_id: str, spdx: str, first_words: str
+) -> None:
+    project = bake(cookies, license=license_id, author_name="Grace Hopper")
+    text = (project / "LICENSE").read_text()
+    assert text.strip().startswith(first_words)
+    assert re.search(r"Copyright (\(c\) )?\d{4},? Grace Hopper", text)
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["license"] == spdx
+    assert meta["license-files"] == ["LICENSE"]
+    assert ("All rights reserved" in text) == (license_id == "Proprietary")
+    assert license_id in (project / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("logger", "logger_class", "has_dependency"),
+    [("csv", "CSVLogger", False), ("tensorboard", "TensorBoardLogger", True)],
+)
+def test_logger_option_sets_the_default_and_the_dependency(
+    cookies, logger: str, logger_class: str, has_dependency: bool
+) -> None:
+    project = bake(cookies, project_name="Log Check", logger=logger)
+    main = (project / "src/log_check/__main__.py").read_text()
+    assert f'"lightning.pytorch.loggers.{logger_class}"' in main
+    dependencies = tomllib.loads((project / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    assert any(d.startswith("tensorboard") for d in dependencies) == has_dependency
+    assert ("tensorboard --logdir" in (project / "README.md").read_text()) == has_dependency
+
+
+def test_github_workflow_keeps_its_expressions_and_tests_three_systems(cookies) -> None:
+    project = bake(cookies, ci="github")
+    text = (project / ".github/workflows/ci.yml").read_text()
+    assert "${{ matrix.os }}" in text and "${{ matrix.python }}" in text
+    workflow = yaml.safe_load(text)
+    test_job = workflow["jobs"]["test"]
+    assert test_job["runs-on"] == "${{ matrix.os }}"
+    assert set(test_job["strategy"]["matrix"]["os"]) == {
+        "ubuntu-latest",
+        "windows-latest",
+        "macos-latest",
+    }
+    uses = {step.get("uses", "").split("@")[0]: step for step in test_job["steps"]}
+    setup = uses["actions/setup-python"]
+    assert setup["with"]["cache"] == "pip"
+    commands = " ".join(s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"])
+    assert "make lint" in commands and "pytest" in commands
+    assert "ci.yml" in (project / "README.md").read_text()
+
+
+def test_ci_none_and_slurm_no_leave_no_trace(cookies) -> None:
+    project = bake(cookies, ci="none", slurm="no")
+    assert not (project / ".github").exists()
+    assert not (project / "scripts").exists()
+    readme = (project / "README.md").read_text()
+    assert "ci.yml" not in readme and "sbatch" not in readme
+
+
+def test_slurm_script_runs_this_package_under_srun(cookies) -> None:
+    project = bake(cookies, project_name="Cluster Cat", slurm="yes")
+    script = (project / "scripts/slurm.sbatch").read_text()
+    assert script.startswith("#!/bin/bash")
+    assert "#SBATCH" in script and "srun" in script and "cluster_cat" in script
+    assert "sbatch scripts/slurm.sbatch" in (project / "README.md").read_text()
+
+
+def test_pre_commit_runs_ruff_lint_and_format(cookies) -> None:
+    project = bake(cookies)
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
+    hooks = {hook["id"] for repo in config["repos"] for hook in repo["hooks"]}
+    assert hooks == {"ruff-check", "ruff-format"}
+
+
+def test_makefile_has_the_documented_targets(cookies) -> None:
+    project = bake(cookies)
+    help_text = run("make", "help", cwd=project).stdout
+    for target in ("help", "install", "lint", "test", "train"):
+        assert re.search(rf"^\s*{target}\s", help_text, re.MULTILINE), target

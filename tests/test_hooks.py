@@ -1,0 +1,144 @@
+"""The hooks through the real `cookiecutter` command: refusals, pruning, next steps, replays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import cookiecutter_cli, files_of
+
+
+def baked_folders(output: Path) -> list[str]:
+    return sorted(p.name for p in output.iterdir()) if output.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (
+            "package_name=2-bad pkg",
+            "package_name '2-bad pkg' must be a lower-case Python identifier",
+        ),
+        ("package_name=Shapes", "package_name 'Shapes' must be a lower-case Python identifier"),
+        ("package_name=class", "package_name 'class' is a Python keyword"),
+        ("package_name=torch", "package_name 'torch' would shadow"),
+        ("package_name=lightning", "package_name 'lightning' would shadow"),
+        ("package_name=test", "package_name 'test' would shadow"),
+        ("package_name=json", "package_name 'json' would shadow the standard-library"),
+        ("project_slug=My Slug", "project_slug 'My Slug' must be lower-case letters"),
+        ("author_email=nobody", "author_email 'nobody' is not an e-mail address"),
+        ('description=Say "hi"', "description 'Say \"hi\"' must be non-empty text on one line"),
+        ("python_version=3.9", "python_version '3.9' must be 3.10 or newer"),
+        ("image_size=0", "image_size '0' must be a whole number of pixels from 8 to 4096"),
+    ],
+)
+def test_invalid_answer_is_refused_naming_the_field_and_leaving_nothing(
+    tmp_path: Path, answer: str, message: str
+) -> None:
+    output = tmp_path / "out"
+    done = cookiecutter_cli("--no-input", "--output-dir", str(output), answer, cwd=tmp_path)
+    assert done.returncode != 0
+    assert message in done.stderr
+    assert "ERROR: cannot bake the template" in done.stderr
+    assert baked_folders(output) == []
+
+
+def test_every_fault_is_reported_at_once(tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    done = cookiecutter_cli(
+        "--no-input", "-o", str(output), "package_name=2-bad pkg", "author_email=x", cwd=tmp_path
+    )
+    assert done.returncode != 0
+    assert "package_name '2-bad pkg'" in done.stderr and "author_email 'x'" in done.stderr
+    assert baked_folders(output) == []
+
+
+def test_good_bake_prints_next_steps_and_records_the_answers(tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    done = cookiecutter_cli(
+        "--no-input",
+        "-o",
+        str(output),
+        "project_name=Moth Finder",
+        "license=BSD-3-Clause",
+        "ci=none",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert baked_folders(output) == ["moth-finder"]
+    assert "Next steps:" in done.stdout and "make test" in done.stdout
+    answers = json.loads((output / "moth-finder/.cookiecutter.json").read_text())["cookiecutter"]
+    assert answers["project_name"] == "Moth Finder"
+    assert answers["package_name"] == "moth_finder"
+    assert answers["license"] == "BSD-3-Clause" and answers["ci"] == "none"
+    assert not any(key.startswith("__") for key in answers)
+
+
+def test_replay_of_the_recorded_answers_rebakes_the_same_project(tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    done = cookiecutter_cli(
+        "--no-input",
+        "-o",
+        str(first),
+        "project_name=Moth Finder",
+        "license=Apache-2.0",
+        "logger=tensorboard",
+        "dataset_layout=csv",
+        "slurm=no",
+        "author_name=Ada",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    recorded = first / "moth-finder/.cookiecutter.json"
+    second = tmp_path / "second"
+    done = cookiecutter_cli("--replay-file", str(recorded), "-o", str(second), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    a, b = first / "moth-finder", second / "moth-finder"
+    assert files_of(a) == files_of(b)
+    differing = [n for n in files_of(a) if (a / n).read_bytes() != (b / n).read_bytes()]
+    assert differing == []
+
+
+def test_update_over_an_existing_bake_restores_template_files_and_keeps_others(
+    tmp_path: Path,
+) -> None:
+    output = tmp_path / "out"
+    done = cookiecutter_cli(
+        "--no-input", "-o", str(output), "project_name=Moth Finder", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    project = output / "moth-finder"
+    (project / "Makefile").write_text("# edited by hand\n")
+    (project / "NOTES.md").write_text("mine\n")
+    done = cookiecutter_cli(
+        "--replay-file",
+        str(project / ".cookiecutter.json"),
+        "-o",
+        str(output),
+        "--overwrite-if-exists",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "help:" in (project / "Makefile").read_text()
+    assert (project / "NOTES.md").read_text() == "mine\n"
+
+
+def test_replay_with_an_answer_outside_the_choices_is_refused(tmp_path: Path) -> None:
+    # Replay files skip cookiecutter's own choice check; the pre-generation hook catches it.
+    output = tmp_path / "out"
+    done = cookiecutter_cli(
+        "--no-input", "-o", str(output), "project_name=Moth Finder", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    replay = json.loads((output / "moth-finder/.cookiecutter.json").read_text())
+    replay["cookiecutter"]["license"] = "GPL-3.0"
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(replay))
+    fresh = tmp_path / "fresh"
+    done = cookiecutter_cli("--replay-file", str(edited), "-o", str(fresh), cwd=tmp_path)
+    assert done.returncode != 0
+    assert (
+        "license 'GPL-3.0' must be one of MIT, Apache-2.0, BSD-3-Clause, Proprietary" in done.stderr
+    )
+    assert baked_folders(fresh) == []
