@@ -1,15 +1,19 @@
-"""The command line: `python -m {{ cookiecutter.package_name }} fit|validate|test|predict [options]`."""
+"""The command line: `python -m {{ cookiecutter.package_name }} fit|validate|test|predict|export ...`."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from {{ cookiecutter.package_name }}.callbacks import InterruptCheckpoint
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.predict import PredictionWriter
 
 
 class ImageCLI(LightningCLI):
@@ -27,10 +31,52 @@ class ImageCLI(LightningCLI):
                 "checkpoint.save_last": True,
             }
         )
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
+        # Always-on callbacks are added here rather than as `trainer.callbacks` defaults: those
+        # print as `callbacks: null` in --print_config, and reloading that file would drop them.
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.set_defaults({"lr_monitor.logging_interval": "epoch"})
+        parser.add_lightning_class_args(InterruptCheckpoint, "interrupt_checkpoint")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            _restore_data_options(config, ckpt_path, self.subcommand)
+        if config.trainer.precision is None:
+            config.trainer.precision = _default_precision(config.trainer.accelerator)
+
+
+def _restore_data_options(config, ckpt_path: str, subcommand: str) -> None:
+    """Give the DataModule the checkpoint's classes, image size and normalisation.
+
+    The model's copies of these are link targets, filled from the DataModule when the classes are
+    instantiated, so setting them on the data side is what makes the model match the checkpoint:
+    `predict --ckpt_path X` then needs no training options, and a resumed `fit` no repeated ones.
+    """
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    hparams = checkpoint.get("hyper_parameters", {})
+    for name in ("class_names", "image_size", "mean", "std"):
+        if name in hparams:
+            config.data[name] = hparams[name]
+    if subcommand == "fit" and config.data.root is None:
+        config.data.root = checkpoint.get("datamodule_hyper_parameters", {}).get("root")
+
+
+def _default_precision(accelerator: object) -> str | None:
+    """bf16 mixed precision where training runs on a CUDA GPU that has it; else Lightning's fp32."""
+    on_cuda = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    return "bf16-mixed" if on_cuda and torch.cuda.is_bf16_supported() else None
 
 
 def main(args: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if args is None else list(args)
     try:
+        if argv[:1] == ["export"]:
+            from {{ cookiecutter.package_name }}.export import main as export_main
+
+            export_main(argv[1:])
+            return
         ImageCLI(
             ImageClassifier,
             ImageDataModule,
@@ -41,7 +87,6 @@ def main(args: list[str] | None = None) -> None:
                     "class_path": "lightning.pytorch.loggers.{{ 'TensorBoardLogger' if cookiecutter.logger == 'tensorboard' else 'CSVLogger' }}",
                     "init_args": {"save_dir": ".", "name": "lightning_logs"},
                 },
-                "callbacks": [LearningRateMonitor(logging_interval="epoch")],
             },
             save_config_kwargs={"overwrite": True},
             args=args,

@@ -99,7 +99,8 @@ class ImageDataModule(L.LightningDataModule):
         return len(self.class_names)
 
     def prepare_data(self) -> None:
-        if self.root is None:
+        predicting = self.trainer is not None and self.trainer.predicting  # needs predict_root only
+        if self.root is None and not predicting:
             ensure_demo_data(DEMO_DIR)
 
     def setup(self, stage: str | None = None) -> None:

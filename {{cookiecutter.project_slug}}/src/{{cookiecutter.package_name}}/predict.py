@@ -1,0 +1,69 @@
+"""Writing predictions to CSV: one row per image with the label, its probability and the top-k."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+HEADER = ["path", "label", "probability", "top_k"]
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Write `predict` results to a CSV file, batch by batch, and print where it is.
+
+    Columns: `path`, `label` (the predicted class name), `probability` (of that class) and
+    `top_k` (the `top_k` most likely classes as `name:probability` joined by spaces).
+
+    Args:
+        output: the CSV file; unset: `predictions.csv` in the run directory (the logger's
+            `version_N` folder). With several processes each writes its own `.rankN.csv`.
+        top_k: how many classes the `top_k` column lists.
+    """
+
+    def __init__(self, output: str | Path | None = None, top_k: int = 5) -> None:
+        super().__init__(write_interval="batch")
+        self.output = Path(output) if output is not None else None
+        self.top_k = top_k
+        self.path: Path | None = None
+        self._file = None
+        self._writer = None
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = self.output or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
+        if trainer.world_size > 1:
+            path = path.with_suffix(f".rank{trainer.global_rank}.csv")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end)
+        self._writer = csv.writer(self._file)
+        self._writer.writerow(HEADER)
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: dict[str, Any],
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        dataset = trainer.predict_dataloaders.dataset
+        names = pl_module.class_names
+        k = min(self.top_k, len(names))
+        top_probs, top_labels = prediction["probs"].topk(k, dim=1)
+        for index, probs, labels in zip(
+            prediction["index"].tolist(), top_probs.tolist(), top_labels.tolist(), strict=True
+        ):
+            top = " ".join(f"{names[c]}:{p:.4f}" for c, p in zip(labels, probs, strict=True))
+            self._writer.writerow([dataset.path(index), names[labels[0]], f"{probs[0]:.4f}", top])
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        print(f"predictions: {self.path}")
