@@ -5,15 +5,36 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import bake, pip_install, run
+from conftest import bake, pip_install, pip_uninstall, run
 
 pytestmark = pytest.mark.slow
 
+# One bake per row: the defaults, the other value of the options that change code and
+# dependencies, and a bare project. Distinct names, so that installs never collide.
+REPRESENTATIVE = {
+    "default": {"project_name": "Shape Sorter"},
+    "csv-tensorboard": {
+        "project_name": "Leaf Lens",
+        "dataset_layout": "csv",
+        "logger": "tensorboard",
+        "license": "Apache-2.0",
+    },
+    "no-ci-no-slurm": {
+        "project_name": "Quiet Quail",
+        "ci": "none",
+        "slurm": "no",
+        "license": "Proprietary",
+    },
+}
 
-def test_default_bake_installs_and_passes_its_own_tests_and_lint(cookies) -> None:
-    project = bake(cookies, project_name="Shape Sorter")
+
+@pytest.mark.parametrize("answers", REPRESENTATIVE.values(), ids=REPRESENTATIVE.keys())
+def test_bake_installs_and_passes_its_own_tests_and_lint(cookies, answers: dict[str, str]) -> None:
+    project = bake(cookies, **answers)
     pip_install(project)
-    run(sys.executable, "-m", "ruff", "check", ".", cwd=project)
-    run(sys.executable, "-m", "ruff", "format", "--check", ".", cwd=project)
-    result = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=project)
+    try:
+        run("make", "lint", f"PYTHON={sys.executable}", cwd=project)
+        result = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=project)
+    finally:
+        pip_uninstall(project.name, cwd=project)
     assert " passed" in result.stdout and "failed" not in result.stdout
