@@ -1,0 +1,37 @@
+"""The template repository's own tooling: the README's test command is what CI runs."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from conftest import TEMPLATE
+
+
+def readme_test_command() -> str:
+    section = (TEMPLATE / "README.md").read_text().split("## Testing", 1)[1]
+    return re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
+
+
+def test_ci_entry_point_runs_the_readme_test_command() -> None:
+    script = (TEMPLATE / ".ci/run").read_text().splitlines()
+    commands = [line for line in script if line.strip() and not line.startswith("#")]
+    assert commands[-1] == readme_test_command() == "make test"
+
+
+def test_make_test_runs_fast_and_slow_tests_alike() -> None:
+    makefile = (TEMPLATE / "Makefile").read_text()
+    recipe = re.search(r"^test:.*\n\t(.+)$", makefile, re.MULTILINE).group(1)
+    addopts = (TEMPLATE / "pyproject.toml").read_text()
+    assert "-m pytest" in recipe
+    assert "slow" not in recipe and "slow" not in re.search(r"addopts = (.*)", addopts).group(1)
+
+
+def test_template_workflow_runs_the_suite_and_bakes_first_and_last_values() -> None:
+    workflow = yaml.safe_load((TEMPLATE / ".github/workflows/ci.yml").read_text())
+    steps = [step.get("run", "") for step in workflow["jobs"]["test"]["steps"]]
+    assert ".ci/run" in steps
+    rows = workflow["jobs"]["bake"]["strategy"]["matrix"]["include"]
+    answers = [row["answers"] for row in rows]
+    assert "license=MIT dataset_layout=folders logger=csv ci=github slurm=yes" in answers
+    assert "license=Proprietary dataset_layout=csv logger=tensorboard ci=none slurm=no" in answers
