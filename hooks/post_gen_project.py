@@ -14,6 +14,7 @@ CONTEXT = json.loads(r"""{{ cookiecutter | tojson }}""")
 OPTIONAL = {
     ".github": CONTEXT["ci"] == "github",
     "scripts/slurm.sbatch": CONTEXT["slurm"] == "yes",
+    "configs/labels_csv.yaml": CONTEXT["dataset_layout"] == "csv",
 }
 
 # The answers, in cookiecutter's replay format, so that `cookiecutter --replay-file` (or cruft)

@@ -24,6 +24,7 @@ from conftest import (
 OPTION_FILES = {
     ("ci", "github"): {".github/workflows/ci.yml"},
     ("slurm", "yes"): {"scripts/slurm.sbatch"},
+    ("dataset_layout", "csv"): {"configs/labels_csv.yaml"},
 }
 
 # What any bake must hold, whatever the options (the architecture the house style asks for).

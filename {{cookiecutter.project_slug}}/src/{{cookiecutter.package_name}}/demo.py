@@ -38,6 +38,12 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
             for i in range(images_per_class):
                 image = _draw(label, rng)
                 image.save(staging / name / f"{name}_{i:04d}.jpg", quality=90)
+        # The same images as one folder plus a labels CSV: the `--data.labels_csv` layout.
+        with open(staging / "labels.csv", "w", encoding="utf-8", newline="") as labels:
+            labels.write("filename,label\n")
+            for name in DEMO_CLASSES:
+                for i in range(images_per_class):
+                    labels.write(f"{name}/{name}_{i:04d}.jpg,{name}\n")
         (staging / ".complete").touch()
         try:
             os.rename(staging, root)
