@@ -242,3 +242,24 @@ def test_makefile_has_the_documented_targets(cookies) -> None:
     help_text = run("make", "help", cwd=project).stdout
     for target in ("help", "install", "lint", "test", "train"):
         assert re.search(rf"^\s*{target}\s", help_text, re.MULTILINE), target
+
+
+@pytest.mark.parametrize("layout", ["folders", "csv"])
+def test_dataset_layout_option_sets_the_documented_default(cookies, layout: str) -> None:
+    project = bake(cookies, project_name="Layout Check", dataset_layout=layout)
+    readme = (project / "README.md").read_text()
+    makefile = (project / "Makefile").read_text()
+    if layout == "csv":
+        config = yaml.safe_load((project / "configs/labels_csv.yaml").read_text())
+        assert config["data"] == {
+            "root": "data/demo",
+            "labels_csv": "labels.csv",
+            "filename_column": "filename",
+            "label_column": "label",
+        }
+        assert "--config configs/labels_csv.yaml" in makefile
+        assert "--data.labels_csv labels.csv" in readme
+    else:
+        assert not (project / "configs/labels_csv.yaml").exists()
+        assert "labels_csv" not in makefile
+        assert "fit --data.root path/to/images   # root/<class>/<image>" in readme

@@ -35,6 +35,20 @@ def test_bake_installs_and_passes_its_own_tests_and_lint(cookies, answers: dict[
     try:
         run("make", "lint", f"PYTHON={sys.executable}", cwd=project)
         result = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=project)
+        if answers.get("dataset_layout") == "csv":
+            # The shipped CSV config must name real arguments: the CLI parses it against them.
+            package = project.name.replace("-", "_")
+            config = run(
+                sys.executable,
+                "-m",
+                package,
+                "fit",
+                "--config",
+                "configs/labels_csv.yaml",
+                "--print_config",
+                cwd=project,
+            ).stdout
+            assert "labels_csv: labels.csv" in config
     finally:
         pip_uninstall(project.name, cwd=project)
     assert " passed" in result.stdout and "failed" not in result.stdout
