@@ -49,6 +49,8 @@ def test_bake_installs_and_passes_its_own_tests_and_lint(cookies, answers: dict[
                 cwd=project,
             ).stdout
             assert "labels_csv: labels.csv" in config
+            # `make train` generates the demo set through this function before training.
+            run(sys.executable, "-c", f"from {package}.demo import ensure_demo_data", cwd=project)
     finally:
         pip_uninstall(project.name, cwd=project)
     assert " passed" in result.stdout and "failed" not in result.stdout
