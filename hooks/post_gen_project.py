@@ -4,15 +4,15 @@ Cookiecutter renders this file with the answers and runs it in the new project f
 """
 
 import json
-import shutil
 from pathlib import Path
 
 # Rendered by cookiecutter; a raw string keeps this file valid Python for ruff before rendering.
 CONTEXT = json.loads(r"""{{ cookiecutter | tojson }}""")
 
-# Files (or folders) that exist in the bake only when an option asks for them.
+# Files that exist in the bake only when an option asks for them. Only the template's own files
+# are named, so that re-baking over a project (an update) never deletes files the user added.
 OPTIONAL = {
-    ".github": CONTEXT["ci"] == "github",
+    ".github/workflows/ci.yml": CONTEXT["ci"] == "github",
     "scripts/slurm.sbatch": CONTEXT["slurm"] == "yes",
     "configs/labels_csv.yaml": CONTEXT["dataset_layout"] == "csv",
 }
@@ -28,10 +28,7 @@ def prune(project: Path) -> None:
         path = project / name
         if wanted:
             continue
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+        path.unlink(missing_ok=True)
         # Leave no empty folder behind (e.g. scripts/ once the sbatch script is gone).
         parent = path.parent
         while parent != project and parent.is_dir() and not any(parent.iterdir()):

@@ -100,17 +100,26 @@ def test_replay_of_the_recorded_answers_rebakes_the_same_project(tmp_path: Path)
     assert differing == []
 
 
-def test_update_over_an_existing_bake_restores_template_files_and_keeps_others(
+def test_update_over_an_existing_bake_restores_template_files_and_keeps_the_users(
     tmp_path: Path,
 ) -> None:
     output = tmp_path / "out"
     done = cookiecutter_cli(
-        "--no-input", "-o", str(output), "project_name=Moth Finder", cwd=tmp_path
+        "--no-input",
+        "-o",
+        str(output),
+        "project_name=Moth Finder",
+        "ci=none",
+        "slurm=no",
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     project = output / "moth-finder"
     (project / "Makefile").write_text("# edited by hand\n")
-    (project / "NOTES.md").write_text("mine\n")
+    added = ["NOTES.md", ".github/workflows/own.yml", "scripts/mine.sh"]
+    for name in added:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("mine\n")
     done = cookiecutter_cli(
         "--replay-file",
         str(project / ".cookiecutter.json"),
@@ -121,7 +130,9 @@ def test_update_over_an_existing_bake_restores_template_files_and_keeps_others(
     )
     assert done.returncode == 0, done.stderr
     assert "help:" in (project / "Makefile").read_text()
-    assert (project / "NOTES.md").read_text() == "mine\n"
+    assert [(project / name).read_text() for name in added] == ["mine\n"] * 3
+    assert not (project / ".github/workflows/ci.yml").exists()
+    assert not (project / "scripts/slurm.sbatch").exists()
 
 
 def test_replay_with_an_answer_outside_the_choices_is_refused(tmp_path: Path) -> None:
