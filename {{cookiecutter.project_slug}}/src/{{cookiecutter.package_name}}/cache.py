@@ -1,0 +1,261 @@
+"""The pre-decoded image cache (`--data.cache memmap`): every image decoded once, to uint8 pixels.
+
+Images are stored at a short side of `image_size * 8/7` (256 for 224: the usual ImageNet resize
+before a crop), aspect ratio kept, one after another in a flat uint8 `.npy` file as (3, H, W);
+`index.npy` holds each image's offset, height and width. Later epochs read pixels at memory speed
+instead of decoding JPEGs, and the OS page cache shares them between the loader workers and the DDP
+ranks of a node.
+
+Training augmentation from the cache is a random `image_size` crop of the stored image and a random
+horizontal flip, drawn anew every epoch (the AlexNet/ResNet recipe: 224 crops of 256 images). It
+needs no resampling, which is what makes a cached epoch several times faster than a decoded one;
+`RandomResizedCrop`'s wider scale jitter (the `cache: none` path) would cost a resize per image.
+
+The cache folder's name is a hash of the file list with each file's size and modification time and
+the stored resolution: any change to the images (bytes rewritten, files added or removed) selects a
+new folder, so stale pixels are never served. One process per node builds a missing cache (a lock
+file); the others wait for it and then read what it built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.images import read_image_for_size
+
+try:  # POSIX; elsewhere two processes may both build, and the atomic rename keeps one result
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 2  # part of the key: bump when the stored format or resampling changes
+_HEADER_BYTES = 128  # room reserved for the .npy header, written once the total size is known
+
+
+def stored_size(image_size: int) -> int:
+    """The short side images are stored at: a little above `image_size`, as 256 is to 224."""
+    return (image_size * 8 + 6) // 7
+
+
+class PixelCache:
+    """Read access to one built cache folder; the memmap is opened lazily, in each worker.
+
+    Only the folder name and the small index travel to `spawn` workers; each opens the pixel file
+    itself on first use (an open memmap must not be pickled).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.index = np.load(self.folder / "index.npy")  # (N, 3) int64: offset, height, width
+        self._pixels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pixels": None}
+
+    def image(self, position: int) -> torch.Tensor:
+        """The stored uint8 image `position` as a (3, H, W) view of the memmap (no copy)."""
+        if self._pixels is None:
+            # Copy-on-write mapping: writable for torch.from_numpy, never written back to the file.
+            self._pixels = np.load(self.folder / "pixels.npy", mmap_mode="c")
+        offset, height, width = (int(v) for v in self.index[position])
+        flat = self._pixels[offset : offset + height * width * 3]
+        return torch.from_numpy(flat).view(3, height, width)
+
+
+class RandomCropFlip:
+    """A random `size` x `size` crop and a random horizontal flip: cached training augmentation.
+
+    Returns a view where it can (collation copies it anyway); images stored smaller than `size`
+    (small originals are never enlarged in the cache) are enlarged here first.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        height, width = image.shape[-2:]
+        if min(height, width) < self.size:
+            scale = self.size / min(height, width)
+            shape = (max(self.size, round(height * scale)), max(self.size, round(width * scale)))
+            image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
+            height, width = shape
+        top = random.randint(0, height - self.size)
+        left = random.randint(0, width - self.size)
+        crop = image[:, top : top + self.size, left : left + self.size]
+        return crop.flip(-1) if random.random() < 0.5 else crop
+
+
+class MemmapImageDataset(ImageFolderDataset):
+    """An `ImageFolderDataset` whose images come from a `PixelCache` instead of their files."""
+
+    def __init__(self, dataset: ImageFolderDataset, cache: PixelCache, transform=None) -> None:
+        transform = dataset.transform if transform is None else transform
+        super().__init__(dataset.root, dataset.paths, dataset.targets, transform, dataset.classes)
+        if len(cache) != len(dataset):
+            raise ValueError(f"cache {cache.folder} holds {len(cache)} images, not {len(dataset)}")
+        self.cache = cache
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.transform(self.cache.image(index))
+        label = index if self.targets is None else int(self.targets[index])
+        return image, label
+
+
+def cached(
+    dataset: ImageFolderDataset,
+    image_size: int,
+    cache_dir: str | Path,
+    num_workers: int | None = None,
+    progress: bool = True,
+    train: bool = False,
+) -> MemmapImageDataset:
+    """`dataset` served from its pre-decoded cache under `cache_dir`, built first if missing.
+
+    `train`: augment with `RandomCropFlip`; otherwise `dataset`'s own (evaluation) transform runs
+    on the stored pixels.
+
+    The build decodes in `num_workers` processes: by default one per usable CPU, since the other
+    training processes of the machine are waiting for it anyway.
+    """
+    folder = Path(cache_dir) / cache_key(dataset, stored_size(image_size))
+    if not (folder / "index.npy").exists():
+        workers = usable_cpus() if num_workers is None else num_workers
+        build(dataset, folder, stored_size(image_size), workers, progress)
+    transform = RandomCropFlip(image_size) if train else None
+    return MemmapImageDataset(dataset, PixelCache(folder), transform)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: affinity, so cgroup and SLURM limits count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cache_key(dataset: ImageFolderDataset, size: int) -> str:
+    """A hash of the files (names, sizes, modification times) and the stored size."""
+    root = os.path.abspath(dataset.root)
+    digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root}\n".encode())
+    for i in range(len(dataset)):
+        path = dataset.path(i)
+        try:
+            stat = os.stat(path)
+        except OSError as err:
+            raise DataError(f"cannot read image {path}: {err.strerror}") from err
+        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return f"{len(dataset)}-{size}px-{digest.hexdigest()[:20]}"
+
+
+def build(
+    dataset: ImageFolderDataset, folder: Path, size: int, num_workers: int, progress: bool = True
+) -> None:
+    """Decode every image of `dataset` into `folder`, unless another process is doing it now.
+
+    The first process to take the lock builds into a temporary folder and renames it into place;
+    the others block on the lock, then find the finished folder.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        if fcntl is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.warning("Waiting for another process to build the image cache %s", folder)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / "index.npy").exists():
+            return
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            _write(dataset, staging, size, num_workers, progress)
+            shutil.rmtree(folder, ignore_errors=True)  # an unfinished copy, if any
+            os.replace(staging, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+class _Decoded(Dataset):
+    """Each image of a dataset decoded and resized to short side `size`, for the cache build."""
+
+    def __init__(self, dataset: ImageFolderDataset, size: int) -> None:
+        self.dataset = dataset
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> torch.Tensor | str:
+        try:
+            image = read_image_for_size(self.dataset.path(index), self.size)
+        except DataError as err:  # raised again in the main process: one clear message
+            return str(err)
+        height, width = image.shape[-2:]
+        scale = self.size / min(height, width)
+        if scale < 1:  # never enlarge: a small image is stored as it is
+            shape = (max(1, round(height * scale)), max(1, round(width * scale)))
+            image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
+        return image.contiguous()  # (3, H, W): crops of it then copy whole rows
+
+
+def _write(
+    dataset: ImageFolderDataset, folder: Path, size: int, num_workers: int, progress: bool
+) -> None:
+    """Decode in `num_workers` processes, append the pixels in order, then write the index."""
+    loader = DataLoader(_Decoded(dataset, size), batch_size=None, num_workers=num_workers)
+    index = np.zeros((len(dataset), 3), dtype=np.int64)
+    offset = 0
+    start = time.perf_counter()
+    with open(folder / "pixels.npy", "wb") as out:
+        out.write(b"\0" * _HEADER_BYTES)
+        for i, image in enumerate(_progress(loader, progress, folder)):
+            if isinstance(image, str):
+                raise DataError(f"{image} (while building the image cache)")
+            _, height, width = image.shape
+            index[i] = (offset, height, width)
+            out.write(image.numpy().tobytes())
+            offset += height * width * 3
+        out.seek(0)
+        out.write(_npy_header(offset))
+    np.save(folder / "index.npy", index)
+    log.info(
+        "Cached %d images (%.1f GB) in %s in %.0f s",
+        len(dataset),
+        offset / 1e9,
+        folder,
+        time.perf_counter() - start,
+    )
+
+
+def _npy_header(length: int) -> bytes:
+    """A .npy (format 1.0) header for a flat uint8 array of `length`, padded to _HEADER_BYTES."""
+    header = repr({"descr": "|u1", "fortran_order": False, "shape": (length,)})
+    prefix = b"\x93NUMPY\x01\x00"
+    pad = _HEADER_BYTES - len(prefix) - 2 - len(header) - 1
+    text = (header + " " * pad + "\n").encode("latin1")
+    return prefix + len(text).to_bytes(2, "little") + text
+
+
+def _progress(loader: DataLoader, show: bool, folder: Path):
+    if not show:
+        return loader
+    from tqdm import tqdm  # a Lightning dependency
+
+    return tqdm(loader, desc=f"Caching images in {folder.parent}", unit="img", disable=None)

@@ -1,0 +1,111 @@
+"""The starvation monitor: how much of each training epoch was spent waiting for the next batch."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+from lightning.fabric.utilities.data import suggested_max_num_workers
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+class DataStarvationMonitor(L.Callback):
+    """Logs `data_wait_fraction` each training epoch; warns once, with advice, when it is high.
+
+    The wait is the wall time from the end of one training step to the start of the next: fetching
+    the batch from the loader, the host-to-device copy and `on_after_batch_transfer`. Validation
+    run inside the epoch is left out, and so is each epoch's first batch (worker start-up and
+    warm-up). Only host clocks are read: no CUDA synchronisation is added, so while the GPU is
+    the bottleneck the loader runs ahead and the wait stays near zero.
+
+    Args:
+        threshold: warn when the fraction of the epoch spent waiting exceeds this.
+        min_steps: epochs with fewer timed steps are not judged (too noisy).
+    """
+
+    def __init__(self, threshold: float = 0.2, min_steps: int = 10) -> None:
+        self.threshold = threshold
+        self.min_steps = min_steps
+        self.warned = False
+        self.fraction: float | None = None  # of the last finished epoch
+        self._reset()
+
+    def _reset(self) -> None:
+        self._wait = 0.0
+        self._step = 0.0
+        self._images = 0
+        self._steps = 0
+        self._mark: float | None = None  # end of the last step; None before the first
+        self._step_start = 0.0
+        self._paused = 0.0
+        self._validation_start = 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self._mark is not None:
+            self._wait += now - self._mark - self._paused
+        self._paused = 0.0
+        self._step_start = now
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self._mark is not None:  # the first step of the epoch is warm-up: not counted
+            self._step += now - self._step_start
+            self._steps += 1
+            self._images += _batch_size(batch)
+        self._mark = now
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and self._mark is not None:
+            self._paused += time.perf_counter() - self._validation_start
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        total = self._wait + self._step
+        if self._steps == 0 or total <= 0:
+            return
+        self.fraction = self._wait / total
+        pl_module.log("data_wait_fraction", self.fraction, rank_zero_only=True)
+        if self.fraction > self.threshold and self._steps >= self.min_steps and not self.warned:
+            self.warned = True
+            rank_zero_warn(self.advice(trainer))
+
+    def advice(self, trainer: L.Trainer) -> str:
+        """What to change, from what this epoch measured and how the loader is set up."""
+        loader_rate = self._images / total if (total := self._wait + self._step) else 0.0
+        step_rate = self._images / self._step if self._step else float("inf")
+        lines = [
+            f"Training waited for data {self.fraction:.0%} of epoch {trainer.current_epoch}: it "
+            f"ran at {loader_rate:.0f} images/s, about the loader's ceiling, while the training "
+            f"step alone would take {step_rate:.0f} images/s.",
+        ]
+        loader = trainer.train_dataloader
+        workers = getattr(loader, "num_workers", None)
+        suggested = suggested_max_num_workers(max(1, trainer.num_devices))
+        if workers is not None and workers < suggested:
+            lines.append(
+                f"- Raise --data.num_workers from {workers} to {suggested} (the usable CPUs "
+                f"divided among the {trainer.num_devices} local process(es), minus one)."
+            )
+        datamodule = trainer.datamodule
+        if getattr(datamodule, "cache", None) == "none":
+            lines.append(
+                "- Turn on --data.cache memmap: every image is decoded once, later epochs read "
+                "pre-decoded pixels."
+            )
+        package = __name__.rsplit(".", 1)[0]
+        lines.append(
+            f"- Measure the loader ceiling and the best num_workers with "
+            f"`python -m {package}.bench` and the same --data options."
+        )
+        return "\n".join(lines)
+
+
+def _batch_size(batch) -> int:
+    images = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return len(images) if hasattr(images, "__len__") else 0
