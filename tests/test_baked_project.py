@@ -10,7 +10,9 @@ from conftest import bake, pip_install, pip_uninstall, run
 pytestmark = pytest.mark.slow
 
 # One bake per row: the defaults, the other value of the options that change code and
-# dependencies, and a bare project. Distinct names, so that installs never collide.
+# dependencies, and a bare project. Distinct names, so that installs never collide. The default
+# bake runs its whole suite (`make test`); the others skip their own `slow` tests, which no option
+# changes, to keep the template suite within its time budget.
 REPRESENTATIVE = {
     "default": {"project_name": "Shape Sorter"},
     "csv-tensorboard": {
@@ -34,7 +36,10 @@ def test_bake_installs_and_passes_its_own_tests_and_lint(cookies, answers: dict[
     pip_install(project)
     try:
         run("make", "lint", f"PYTHON={sys.executable}", cwd=project)
-        result = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=project)
+        markers = [] if answers == REPRESENTATIVE["default"] else ["-m", "not slow"]
+        result = run(
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *markers, cwd=project
+        )
         if answers.get("dataset_layout") == "csv":
             # The shipped CSV config must name real arguments: the CLI parses it against them.
             package = project.name.replace("-", "_")
