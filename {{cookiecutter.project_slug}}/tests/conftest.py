@@ -29,3 +29,11 @@ def image_root(tmp_path: Path) -> Path:
         for i in range(8):
             write_image(root / name / f"{name}_{i}.jpg", colour)
     return root
+
+
+def write_corrupt(path: Path) -> Path:
+    """Write a JPEG cut off halfway, as an interrupted copy leaves it."""
+    write_image(path, (120, 120, 120), size=(64, 48))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
+import lightning as L
+import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, write_image
+from conftest import CLASSES, write_corrupt, write_image
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
 
+from {{ cookiecutter.package_name }} import scan
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -76,7 +85,7 @@ def test_predict_root_lists_nested_images(image_root: Path, tmp_path: Path) -> N
 
 def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="data.root .*does not exist"):
-        ImageDataModule(root=tmp_path / "nowhere").class_names
+        ImageDataModule(root=tmp_path / "nowhere").class_names  # noqa: B018
 
 
 def test_empty_class_folder_is_named(image_root: Path) -> None:
@@ -84,3 +93,239 @@ def test_empty_class_folder_is_named(image_root: Path) -> None:
     dm = ImageDataModule(root=image_root, num_workers=0)
     with pytest.raises(DataError, match="empty has no images"):
         dm.setup("fit")
+
+
+def test_root_that_is_a_file_is_named(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "images.zip"
+    not_a_folder.write_bytes(b"PK")
+    with pytest.raises(DataError, match=r"--data\.root .*images\.zip is not a directory"):
+        ImageDataModule(root=not_a_folder).class_names  # noqa: B018
+
+
+def test_root_without_class_folders_is_named(tmp_path: Path) -> None:
+    write_image(tmp_path / "loose.jpg", (1, 2, 3))
+    with pytest.raises(DataError, match=r"has no class folders: expected .*/<class>/<image>"):
+        ImageDataModule(root=tmp_path).class_names  # noqa: B018
+
+
+def test_class_folder_of_non_images_names_the_extensions(image_root: Path) -> None:
+    (image_root / "docs").mkdir()
+    (image_root / "docs" / "README.txt").write_text("notes")
+    (image_root / "docs" / "Thumbs.db").write_bytes(b"\0")
+    with pytest.raises(DataError, match=r"docs has no images; accepted extensions: \.jpg"):
+        ImageDataModule(root=image_root, num_workers=0).setup("fit")
+
+
+def test_stray_files_and_nested_folders(image_root: Path) -> None:
+    (image_root / "ant" / ".DS_Store").write_bytes(b"\0\0")
+    (image_root / "ant" / "README.txt").write_text("notes")
+    write_image(image_root / "ant" / "deeper" / "ant_nested.PNG", (255, 30, 30))
+    dm = ImageDataModule(root=image_root, val_fraction=0, num_workers=0)
+    dm.setup("validate")
+    names = {os.fsdecode(p) for p in dm.train_dataset.paths}
+    assert len(names) == 25 and os.path.join("ant", "deeper", "ant_nested.PNG") in names
+
+
+def test_explicit_validation_folder(image_root: Path, tmp_path: Path) -> None:
+    val_root = tmp_path / "val"
+    write_image(val_root / "bee" / "b.jpg", (30, 255, 30))
+    dm = ImageDataModule(root=image_root, val_root=val_root, num_workers=0)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 24 and dm.val_dataset.targets.tolist() == [1]
+    write_image(val_root / "wasp" / "w.jpg", (9, 9, 9))
+    other = ImageDataModule(root=image_root, val_root=val_root, num_workers=0)
+    with pytest.raises(DataError, match=r"class folder .*wasp is not one of the training classes"):
+        other.setup("fit")
+
+
+def test_split_is_written_beside_the_logs(image_root: Path, tmp_path: Path) -> None:
+    dm = ImageDataModule(root=image_root, val_fraction=0.25, num_workers=0)
+    dm.trainer = L.Trainer(logger=CSVLogger(tmp_path, name="logs"), accelerator="cpu")
+    dm.setup("fit")
+    written = (Path(dm.trainer.log_dir) / "val_files.csv").read_text().splitlines()
+    assert written[0] == "filename,label" and len(written) == 1 + len(dm.val_dataset)
+    first_path, first_label = written[1].split(",")
+    assert first_path == os.fsdecode(dm.val_dataset.paths[0])
+    assert first_label == CLASSES[dm.val_dataset.targets[0]]
+
+
+def test_balanced_sampler_draws_classes_equally(tmp_path: Path) -> None:
+    root = tmp_path / "skewed"
+    for i in range(40):
+        write_image(root / "common" / f"{i}.png", (200, 0, 0), size=(8, 8))
+    for i in range(4):
+        write_image(root / "rare" / f"{i}.png", (0, 200, 0), size=(8, 8))
+    dm = ImageDataModule(
+        root=root, val_fraction=0, balance_classes=True, batch_size=8, num_workers=0
+    )
+    loader = dm.train_dataloader()
+    drawn = np.concatenate([dm.train_dataset.targets[list(loader.sampler)] for _ in range(50)])
+    assert len(drawn) == 50 * 44
+    assert 0.45 < drawn.mean() < 0.55  # "rare" is half of the draws, not 4 in 44
+    first = list(
+        ImageDataModule(root=root, val_fraction=0, balance_classes=True).train_dataloader().sampler
+    )
+    assert first == list(dm.train_dataloader().sampler)  # seeded: the same draws every run
+
+
+DDP_SCRIPT = """
+import json, sys
+import lightning as L, torch
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+
+class Counter(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen += batch[1].tolist()
+        return self.weight.sum() * 0
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_train_end(self):
+        sampler = type(self.trainer.train_dataloader.sampler).__name__
+        with open(f"{sys.argv[2]}/rank{self.global_rank}.json", "w") as file:
+            json.dump({"seen": self.seen, "sampler": sampler}, file)
+
+if __name__ == "__main__":
+    data = ImageDataModule(root=sys.argv[1], image_size=8, batch_size=8, num_workers=0,
+                           val_fraction=0, balance_classes=True)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(Counter(), data)
+"""
+
+
+@pytest.mark.slow
+def test_balanced_sampler_under_two_process_ddp(tmp_path: Path) -> None:
+    import json
+
+    root = tmp_path / "skewed"
+    for i in range(58):
+        write_image(root / "common" / f"{i}.png", (200, 0, 0), size=(8, 8))
+    for i in range(6):
+        write_image(root / "rare" / f"{i}.png", (0, 200, 0), size=(8, 8))
+    script = tmp_path / "ddp_count.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    done = subprocess.run(
+        [sys.executable, str(script), str(root), str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(rank["sampler"] == "DistributedSamplerWrapper" for rank in ranks)
+    assert [len(rank["seen"]) for rank in ranks] == [32, 32]  # each rank draws its own half
+    rare = sum(rank["seen"].count(1) for rank in ranks)
+    assert 20 <= rare <= 44, rare  # about half of 64, where unweighted draws give about 6
+
+
+def test_corrupt_image_is_named_not_hidden(image_root: Path) -> None:
+    write_corrupt(image_root / "bee" / "broken.jpg")
+    dm = ImageDataModule(root=image_root, val_fraction=0, batch_size=32, num_workers=0)
+    with pytest.raises(DataError, match=r"cannot read image .*broken\.jpg"):
+        next(iter(dm.train_dataloader()))
+
+
+def test_skip_bad_images_leaves_them_out_and_says_so(image_root: Path) -> None:
+    write_corrupt(image_root / "bee" / "broken.jpg")
+    (image_root / "cat" / "empty.png").write_bytes(b"")
+    dm = ImageDataModule(root=image_root, skip_bad_images=True, batch_size=32, num_workers=0)
+    skipped = r"skipped 2 of 26 images that cannot be read:\n.*broken\.jpg.*\n.*empty\.png"
+    with pytest.warns(UserWarning, match=skipped):
+        dm.setup("fit")
+    assert len(dm.train_dataset) + len(dm.val_dataset) == 24
+    images, _ = next(iter(dm.train_dataloader()))
+    assert images.shape[0] == len(dm.train_dataset)
+
+
+def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    for name in ("ant", "bee"):
+        for i in range(2):
+            write_image(root / name / f"{i}.jpg", (90, 90, 90))
+    write_corrupt(root / "bee" / "broken.jpg")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "{{ cookiecutter.package_name }}",
+            "fit",
+            "--data.root",
+            str(root),
+            "--data.val_fraction",
+            "0.01",
+            "--data.num_workers",
+            "1",
+            "--data.batch_size",
+            "8",
+            "--data.image_size",
+            "16",
+            "--trainer.fast_dev_run",
+            "true",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot read image ") and "broken.jpg" in last
+    assert "Traceback" not in done.stderr
+
+
+def test_scan_lists_every_unreadable_file(image_root: Path, capsys) -> None:
+    write_corrupt(image_root / "bee" / "broken.jpg")
+    (image_root / "cat" / "empty.png").write_bytes(b"")
+    status = scan.main(["--data.root", str(image_root), "--data.num_workers", "2"])
+    out, err = capsys.readouterr()
+    assert status == 1
+    listed = sorted(out.splitlines())
+    assert len(listed) == 2
+    assert "broken.jpg" in listed[0] and "empty.png" in listed[1]
+    assert "scanned 26 images: 2 unreadable" in err
+
+
+def test_scan_of_a_clean_dataset_exits_0(image_root: Path, capsys) -> None:
+    assert scan.main(["--data.root", str(image_root), "--data.num_workers", "0"]) == 0
+    assert "scanned 24 images: 0 unreadable" in capsys.readouterr().err
+
+
+def _crops(dataset, start_method: str | None = None) -> torch.Tensor:
+    L.seed_everything(7, workers=True, verbose=False)
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context=start_method)
+    return torch.cat([images for images, _ in loader])
+
+
+@pytest.fixture
+def one_image_four_times(tmp_path: Path):
+    """A training set of one image four times over: only the random crop tells items apart."""
+    write_image(tmp_path / "same" / "only" / "0.png", (128, 128, 128), size=(64, 64))
+    dm = ImageDataModule(root=tmp_path / "same", image_size=16, val_fraction=0, num_workers=0)
+    dm.setup("validate")
+    dataset = dm.train_dataset
+    dataset.paths = np.repeat(dataset.paths, 4)
+    dataset.targets = np.zeros(4, dtype=np.int64)
+    return dataset
+
+
+def test_workers_draw_different_crops_repeatably(one_image_four_times) -> None:
+    first, again = _crops(one_image_four_times), _crops(one_image_four_times)
+    assert torch.equal(first, again)  # repeatable under seed_everything
+    assert not torch.equal(first[0], first[2])  # worker 0 and worker 1 drew different crops
+
+
+@pytest.mark.slow
+def test_spawn_workers(one_image_four_times) -> None:
+    """What Windows, macOS and Python 3.14 do by default: the dataset is pickled to each worker."""
+    crops = _crops(one_image_four_times, "spawn")
+    assert crops.shape == (4, 3, 16, 16) and crops.dtype == torch.uint8
+    assert not torch.equal(crops[0], crops[2])

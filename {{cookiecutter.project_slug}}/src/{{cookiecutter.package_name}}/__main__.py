@@ -69,6 +69,14 @@ def _default_precision(accelerator: object) -> str | None:
     return "bf16-mixed" if on_cuda and torch.cuda.is_bf16_supported() else None
 
 
+def _message(err: DataError) -> str:
+    """The error's own message, without the traceback PyTorch wraps around one from a worker."""
+    text = str(err)
+    if "DataLoader worker" in text and "DataError: " in text:
+        text = text.rsplit("DataError: ", 1)[1]
+    return text.strip()
+
+
 def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     try:
@@ -92,7 +100,7 @@ def main(args: list[str] | None = None) -> None:
             args=args,
         )
     except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_message(err)}", file=sys.stderr)
         sys.exit(2)
 
 

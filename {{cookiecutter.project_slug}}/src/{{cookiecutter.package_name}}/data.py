@@ -1,7 +1,10 @@
-"""ImageDataModule: the train/val/test/predict DataLoaders, tuned for throughput by default."""
+"""ImageDataModule: the train/val/predict DataLoaders over class folders or a labels CSV."""
 
 from __future__ import annotations
 
+import csv
+import logging
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -11,44 +14,75 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch.accelerators import CUDAAccelerator
-from torch.utils.data import DataLoader
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, WeightedRandomSampler
 
+from {{ cookiecutter.package_name }}.cache import cached
 from {{ cookiecutter.package_name }}.datasets import (
     ImageFolderDataset,
+    LabelsTable,
+    check_dir,
+    check_file,
+    classes_from_labels,
+    encode_labels,
     find_classes,
+    find_missing,
     list_images,
     make_dataset,
+    read_labels_csv,
 )
 from {{ cookiecutter.package_name }}.demo import DEMO_CLASSES, DEMO_DIR, ensure_demo_data
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.images import eval_transform, train_transform
+from {{ cookiecutter.package_name }}.scan import find_unreadable
+
+log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+SPLIT_FILE = "val_files.csv"
+SKIPPED_FILE = "skipped_images.txt"
 
 
 class ImageDataModule(L.LightningDataModule):
-    """Images in class folders (`root/<class>/<image>`); the generated demo set when `root` is unset.
+    """Images in class folders (`root/<class>/<image>`) or named by a labels CSV; else a demo set.
 
     Images travel as uint8 (4x fewer bytes through workers, pinning and the host-to-device copy) and
     are converted to float and normalised on the device in `on_after_batch_transfer`.
 
     Args:
-        root: folder with one sub-folder of images per class. Unset: the demo dataset, generated
-            on first use in `data/demo`.
+        root: folder with one sub-folder of images per class, or the image folder that
+            `labels_csv` names files in. Unset: the demo dataset, generated on first use in
+            `data/demo` (or the folder of `labels_csv`, when that is set).
         val_fraction: share of each class held out for validation, chosen with `seed`: the same
-            files on every run and every process.
+            files on every run and every process. Ignored when `val_root` or `val_csv` is set.
         num_workers: loader processes per training process; "auto" uses Lightning's
             `suggested_max_num_workers` (usable CPUs, cgroups and affinity included, divided among
             the local processes, one left for the main process).
         predict_root: folder of unlabeled images (nested folders allowed) for `predict`.
-        class_names: the classes, in label order; by default the class folder names, sorted.
+        class_names: the classes, in label order; by default the class folder names, or the CSV's
+            label names, sorted (integer CSV labels: "0".."K-1").
+        labels_csv: CSV with a header row and columns `filename_column` (path relative to `root`)
+            and `label_column` (class name or integer index). A relative path that does not exist
+            is also looked for inside `root`.
+        val_root: validation images in class folders, or the image folder of `val_csv`.
+        val_csv: validation labels, in the same format as `labels_csv`; its files are relative to
+            `val_root` when set, else to `root`.
+        balance_classes: draw training images with a weighted sampler, each class equally often.
+        skip_bad_images: decode every image once at setup (in parallel) and leave out those that
+            cannot be read, with a warning listing them. Off: an unreadable image stops the run
+            with an error naming it.
+        cache: "memmap" decodes every image once, at a little above `image_size`, into a uint8
+            file under `cache_dir` that later epochs and runs read instead of the JPEGs
+            (augmentation stays random per epoch). Built in `setup`, by one process per machine;
+            rebuilt when the files, their sizes or modification times, or `image_size` change.
+        cache_dir: where `cache: memmap` keeps its files (one sub-folder per dataset version).
     """
 
     def __init__(
         self,
         root: str | Path | None = None,
-        image_size: int = {{ cookiecutter.image_size }},
+        image_size: int = 128,
         batch_size: int = 64,
         num_workers: int | Literal["auto"] = "auto",
         val_fraction: float = 0.2,
@@ -57,6 +91,15 @@ class ImageDataModule(L.LightningDataModule):
         class_names: list[str] | None = None,
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
+        labels_csv: str | Path | None = None,
+        val_root: str | Path | None = None,
+        val_csv: str | Path | None = None,
+        filename_column: str = "filename",
+        label_column: str = "label",
+        balance_classes: bool = False,
+        skip_bad_images: bool = False,
+        cache: Literal["none", "memmap"] = "none",
+        cache_dir: str | Path = "data/cache",
     ) -> None:
         super().__init__()
         if image_size < 8:
@@ -67,15 +110,28 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError(f"--data.num_workers must be 'auto' or >= 0, got {num_workers}")
         if not 0.0 <= val_fraction < 1.0:
             raise DataError(f"--data.val_fraction must be in [0, 1), got {val_fraction}")
+        if cache not in ("none", "memmap"):
+            raise DataError(f"--data.cache must be 'none' or 'memmap', got {cache!r}")
         # The model saves the linked values (class names, normalisation); saving them here too
         # would make Lightning refuse to merge the two sets of hyperparameters when they differ.
         self.save_hyperparameters(ignore=["class_names", "mean", "std"])
         self.root = Path(root) if root is not None else None
+        self.labels_csv = _find_csv(labels_csv, self.root, "data.labels_csv")
+        if self.root is None and self.labels_csv is not None:
+            self.root = self.labels_csv.parent
+        self.val_root = Path(val_root) if val_root is not None else None
+        self.val_csv = _find_csv(val_csv, self.val_root or self.root, "data.val_csv")
+        self.filename_column = filename_column
+        self.label_column = label_column
         self.image_size = image_size
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.val_fraction = val_fraction
         self.seed = seed
+        self.balance_classes = balance_classes
+        self.skip_bad_images = skip_bad_images
+        self.cache = cache
+        self.cache_dir = Path(cache_dir)
         self.predict_root = Path(predict_root) if predict_root is not None else None
         self._class_names = list(class_names) if class_names else None
         self.mean = tuple(mean)
@@ -87,9 +143,11 @@ class ImageDataModule(L.LightningDataModule):
 
     @cached_property
     def class_names(self) -> list[str]:
-        """Class names in label order: given, the class folders of `root`, or the demo classes."""
+        """Class names in label order: given, from `root` or `labels_csv`, or the demo classes."""
         if self._class_names is not None:
             return self._class_names
+        if self.labels_csv is not None:
+            return classes_from_labels(self._labels)
         if self.root is None:
             return list(DEMO_CLASSES)
         return find_classes(self.root)
@@ -98,9 +156,13 @@ class ImageDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @cached_property
+    def _labels(self) -> LabelsTable:
+        # Read once: `class_names` needs it at instantiation, `setup` again for the index.
+        return read_labels_csv(self.labels_csv, self.filename_column, self.label_column)
+
     def prepare_data(self) -> None:
-        predicting = self.trainer is not None and self.trainer.predicting  # needs predict_root only
-        if self.root is None and not predicting:
+        if self.root is None:
             ensure_demo_data(DEMO_DIR)
 
     def setup(self, stage: str | None = None) -> None:
@@ -114,28 +176,117 @@ class ImageDataModule(L.LightningDataModule):
         root = self.root
         if root is None:  # also done by prepare_data; repeated here for use without a Trainer
             root = ensure_demo_data(DEMO_DIR)
-        class_to_idx = {name: i for i, name in enumerate(self.class_names)}
-        paths, targets = make_dataset(root, class_to_idx)
-        val_mask = _stratified_split(targets, self.val_fraction, self.seed)
-        if stage in ("fit", None) and val_mask.all():
-            raise DataError(f"--data.val_fraction {self.val_fraction} leaves no training images")
-        self.train_dataset = ImageFolderDataset(
-            root, paths[~val_mask], targets[~val_mask], train_transform(self.image_size),
-            self.class_names,
+        paths, targets = self._index(root, self.labels_csv, "training")
+        train = ImageFolderDataset(
+            root, paths, targets, train_transform(self.image_size), self.class_names
         )
-        self.val_dataset = ImageFolderDataset(
-            root, paths[val_mask], targets[val_mask], eval_transform(self.image_size),
-            self.class_names,
+        if self.val_root is not None or self.val_csv is not None:
+            val_root = self.val_root or root
+            val_paths, val_targets = self._index(val_root, self.val_csv, "validation")
+        else:
+            val_root = root
+            val_mask = stratified_split(targets, self.val_fraction, self.seed)
+            if stage in ("fit", None) and val_mask.all():
+                raise DataError(
+                    f"--data.val_fraction {self.val_fraction} leaves no training images"
+                )
+            train = train.subset(~val_mask)
+            val_paths, val_targets = paths[val_mask], targets[val_mask]
+        val = ImageFolderDataset(
+            val_root, val_paths, val_targets, eval_transform(self.image_size), self.class_names
         )
+        if self.skip_bad_images:
+            train, val = self._without_unreadable(train, val)
+        if self.cache == "memmap":
+            train, val = self._cached(train, train=True), self._cached(val)
+        self.train_dataset, self.val_dataset = train, val
+        if stage in ("fit", None):
+            self._record_split(val)
+
+    def _cached(self, dataset: ImageFolderDataset, train: bool = False) -> ImageFolderDataset:
+        """`dataset` read from its pixel cache, built now (before any epoch is timed) if missing."""
+        if len(dataset) == 0:
+            return dataset
+        trainer = self.trainer
+        progress = trainer is None or trainer.local_rank == 0
+        return cached(dataset, self.image_size, self.cache_dir, progress=progress, train=train)
+
+    def _index(self, root: Path, labels_csv: Path | None, split: str) -> tuple[np.ndarray, ...]:
+        """Relative paths and targets of one split, from its CSV or its class folders."""
+        option = "data.root" if split == "training" else "data.val_root"
+        if labels_csv is None:
+            class_to_idx = {name: i for i, name in enumerate(self.class_names)}
+            folders = None if split == "training" else find_classes(root, option)
+            return make_dataset(root, class_to_idx, folders)
+        if split == "training":
+            table = self._labels
+        else:
+            table = read_labels_csv(labels_csv, self.filename_column, self.label_column)
+        targets = encode_labels(table, self.class_names, split)
+        check_dir(root, option)
+        find_missing(table, root)
+        return table.paths, targets
 
     def _predict_dataset(self, folder: Path) -> ImageFolderDataset:
-        if not folder.is_dir():
-            raise DataError(f"--data.predict_root {folder} is not a directory")
+        check_dir(folder, "data.predict_root")
         files = list_images(folder)
         if not files:
             raise DataError(f"--data.predict_root {folder} holds no images")
-        paths = np.array([f.encode() for f in files], dtype=np.bytes_)
-        return ImageFolderDataset(folder, paths, None, eval_transform(self.image_size))
+        paths = np.array([os.fsencode(f) for f in files], dtype=np.bytes_)
+        dataset = ImageFolderDataset(folder, paths, None, eval_transform(self.image_size))
+        return self._without_unreadable(dataset)[0] if self.skip_bad_images else dataset
+
+    def _without_unreadable(self, *datasets: ImageFolderDataset) -> list[ImageFolderDataset]:
+        """Decode every image once; leave out those that fail, with one warning listing them."""
+        trainer = self.trainer
+        show_progress = trainer is None or trainer.is_global_zero
+        paths = [dataset.path(i) for dataset in datasets for i in range(len(dataset))]
+        bad = find_unreadable(paths, self._resolve_num_workers(), progress=show_progress)
+        listing = self._log_dir()
+        if not bad:
+            return list(datasets)
+        if len(bad) == len(paths):
+            raise DataError(f"none of the {len(paths)} images can be read: {bad[0][1]}")
+        if listing is not None and trainer.is_global_zero:
+            os.makedirs(listing, exist_ok=True)
+            with open(os.path.join(listing, SKIPPED_FILE), "a", encoding="utf-8") as file:
+                file.writelines(f"{message}\n" for _, message in bad)
+        shown = "\n".join(message for _, message in bad[:20])
+        more = f"\n... and {len(bad) - 20} more" if len(bad) > 20 else ""
+        where = f" (all listed in {os.path.join(listing, SKIPPED_FILE)})" if listing else ""
+        rank_zero_warn(
+            f"--data.skip_bad_images: skipped {len(bad)} of {len(paths)} images that cannot be "
+            f"read{where}:\n{shown}{more}"
+        )
+        keep = np.ones(len(paths), dtype=bool)
+        keep[[index for index, _ in bad]] = False
+        kept, start = [], 0
+        for dataset in datasets:
+            kept.append(dataset.subset(keep[start : start + len(dataset)]))
+            start += len(dataset)
+        return kept
+
+    def _record_split(self, val: ImageFolderDataset) -> None:
+        """Write the validation files beside the run's logs, so that the split can be audited."""
+        log_dir = self._log_dir()
+        if log_dir is None or not self.trainer.is_global_zero:
+            return
+        os.makedirs(log_dir, exist_ok=True)
+        target = os.path.join(log_dir, SPLIT_FILE)
+        with open(target, "w", newline="", encoding="utf-8") as file:
+            writer = csv.writer(file)
+            writer.writerow(["filename", "label"])
+            names = self.class_names
+            for path, label in zip(val.paths, val.targets.tolist(), strict=True):
+                writer.writerow([os.fsdecode(path), names[label]])
+        log.info("Validation split: %d images, listed in %s", len(val), target)
+
+    def _log_dir(self) -> str | None:
+        """The run's log folder; None without a Trainer, or a logger that saves files."""
+        if self.trainer is None or not self.trainer.loggers:
+            return None
+        # `trainer.log_dir` broadcasts from rank zero: every rank must ask, even if only one writes.
+        return self.trainer.log_dir
 
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
@@ -143,7 +294,17 @@ class ImageDataModule(L.LightningDataModule):
         # Dropping the last partial batch keeps BatchNorm away from tiny batches; shuffling means
         # every image is still seen, just not in every epoch.
         drop_last = len(self.train_dataset) > self.batch_size
-        return self._loader(self.train_dataset, shuffle=True, drop_last=drop_last)
+        if not self.balance_classes:
+            return self._loader(self.train_dataset, shuffle=True, drop_last=drop_last)
+        # Under DDP Lightning wraps this sampler in a DistributedSamplerWrapper: every rank draws
+        # the same sequence (same generator seed) and keeps its own share of it.
+        sampler = WeightedRandomSampler(
+            balanced_weights(self.train_dataset.targets, self.num_classes),
+            num_samples=len(self.train_dataset),
+            replacement=True,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        return self._loader(self.train_dataset, drop_last=drop_last, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
         if self.val_dataset is None:
@@ -155,12 +316,15 @@ class ImageDataModule(L.LightningDataModule):
             self.setup("predict")
         return self._loader(self.predict_dataset)
 
-    def _loader(self, dataset, shuffle: bool = False, drop_last: bool = False) -> DataLoader:
+    def _loader(
+        self, dataset, shuffle: bool = False, drop_last: bool = False, sampler=None
+    ) -> DataLoader:
         workers = self._resolve_num_workers()
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             drop_last=drop_last,
             num_workers=workers,
             pin_memory=self._on_cuda(),
@@ -193,18 +357,37 @@ class ImageDataModule(L.LightningDataModule):
         return self._normalizers[device]
 
 
-def _stratified_split(targets: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """A boolean mask of the validation items: `fraction` of each class, drawn with `seed`."""
+def _find_csv(path: str | Path | None, root: Path | None, option: str) -> Path | None:
+    """`path` as given, else inside `root` (so that `labels.csv` may sit beside the images)."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.exists() and root is not None and not path.is_absolute() and (root / path).exists():
+        path = root / path
+    check_file(path, option)
+    return path
+
+
+def stratified_split(targets: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """A boolean mask of the validation items: `fraction` of each class, drawn with `seed`.
+
+    Depends only on the targets (in index order) and the seed, so every run and every DDP rank
+    gets the same split; one pass over the sorted targets, whatever the number of classes.
+    """
     mask = np.zeros(len(targets), dtype=bool)
-    if fraction == 0:
+    if fraction == 0 or len(targets) == 0:
         return mask
     rng = np.random.default_rng(seed)
-    for label in np.unique(targets):
-        members = np.flatnonzero(targets == label)
-        count = int(round(len(members) * fraction))
-        if len(members) > 1:
-            count = min(max(count, 1), len(members) - 1)
-        else:
-            count = 0
-        mask[rng.permutation(members)[:count]] = True
+    order = np.argsort(targets, kind="stable")
+    _, starts, counts = np.unique(targets[order], return_index=True, return_counts=True)
+    for start, size in zip(starts.tolist(), counts.tolist(), strict=True):
+        take = min(max(round(size * fraction), 1), size - 1) if size > 1 else 0
+        members = order[start : start + size]
+        mask[members[rng.permutation(size)[:take]]] = True
     return mask
+
+
+def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:
+    """Per-item sampling weights that make every present class equally likely."""
+    counts = np.bincount(targets, minlength=num_classes)
+    return torch.from_numpy(1.0 / counts[targets])

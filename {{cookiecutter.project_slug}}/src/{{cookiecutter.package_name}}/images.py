@@ -1,10 +1,17 @@
-"""Reading image files into uint8 RGB tensors, and the uint8 transforms that run inside the Dataset."""
+"""Reading image files into uint8 RGB tensors, and the uint8 transforms run in the Dataset."""
 
 from __future__ import annotations
 
+import io
+import math
+import os
+import random
+import warnings
+
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+import torch.nn.functional as F
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
@@ -14,39 +21,164 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 # torchvision's decoders (libjpeg-turbo, libpng, libwebp) are faster than PIL for these; the rest
 # (BMP, TIFF) are only readable through PIL.
 _TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif")
+# PIL's own hard limit (twice its warning threshold): about 13k x 13k pixels, 0.5 GB as RGB.
+MAX_IMAGE_PIXELS = 2 * 89_478_485
 
 
 def read_image(path: str) -> torch.Tensor:
     """Read an image file as a uint8 RGB tensor of shape (3, H, W), EXIF orientation applied.
 
+    Grayscale, palette, RGBA (alpha dropped), CMYK and 16-bit images are all converted to 8-bit RGB;
+    an animated GIF or WebP gives its first frame.
+
     Raises:
-        DataError: naming the file, when it cannot be decoded.
+        DataError: naming the file, when it cannot be decoded or declares more than
+            `MAX_IMAGE_PIXELS` pixels.
     """
     try:
+        data = _read_bytes(path)
+        _check_header(data, path)
         if path.lower().endswith(_TORCHVISION_EXTENSIONS):
-            image = decode_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-            if image.dtype != torch.uint8:  # 16-bit PNG
-                image = (image.float() / 257).round().to(torch.uint8)
-            return image
-        return _read_with_pil(path)
-    except (RuntimeError, OSError, ValueError, Image.DecompressionBombError) as err:
+            try:
+                return _decode_with_torchvision(data)
+            except RuntimeError:
+                pass  # PIL reads some files libjpeg/libpng refuse, and words its errors better
+        return _decode_with_pil(data)
+    except DataError:
+        raise
+    except (RuntimeError, OSError, ValueError, SyntaxError) as err:
         raise DataError(f"cannot read image {path}: {err}") from err
 
 
-def _read_with_pil(path: str) -> torch.Tensor:
-    with Image.open(path) as image:
-        image = ImageOps.exif_transpose(image).convert("RGB")
-        return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+def _read_bytes(path: str) -> bytearray:
+    with open(path, "rb") as file:
+        data = bytearray(os.fstat(file.fileno()).st_size)
+        file.readinto(data)
+    return data
 
 
-def train_transform(image_size: int) -> v2.Transform:
-    """Random resized crop and horizontal flip on uint8 tensors (antialiased uint8 resize is fast)."""
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True),
-            v2.RandomHorizontalFlip(),
-        ]
-    )
+def _check_header(data: bytearray, path: str) -> None:
+    """Refuse empty files, unknown formats and decompression bombs before decoding anything."""
+    if not data:
+        raise DataError(f"cannot read image {path}: the file is empty")
+    try:
+        with warnings.catch_warnings():
+            # The size is checked below against our own limit, with a message naming the file.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as header:  # parses the header only
+                width, height = header.size
+    except Image.DecompressionBombError as err:
+        raise DataError(f"refusing image {path}: {err}") from err
+    except UnidentifiedImageError as err:
+        raise DataError(f"cannot read image {path}: not a known image format") from err
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DataError(
+            f"refusing image {path}: {width}x{height} pixels is more than MAX_IMAGE_PIXELS "
+            f"({MAX_IMAGE_PIXELS}): a decompression bomb, or far larger than training needs"
+        )
+
+
+def _decode_with_torchvision(data: bytearray) -> torch.Tensor:
+    encoded = torch.frombuffer(data, dtype=torch.uint8)
+    image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    if image.ndim == 4:  # animated GIF: all frames
+        image = image[0]
+    if image.dtype != torch.uint8:  # 16-bit PNG
+        image = (image.float() / 257).round().to(torch.uint8)
+    return image
+
+
+def _decode_with_pil(data: bytearray) -> torch.Tensor:
+    with Image.open(io.BytesIO(data)) as image:
+        image = ImageOps.exif_transpose(image)
+        if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale (TIFF, PNG)
+            pixels = np.asarray(image, dtype=np.float32)
+            if image.mode != "I" or pixels.max(initial=0) > 255:
+                pixels = pixels / 257
+            gray = np.clip(pixels.round(), 0, 255).astype(np.uint8)
+            return torch.from_numpy(np.ascontiguousarray(gray)).expand(3, -1, -1).clone()
+        if image.mode == "P":  # via RGBA, so that a transparent palette entry converts cleanly
+            image = image.convert("RGBA")
+        rgb = np.asarray(image.convert("RGB")).copy()
+        return torch.from_numpy(rgb).permute(2, 0, 1)
+
+
+def train_transform(image_size: int) -> RandomResizedCropFlip:
+    """Random resized crop and horizontal flip on uint8 tensors (antialiased uint8 resize)."""
+    return RandomResizedCropFlip(image_size)
+
+
+class RandomResizedCropFlip:
+    """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)` then `v2.RandomHorizontalFlip()`.
+
+    The same sampling as torchvision's, written out because the v2 pipeline's per-call overhead
+    (pytree flattening, tensor-valued parameters) cost ~0.7 ms per image here, more than the resize
+    itself: 2.6x faster per image from the pre-decoded cache (benchmarks/BENCHMARKS.md). Draws from
+    Python's `random`, which the DataLoader seeds differently in every worker.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        scale: tuple[float, float] = (0.35, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    ) -> None:
+        self.size = size
+        self.scale = scale
+        self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+        self.ratio = ratio
+
+    def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of a random crop, as `v2.RandomResizedCrop.make_params`."""
+        area = height * width
+        for _ in range(10):
+            target = area * random.uniform(*self.scale)
+            aspect = math.exp(random.uniform(*self.log_ratio))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                return random.randint(0, height - h), random.randint(0, width - w), h, w
+        # Fallback, as torchvision: the whole image, clamped to the allowed aspect ratios.
+        aspect = width / height
+        if aspect < self.ratio[0]:
+            w, h = width, round(width / self.ratio[0])
+        elif aspect > self.ratio[1]:
+            h, w = height, round(height * self.ratio[1])
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        top, left, h, w = self.crop_box(image.shape[-2], image.shape[-1])
+        crop = image[..., top : top + h, left : left + w].unsqueeze(0)
+        out = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True)
+        out = out[0]
+        if random.random() < 0.5:
+            out = out.flip(-1)
+        # Contiguous (C, H, W): collation then copies each image with one memcpy.
+        return out.contiguous()
+
+
+def read_image_for_size(path: str, min_size: int) -> torch.Tensor:
+    """Like `read_image`, but a JPEG at least twice `min_size` is decoded at a reduced size.
+
+    libjpeg's DCT-domain scaling (`PIL.Image.draft`: 1/2, 1/4, 1/8) decodes a 2000x1500 photo for a
+    256-pixel target ~4x faster than a full decode followed by a resize, which is why it wins for
+    large sources; below 2x it cannot reduce anything and `torchvision.io.decode_image` is the
+    faster decoder (benchmarks/BENCHMARKS.md). The short side of the result is still >= `min_size`.
+    """
+    if not path.lower().endswith((".jpg", ".jpeg")):
+        return read_image(path)
+    try:
+        with Image.open(path) as image:
+            if image.format != "JPEG" or min(image.size) < 2 * min_size:
+                return read_image(path)
+            scale = min(image.size) / min_size
+            image.draft("RGB", (math.ceil(image.size[0] / scale), math.ceil(image.size[1] / scale)))
+            image = ImageOps.exif_transpose(image).convert("RGB")
+            return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return read_image(path)  # raises the DataError naming the file, with the usual checks
 
 
 def eval_transform(image_size: int) -> v2.Transform:

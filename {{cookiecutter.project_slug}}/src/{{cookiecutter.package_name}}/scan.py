@@ -1,0 +1,94 @@
+"""Decode every image of a dataset once, in parallel, and list those that cannot be read.
+
+`python -m {{ cookiecutter.package_name }}.scan --data.root DIR [--data.labels_csv FILE ...]` takes the
+same `--data.*` options as training, prints each unreadable file with the reason, one per line, and
+exits with code 1 if there is any (0 if all are readable, 2 for an error in the options).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.images import read_image
+
+_BATCH = 16  # images per worker task: few enough for a smooth progress bar, enough to amortise IPC
+
+
+class _ReadCheck(Dataset):
+    """Item i is "" when `paths[i]` decodes, else the error message (which names the file)."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> str:
+        try:
+            read_image(self.paths[index])
+        except DataError as err:
+            return str(err)
+        return ""
+
+
+def _as_list(batch: list[str]) -> list[str]:
+    return batch
+
+
+def find_unreadable(
+    paths: Sequence[str], num_workers: int = 0, progress: bool = True
+) -> list[tuple[int, str]]:
+    """(index, error message) of each path that `read_image` cannot read, in index order.
+
+    DataLoader workers do the decoding: the same processes, start method and per-worker thread
+    settings as training.
+    """
+    loader = DataLoader(
+        _ReadCheck(paths), batch_size=_BATCH, num_workers=num_workers, collate_fn=_as_list
+    )
+    bad = []
+    bar = tqdm(total=len(paths), desc="scanning images", unit="img", disable=not progress or None)
+    with bar:
+        for batch_index, messages in enumerate(loader):
+            for offset, message in enumerate(messages):
+                if message:
+                    bad.append((batch_index * _BATCH + offset, message))
+            bar.update(len(messages))
+            bar.set_postfix(unreadable=len(bad), refresh=False)
+    return bad
+
+
+def main(args: list[str] | None = None) -> int:
+    from jsonargparse import ArgumentParser
+
+    # Imported here: data.py imports this module for --data.skip_bad_images.
+    from {{ cookiecutter.package_name }}.data import ImageDataModule
+
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_class_arguments(ImageDataModule, "data", skip={"skip_bad_images"})
+    config = parser.parse_args(args)
+    try:
+        datamodule = ImageDataModule(**config.data.as_dict())
+        datamodule.setup("fit")
+        datasets = [datamodule.train_dataset, datamodule.val_dataset]
+        if datamodule.predict_root is not None:
+            datamodule.setup("predict")
+            datasets.append(datamodule.predict_dataset)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    paths = [dataset.path(i) for dataset in datasets for i in range(len(dataset))]
+    bad = find_unreadable(paths, datamodule._resolve_num_workers(), progress=True)
+    for _, message in bad:
+        print(message)
+    print(f"scanned {len(paths)} images: {len(bad)} unreadable", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The labels-CSV layout: spreadsheet quirks, label kinds, and an error for each kind of bad row."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_image
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.datasets import (
+    ImageFolderDataset,
+    classes_from_labels,
+    encode_labels,
+    read_labels_csv,
+)
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.images import eval_transform
+
+
+@pytest.fixture
+def flat_root(tmp_path: Path) -> Path:
+    """Twelve images in one folder (one nested), labelled only by a CSV."""
+    root = tmp_path / "flat"
+    for i in range(12):
+        name = f"sub/img_{i}.png" if i == 0 else f"img_{i}.png"
+        write_image(root / name, (40 * (i % 3), 80, 120))
+    return root
+
+
+def write_csv(path: Path, text: str, encoding: str = "utf-8") -> Path:
+    path.write_bytes(text.encode(encoding))
+    return path
+
+
+def rows(labels: list[str], names: list[str] | None = None) -> str:
+    names = names or [("sub/" if i == 0 else "") + f"img_{i}.png" for i in range(len(labels))]
+    return "".join(f"{n},{label}\n" for n, label in zip(names, labels, strict=True))
+
+
+CLASS_LABELS = ["ant", "bee", "cat"] * 4
+
+
+def test_class_name_labels(flat_root: Path, tmp_path: Path) -> None:
+    csv_file = write_csv(tmp_path / "labels.csv", "filename,label\n" + rows(CLASS_LABELS))
+    dm = ImageDataModule(root=flat_root, labels_csv=csv_file, val_fraction=0.25, num_workers=0)
+    assert dm.class_names == ["ant", "bee", "cat"]
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 9 and len(dm.val_dataset) == 3
+    assert sorted(dm.val_dataset.targets.tolist()) == [0, 1, 2]
+    image, target = dm.train_dataset[0]
+    assert image.shape[0] == 3 and 0 <= target < 3
+
+
+def test_spreadsheet_quirks(flat_root: Path, tmp_path: Path) -> None:
+    """BOM, CRLF, spaces around fields, extra and reordered columns, other column names."""
+    lines = [" Label , notes, File "] + [
+        f" {label} , any text , {name} "
+        for name, label in zip(
+            ["sub/img_0.png"] + [f"img_{i}.png" for i in range(1, 12)], CLASS_LABELS, strict=True
+        )
+    ]
+    csv_file = write_csv(tmp_path / "export.csv", "\r\n".join(lines) + "\r\n\r\n", "utf-8-sig")
+    dm = ImageDataModule(
+        root=flat_root,
+        labels_csv=csv_file,
+        filename_column="File",
+        label_column="Label",
+        num_workers=0,
+    )
+    assert dm.class_names == ["ant", "bee", "cat"]
+    dm.setup("fit")
+    assert len(dm.train_dataset) + len(dm.val_dataset) == 12
+
+
+def test_integer_labels(flat_root: Path, tmp_path: Path) -> None:
+    labels = [str(i % 3) for i in range(12)]
+    csv_file = write_csv(tmp_path / "labels.csv", "filename,label\n" + rows(labels))
+    assert ImageDataModule(root=flat_root, labels_csv=csv_file).class_names == ["0", "1", "2"]
+    named = ImageDataModule(
+        root=flat_root, labels_csv=csv_file, class_names=["x", "y", "z"], num_workers=0
+    )
+    named.setup("fit")
+    assert named.class_names == ["x", "y", "z"]
+    assert set(named.train_dataset.targets.tolist()) == {0, 1, 2}
+
+
+def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
+    write_csv(flat_root / "labels.csv", "filename,label\n" + rows(CLASS_LABELS))
+    inside = ImageDataModule(root=flat_root, labels_csv="labels.csv", num_workers=0)
+    assert inside.labels_csv == flat_root / "labels.csv"
+    no_root = ImageDataModule(labels_csv=flat_root / "labels.csv", num_workers=0)
+    no_root.setup("fit")
+    assert no_root.root == flat_root and len(no_root.train_dataset) > 0
+
+
+def test_validation_csv(flat_root: Path, tmp_path: Path) -> None:
+    train = write_csv(tmp_path / "train.csv", "filename,label\n" + rows(CLASS_LABELS[:10]))
+    names = [f"img_{i}.png" for i in (10, 11)]
+    val = write_csv(tmp_path / "val.csv", "filename,label\n" + rows(["bee", "cat"], names))
+    dm = ImageDataModule(root=flat_root, labels_csv=train, val_csv=val, num_workers=0)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 10
+    assert dm.val_dataset.targets.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "filename,label\nimg_1.png,ant\nnope.png,bee\ngone.png,cat\n",
+            r"2 of 3 rows name files that are not in .*: line 3 'nope\.png', line 4 'gone\.png'",
+        ),
+        ("filename,label\nimg_1.png,0\nimg_2.png,-1\n", r"line 3: label -1 is negative"),
+        ("filename,label\nimg_1.png,ant\nimg_2.png\n", r"line 3 has 1 columns, expected 2"),
+        ("filename,label\nimg_1.png,ant\n,bee\n", r"line 3 has an empty file name"),
+        (
+            'filename,label\nimg_1.png,"ant\n',
+            r"labels\.csv line 2 is malformed CSV: unexpected end of data",
+        ),
+        ("name,class\nimg_1.png,ant\n", r"has no column 'filename' .*--data.filename_column"),
+        ("", r"is empty: expected a header row"),
+        ("filename,label\n", r"has a header but no rows"),
+        (
+            "filename,label\nimg_1.png,ant\nimg_2.png,bee\nimg_1.png,cat\n",
+            r"lists 'img_1\.png' twice, on lines 2 and 4",
+        ),
+    ],
+)
+def test_bad_csv_is_refused_with_line_and_value(
+    flat_root: Path, tmp_path: Path, body: str, message: str
+) -> None:
+    csv_file = write_csv(tmp_path / "labels.csv", body)
+    with pytest.raises(DataError, match=message):
+        ImageDataModule(root=flat_root, labels_csv=csv_file, num_workers=0).setup("fit")
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [("3", r"unknown label '3' .*integer labels 0\.\.2"), ("wasp", r"unknown label 'wasp'")],
+)
+def test_labels_outside_the_given_classes(
+    flat_root: Path, tmp_path: Path, label: str, message: str
+) -> None:
+    body = f"filename,label\nimg_1.png,0\nimg_2.png,{label}\n"
+    csv_file = write_csv(tmp_path / "labels.csv", body)
+    dm = ImageDataModule(root=flat_root, labels_csv=csv_file, class_names=["ant", "bee", "cat"])
+    with pytest.raises(DataError, match=rf"labels\.csv line 3: {message}"):
+        dm.setup("fit")
+
+
+def test_not_utf8_names_the_line(flat_root: Path, tmp_path: Path) -> None:
+    csv_file = write_csv(
+        tmp_path / "labels.csv", "filename,label\nimg_1.png,ant\ncafé.png,b\n", encoding="latin-1"
+    )
+    with pytest.raises(DataError, match=r"labels\.csv line 3 is not UTF-8"):
+        ImageDataModule(root=flat_root, labels_csv=csv_file).class_names  # noqa: B018
+
+
+def test_validation_class_missing_from_training(flat_root: Path, tmp_path: Path) -> None:
+    train = write_csv(tmp_path / "train.csv", "filename,label\nimg_1.png,ant\nimg_2.png,bee\n")
+    val = write_csv(tmp_path / "val.csv", "filename,label\nimg_3.png,ant\nimg_4.png,cat\n")
+    dm = ImageDataModule(root=flat_root, labels_csv=train, val_csv=val, num_workers=0)
+    with pytest.raises(DataError, match=r"val\.csv line 3: validation class 'cat' is not present"):
+        dm.setup("fit")
+
+
+def test_missing_csv_option_is_named(flat_root: Path) -> None:
+    with pytest.raises(DataError, match=r"--data\.labels_csv .*nowhere\.csv does not exist"):
+        ImageDataModule(root=flat_root, labels_csv="nowhere.csv")
+
+
+@pytest.mark.slow
+def test_million_row_index_builds_in_seconds(tmp_path: Path) -> None:
+    count = 1_000_000
+    names = np.char.add(np.char.add("class_", (np.arange(count) % 100).astype(str)), "/")
+    names = np.char.add(np.char.add(names, np.arange(count).astype(str)), ".jpg")
+    labels = (np.arange(count) % 100).astype(str)
+    csv_file = tmp_path / "big.csv"
+    with open(csv_file, "w") as file:
+        file.write("filename,label\n")
+        file.writelines(f"{n},c{label}\n" for n, label in zip(names, labels, strict=True))
+    start = time.perf_counter()
+    table = read_labels_csv(csv_file)
+    targets = encode_labels(table, classes_from_labels(table))
+    elapsed = time.perf_counter() - start
+    assert len(table) == count and targets.dtype == np.int64 and targets.max() == 99
+    assert elapsed < 30, f"index of {count} rows took {elapsed:.1f} s"
+    big = ImageFolderDataset(tmp_path, table.paths, targets, eval_transform(16))
+    small = ImageFolderDataset(tmp_path, table.paths[:1000], targets[:1000], eval_transform(16))
+    assert lookup_seconds(big) < 3 * lookup_seconds(small) + 1e-6
+
+
+def lookup_seconds(dataset: ImageFolderDataset) -> float:
+    """Median time of `dataset.path(i)` over spread-out indices."""
+    times = []
+    for i in np.linspace(0, len(dataset) - 1, 200).astype(int):
+        start = time.perf_counter()
+        dataset.path(i)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

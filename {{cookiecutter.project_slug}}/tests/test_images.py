@@ -1,0 +1,143 @@
+"""`read_image` on every kind of file a real folder holds: formats, modes, orientation, damage."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_corrupt
+from PIL import Image
+
+from {{ cookiecutter.package_name }} import images
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.images import read_image
+
+RED = (200, 30, 60)
+
+
+def solid(mode: str, value, size: tuple[int, int] = (20, 12)) -> Image.Image:
+    return Image.new(mode, size, value)
+
+
+def save_rgba(path: Path) -> None:
+    solid("RGBA", (*RED, 100)).save(path)
+
+
+def save_palette(path: Path) -> None:
+    image = solid("RGB", RED).quantize(4)
+    image.save(path, transparency=0)
+
+
+def save_cmyk(path: Path) -> None:
+    solid("RGB", RED).convert("CMYK").save(path, quality=100)
+
+
+def save_gray16(path: Path) -> None:
+    Image.fromarray(np.full((12, 20), 128 * 257, dtype=np.uint16)).save(path)
+
+
+def save_rgb(path: Path) -> None:
+    solid("RGB", RED).save(path, **({"quality": 100} if path.suffix.lower() == ".jpg" else {}))
+
+
+KINDS = {
+    "gray.png": (lambda p: solid("L", 128).save(p), (128, 128, 128)),
+    "bilevel.bmp": (lambda p: solid("1", 1).save(p), (255, 255, 255)),
+    "palette.png": (save_palette, RED),
+    "palette.gif": (lambda p: solid("RGB", RED).quantize(4).save(p), RED),
+    "rgba.png": (save_rgba, RED),
+    "rgba.webp": (lambda p: solid("RGBA", (*RED, 50)).save(p, lossless=True), RED),
+    "cmyk.jpg": (save_cmyk, RED),
+    "gray16.png": (save_gray16, (128, 128, 128)),
+    "gray16.tif": (save_gray16, (128, 128, 128)),
+    "rgb.bmp": (save_rgb, RED),
+    "rgb.tiff": (save_rgb, RED),
+    "rgb.webp": (lambda p: solid("RGB", RED).save(p, lossless=True), RED),
+    "UPPER CASE.JPG": (save_rgb, RED),
+    "café ünïcode 名前.jpeg": (save_rgb, RED),
+}
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_every_kind_reads_as_uint8_rgb(tmp_path: Path, name: str) -> None:
+    save, colour = KINDS[name]
+    path = tmp_path / name
+    save(path)
+    image = read_image(str(path))
+    assert image.dtype == torch.uint8 and image.shape == (3, 12, 20)
+    centre = image[:, 6, 10].tolist()
+    assert centre == pytest.approx(list(colour), abs=4), f"{name}: {centre}"
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".png", ".tif"])
+def test_exif_orientation_is_applied(tmp_path: Path, suffix: str) -> None:
+    image = Image.new("RGB", (40, 30), RED)
+    image.paste((0, 0, 255), (0, 0, 10, 30))  # a blue band down the left edge
+    exif = image.getexif()
+    exif[0x0112] = 6  # stored rotated: display turned 90 degrees clockwise
+    path = tmp_path / f"rotated{suffix}"
+    image.save(path, exif=exif)
+    read = read_image(str(path))
+    assert read.shape == (3, 40, 30)
+    assert read[2, 2, 15] > 200 and read[0, 2, 15] < 60  # the band is now along the top
+    assert read[0, 35, 15] > 150
+
+
+def test_truncated_jpeg_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "cut short.jpg"
+    write_corrupt(path)
+    with pytest.raises(DataError, match=r"(?i)cannot read image .*cut short\.jpg: .*truncated"):
+        read_image(str(path))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("empty.png", b"", "empty"),
+        ("text.png", b"this is not a picture", "not a known image format"),
+        ("text.tif", b"II*\x00 not really a tiff", "cannot read image"),
+    ],
+)
+def test_unreadable_files_name_the_file(tmp_path: Path, name: str, content: bytes, reason: str):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=rf"{name}.*{reason}|{reason}.*{name}"):
+        read_image(str(path))
+
+
+def bomb_png(path: Path, width: int, height: int) -> None:
+    """A valid 1x1 PNG whose header then claims `width` x `height`: tiny on disk, huge decoded."""
+    png = bytearray(path.read_bytes())
+    header = struct.pack(">II", width, height) + png[24:29]
+    png[16:29] = header
+    png[29:33] = struct.pack(">I", zlib.crc32(b"IHDR" + header))
+    path.write_bytes(bytes(png))
+
+
+def test_decompression_bomb_is_refused_before_decoding(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.png"
+    Image.new("L", (1, 1)).save(path)
+    bomb_png(path, 100_000, 100_000)  # 10 gigapixels: 30 GB as RGB
+    with pytest.raises(DataError, match=r"refusing image .*bomb\.png"):
+        read_image(str(path))
+
+
+def test_pixel_limit_is_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "big.jpg"
+    save_rgb(path)
+    monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(DataError, match=r"big\.jpg: 20x12 pixels is more than MAX_IMAGE_PIXELS"):
+        read_image(str(path))
+
+
+def test_animated_gif_gives_its_first_frame(tmp_path: Path) -> None:
+    path = tmp_path / "anim.gif"
+    frames = [solid("RGB", RED).quantize(4), solid("RGB", (0, 0, 255)).quantize(4)]
+    frames[0].save(path, save_all=True, append_images=frames[1:])
+    image = read_image(str(path))
+    assert image.shape == (3, 12, 20)
+    assert image[:, 6, 10].tolist() == pytest.approx(list(RED), abs=4)
