@@ -33,7 +33,7 @@ from {{ cookiecutter.package_name }}.datasets import (
 )
 from {{ cookiecutter.package_name }}.demo import DEMO_CLASSES, DEMO_DIR, ensure_demo_data
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import eval_transform, train_transform
+from {{ cookiecutter.package_name }}.images import IMG_EXTENSIONS, eval_transform, train_transform
 from {{ cookiecutter.package_name }}.scan import find_unreadable
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,10 @@ class ImageDataModule(L.LightningDataModule):
         check_dir(folder, "data.predict_root")
         files = list_images(folder)
         if not files:
-            raise DataError(f"--data.predict_root {folder} holds no images")
+            raise DataError(
+                f"--data.predict_root {folder} holds no images; accepted extensions: "
+                + " ".join(IMG_EXTENSIONS)
+            )
         paths = np.array([os.fsencode(f) for f in files], dtype=np.bytes_)
         dataset = ImageFolderDataset(folder, paths, None, eval_transform(self.image_size))
         return self._without_unreadable(dataset)[0] if self.skip_bad_images else dataset
