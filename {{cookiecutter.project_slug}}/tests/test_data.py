@@ -120,6 +120,8 @@ def test_stray_files_and_nested_folders(image_root: Path) -> None:
     (image_root / "ant" / ".DS_Store").write_bytes(b"\0\0")
     (image_root / "ant" / "README.txt").write_text("notes")
     write_image(image_root / "ant" / "deeper" / "ant_nested.PNG", (255, 30, 30))
+    (image_root / "__MACOSX" / "ant").mkdir(parents=True)  # left by unzipping a macOS archive
+    (image_root / "__MACOSX" / "ant" / "._ant_0.jpg").write_bytes(b"\0")
     dm = ImageDataModule(root=image_root, val_fraction=0, num_workers=0)
     dm.setup("validate")
     names = {os.fsdecode(p) for p in dm.train_dataset.paths}
@@ -294,8 +296,12 @@ def test_scan_lists_every_unreadable_file(image_root: Path, capsys) -> None:
     assert "scanned 26 images: 2 unreadable" in err
 
 
-def test_scan_of_a_clean_dataset_exits_0(image_root: Path, capsys) -> None:
-    assert scan.main(["--data.root", str(image_root), "--data.num_workers", "0"]) == 0
+def test_scan_takes_the_data_section_of_a_training_config(
+    image_root: Path, tmp_path: Path, capsys
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"trainer:\n  max_epochs: 3\ndata:\n  root: {image_root}\n  num_workers: 0\n")
+    assert scan.main(["--config", str(config), "--data.val_fraction", "0.5"]) == 0
     assert "scanned 24 images: 0 unreadable" in capsys.readouterr().err
 
 

@@ -16,13 +16,19 @@ from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.images import IMG_EXTENSIONS, read_image
 
 _SHOWN = 5  # how many offending rows an error message lists
+# Folders that archivers and operating systems leave beside the data; never classes.
+_JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
+
+
+def _is_data_folder(name: str) -> bool:
+    return not name.startswith(".") and name not in _JUNK_FOLDERS
 
 
 def find_classes(root: Path, option: str = "data.root") -> list[str]:
-    """The sorted names of the class folders directly under `root` (hidden folders left out)."""
+    """The sorted names of the class folders under `root` (hidden and `__MACOSX` left out)."""
     check_dir(root, option)
     with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        classes = sorted(e.name for e in entries if e.is_dir() and _is_data_folder(e.name))
     if not classes:
         raise DataError(f"--{option} {root} has no class folders: expected {root}/<class>/<image>")
     return classes
@@ -36,7 +42,7 @@ def list_images(folder: Path) -> list[str]:
 def _list_files(folder: Path, images_only: bool) -> list[str]:
     found = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if _is_data_folder(d))
         rel = os.path.relpath(dirpath, folder)
         for name in sorted(filenames):
             if images_only and (name.startswith(".") or not name.lower().endswith(IMG_EXTENSIONS)):
