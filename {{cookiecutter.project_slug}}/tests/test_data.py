@@ -335,3 +335,10 @@ def test_spawn_workers(one_image_four_times) -> None:
     crops = _crops(one_image_four_times, "spawn")
     assert crops.shape == (4, 3, 16, 16) and crops.dtype == torch.uint8
     assert not torch.equal(crops[0], crops[2])
+
+
+def test_class_folders_outside_given_class_names_are_reported(image_root: Path) -> None:
+    dm = ImageDataModule(root=image_root, class_names=["ant", "cat"], num_workers=0)
+    with pytest.warns(UserWarning, match=r"leaves out 1 class folders of .*not used: bee"):
+        dm.setup("fit")
+    assert set(dm.train_dataset.targets.tolist()) == {0, 1}

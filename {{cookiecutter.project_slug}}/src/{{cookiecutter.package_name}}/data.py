@@ -217,6 +217,13 @@ class ImageDataModule(L.LightningDataModule):
         if labels_csv is None:
             class_to_idx = {name: i for i, name in enumerate(self.class_names)}
             folders = None if split == "training" else find_classes(root, option)
+            if split == "training" and self._class_names is not None:
+                ignored = sorted(set(find_classes(root, option)) - set(class_to_idx))
+                if ignored:
+                    rank_zero_warn(
+                        f"--data.class_names leaves out {len(ignored)} class folders of {root}, "
+                        f"which are not used: {', '.join(ignored)}"
+                    )
             return make_dataset(root, class_to_idx, folders)
         if split == "training":
             table = self._labels
