@@ -21,7 +21,7 @@ class SlowItems(Dataset):
         self.delay = delay
 
     def __len__(self) -> int:
-        return 24
+        return 12
 
     def __getitem__(self, index: int):
         time.sleep(self.delay)
@@ -46,7 +46,7 @@ class TinyModel(L.LightningModule):
 
 
 def fit(tmp_path, data_delay: float, step_delay: float, epochs: int = 2) -> DataStarvationMonitor:
-    monitor = DataStarvationMonitor()
+    monitor = DataStarvationMonitor(min_steps=3)
     trainer = L.Trainer(
         max_epochs=epochs,
         callbacks=[monitor],
@@ -65,8 +65,8 @@ def fit(tmp_path, data_delay: float, step_delay: float, epochs: int = 2) -> Data
 
 def test_a_starved_loop_is_measured_and_warned_about_once(tmp_path) -> None:
     with pytest.warns(UserWarning, match="waited for data") as record:
-        monitor = fit(tmp_path, data_delay=0.03, step_delay=0.0)
-    assert monitor.fraction > 0.5  # 60 ms of loading per batch against a few ms of step
+        monitor = fit(tmp_path, data_delay=0.1, step_delay=0.0)
+    assert monitor.fraction > 0.5  # 200 ms of loading per batch against a few ms of step
     advice = [str(w.message) for w in record if "waited for data" in str(w.message)]
     assert len(advice) == 1  # two starved epochs, one warning
     assert "Raise --data.num_workers from 0 to" in advice[0]
@@ -76,7 +76,7 @@ def test_a_starved_loop_is_measured_and_warned_about_once(tmp_path) -> None:
 def test_a_busy_step_is_not_starved(tmp_path) -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        monitor = fit(tmp_path, data_delay=0.0, step_delay=0.05, epochs=1)
+        monitor = fit(tmp_path, data_delay=0.0, step_delay=0.1, epochs=1)
     assert monitor.fraction < 0.2
     assert not [w for w in record if "waited for data" in str(w.message)]
 

@@ -56,7 +56,7 @@ class Result:
     num_workers: int
     images_per_s: float  # median over the timed epochs
     epochs_images_per_s: list[float]
-    worker_mib: float | None  # proportional set size of all workers together
+    worker_mib: float | None  # private (dirty) memory of all workers together
 
 
 def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) -> Result:
@@ -83,14 +83,15 @@ def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) 
 
 
 def _workers_pss_mib(iterator) -> float | None:
-    """Sum of the workers' anonymous proportional set size (shared pages split between users)."""
+    """Memory private to the loader workers, summed: what `num_workers` multiplies."""
     total = 0
     for worker in getattr(iterator, "_workers", []):
         try:
             with open(f"/proc/{worker.pid}/smaps_rollup") as file:
                 for line in file:
-                    # Anonymous memory only: the cache's file pages are the OS page cache, shared.
-                    if line.startswith("Pss_Anon:"):
+                    # Pages this worker alone has written: its own growth (copy-on-read of Python
+                    # objects shows here), not what it shares with the main process or the cache.
+                    if line.startswith("Private_Dirty:"):
                         total += int(line.split()[1])
         except OSError:  # not Linux, or a worker already gone
             return None
@@ -221,7 +222,8 @@ def main(args: list[str] | None = None) -> None:
     print(
         f"{data.get('root') or 'demo data'}: images at {data['image_size']}px, batch "
         f"{data['batch_size']}, device {device}, {usable_cpus()} usable CPUs (os.cpu_count "
-        f"{os.cpu_count()}); images/s: median of epochs 2..{cfg.epochs}"
+        f"{os.cpu_count()}); images/s: median of epochs 2..{cfg.epochs}; worker MiB: memory "
+        "private to the loader workers, summed"
     )
     print(report(results, pipeline))
     if cfg.json is not None:

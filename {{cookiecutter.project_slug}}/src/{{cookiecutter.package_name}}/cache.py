@@ -173,7 +173,10 @@ def build(
     The first process to take the lock builds into a temporary folder and renames it into place;
     the others block on the lock, then find the finished folder.
     """
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create --data.cache_dir {folder.parent}: {err.strerror}") from err
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         if fcntl is not None:
             try:
@@ -230,7 +233,7 @@ def _write(
                 raise DataError(f"{image} (while building the image cache)")
             _, height, width = image.shape
             index[i] = (offset, height, width)
-            out.write(image.numpy().tobytes())
+            out.write(image.numpy().data)
             offset += height * width * 3
         out.seek(0)
         out.write(_npy_header(offset))
