@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 log = logging.getLogger(__name__)
 
-DEMO_CLASSES = ("circles", "squares", "stripes", "triangles")
+DEMO_CLASSES = ("confetti", "dots", "plain", "stripes")
 DEMO_DIR = Path("data/demo")
 _IMAGES_PER_CLASS = 250
 _SIZE = (192, 144)  # width, height: a small photo
@@ -66,27 +66,35 @@ def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
 
 
 def _draw(label: int, rng: np.random.Generator) -> Image.Image:
+    """A scene with one pattern per class (textures survive random crops, unlike single objects)."""
     image = _background(rng)
-    draw = ImageDraw.Draw(image)
     width, height = _SIZE
-    if DEMO_CLASSES[label] == "stripes":
-        period = rng.uniform(10, 24)
+    name = DEMO_CLASSES[label]
+    if name in ("dots", "confetti"):
+        # dots: a few round spots; confetti: many tiny sharp flakes.
+        draw = ImageDraw.Draw(image)
+        count, low, high = (int(rng.integers(12, 30)), 4, 9) if name == "dots" else (300, 1, 3)
+        shape = draw.ellipse if name == "dots" else draw.rectangle
+        for _ in range(count):
+            r = rng.uniform(low, high)
+            cx, cy = rng.uniform(0, width), rng.uniform(0, height)
+            box = (cx - r, cy - r, cx + r, cy + r)
+            shape(box, fill=_colour(rng))
+    elif name == "stripes":
+        period = rng.uniform(14, 28)
         angle = rng.uniform(0, np.pi)
         yy, xx = np.mgrid[0:height, 0:width]
-        wave = np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * 2 * np.pi / period) > 0
+        pattern = np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * 2 * np.pi / period) > 0
         pixels = np.asarray(image).copy()
-        pixels[wave] = _colour(rng)
+        pixels[pattern] = _colour(rng)
         image = Image.fromarray(pixels)
-    else:
-        for _ in range(int(rng.integers(2, 5))):
-            r = rng.uniform(14, 30)
-            cx, cy = rng.uniform(r, width - r), rng.uniform(r, height - r)
-            if DEMO_CLASSES[label] == "circles":
-                draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
-            elif DEMO_CLASSES[label] == "squares":
-                draw.regular_polygon((cx, cy, r), 4, rotation=rng.uniform(0, 90), fill=_colour(rng))
-            else:
-                draw.regular_polygon((cx, cy, r), 3, rotation=rng.uniform(0, 120), fill=_colour(rng))
+    else:  # "plain": a few soft blobs on the background, like an out-of-focus scene
+        draw = ImageDraw.Draw(image)
+        for _ in range(int(rng.integers(1, 4))):
+            r = rng.uniform(20, 50)
+            cx, cy = rng.uniform(0, width), rng.uniform(0, height)
+            draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
+        image = image.filter(ImageFilter.GaussianBlur(6))
     noise = rng.normal(0, 6, size=(height, width, 3))
     pixels = np.clip(np.asarray(image, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
     return Image.fromarray(pixels)
