@@ -80,12 +80,23 @@ def make_dataset(
 
 
 class LabelsTable:
-    """The rows of a labels CSV: file names (bytes), raw labels (str) and CSV line numbers."""
+    """The rows of a labels CSV as arrays: file names (bytes), labels, CSV line numbers.
 
-    def __init__(self, source: Path, paths: np.ndarray, labels: np.ndarray, lines: np.ndarray):
+    A row's label is `values[codes[row]]`: the distinct label strings are few, the rows many.
+    """
+
+    def __init__(
+        self,
+        source: Path,
+        paths: np.ndarray,
+        values: list[str],
+        codes: np.ndarray,
+        lines: np.ndarray,
+    ) -> None:
         self.source = source
         self.paths = paths
-        self.labels = labels
+        self.values = values
+        self.codes = codes
         self.lines = lines
 
     def __len__(self) -> int:
@@ -93,6 +104,9 @@ class LabelsTable:
 
     def where(self, row: int) -> str:
         return f"{self.source.name} line {self.lines[row]}"
+
+    def first_row(self, code: int) -> int:
+        return int(np.flatnonzero(self.codes == code)[0])
 
 
 def read_labels_csv(
@@ -126,7 +140,7 @@ def read_labels_csv(
     label_at = _column(columns, label_column, "label_column", csv_file)
     needed = max(file_at, label_at) + 1
     try:
-        names = [row[file_at].strip() for row in records]
+        names = [row[file_at].strip().encode() for row in records]
         labels = [row[label_at].strip() for row in records]
     except IndexError:  # a short row: blank lines are skipped, anything else is an error
         keep = np.array([len(row) >= needed for row in records], dtype=bool)
@@ -138,21 +152,20 @@ def read_labels_csv(
                 ) from None
         records = [row for row, kept in zip(records, keep.tolist(), strict=True) if kept]
         lines = lines[keep]
-        names = [row[file_at].strip() for row in records]
+        names = [row[file_at].strip().encode() for row in records]
         labels = [row[label_at].strip() for row in records]
     if not records:
         raise DataError(f"{csv_file} has a header but no rows")
-    try:
-        paths = np.array(names, dtype=np.str_).astype(np.bytes_)  # ASCII: one vectorised copy
-    except UnicodeEncodeError:
-        paths = np.array([name.encode() for name in names], dtype=np.bytes_)
-    labels = np.array(labels, dtype=np.str_)
-    table = LabelsTable(csv_file, paths, labels, lines)
-    for values, what in ((table.paths, "file name"), (table.labels, "label")):
-        empty = np.flatnonzero(values == values.dtype.type())
-        if len(empty):
-            raise DataError(f"{table.where(empty[0])} has an empty {what}")
-    _refuse_duplicates(table)
+    index: dict[str, int] = {}
+    codes = np.array([index.setdefault(label, len(index)) for label in labels], dtype=np.int64)
+    table = LabelsTable(csv_file, np.array(names, dtype=np.bytes_), list(index), codes, lines)
+    empty = np.flatnonzero(table.paths == b"")
+    if len(empty):
+        raise DataError(f"{table.where(empty[0])} has an empty file name")
+    if "" in index:
+        raise DataError(f"{table.where(table.first_row(index['']))} has an empty label")
+    if len(set(names)) < len(names):
+        _refuse_duplicates(table)
     return table
 
 
@@ -189,12 +202,11 @@ def _refuse_duplicates(table: LabelsTable) -> None:
 
 def classes_from_labels(table: LabelsTable) -> list[str]:
     """Class names for a CSV without given class names: the sorted label names, or "0".."K-1"."""
-    values = np.unique(table.labels)
-    numbers = [_as_int(v) for v in values]
+    numbers = [_as_int(v) for v in table.values]
     if any(n is None for n in numbers):
-        return values.tolist()
+        return sorted(table.values)
     if min(numbers) < 0:
-        row = int(np.flatnonzero(table.labels == values[numbers.index(min(numbers))])[0])
+        row = table.first_row(numbers.index(min(numbers)))
         raise DataError(f"{table.where(row)}: label {min(numbers)} is negative")
     return [str(i) for i in range(max(numbers) + 1)]
 
@@ -203,21 +215,20 @@ def encode_labels(
     table: LabelsTable, class_names: list[str], split: str = "training"
 ) -> np.ndarray:
     """The int64 targets of a table's labels; a label is a class name or an integer index."""
-    values, inverse = np.unique(table.labels, return_inverse=True)
     class_to_idx = {name: i for i, name in enumerate(class_names)}
-    codes = np.empty(len(values), dtype=np.int64)
-    for j, value in enumerate(values.tolist()):
+    targets = np.empty(len(table.values), dtype=np.int64)
+    for code, value in enumerate(table.values):
         index = class_to_idx.get(value, _as_int(value))
         if index is None or not 0 <= index < len(class_names):
-            row = int(np.flatnonzero(inverse == j)[0])
+            row = table.first_row(code)
             known = f"classes: {_preview(class_names)}; integer labels 0..{len(class_names) - 1}"
             if split == "training":
                 raise DataError(f"{table.where(row)}: unknown label {value!r} ({known})")
             raise DataError(
                 f"{table.where(row)}: {split} class {value!r} is not present in training ({known})"
             )
-        codes[j] = index
-    return codes[inverse.reshape(-1)]
+        targets[code] = index
+    return targets[table.codes]
 
 
 def find_missing(table: LabelsTable, root: Path) -> None:
