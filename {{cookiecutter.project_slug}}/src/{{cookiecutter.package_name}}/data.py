@@ -33,7 +33,11 @@ from {{ cookiecutter.package_name }}.datasets import (
 )
 from {{ cookiecutter.package_name }}.demo import DEMO_CLASSES, DEMO_DIR, ensure_demo_data
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import IMG_EXTENSIONS, eval_transform, train_transform
+from {{ cookiecutter.package_name }}.images import (
+    IMG_EXTENSIONS,
+    eval_transform,
+    train_transform,
+)
 from {{ cookiecutter.package_name }}.scan import find_unreadable
 
 log = logging.getLogger(__name__)

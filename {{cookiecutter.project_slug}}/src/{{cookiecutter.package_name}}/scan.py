@@ -1,9 +1,10 @@
 """Decode every image of a dataset once, in parallel, and list those that cannot be read.
 
-`python -m {{ cookiecutter.package_name }}.scan --data.root DIR [--data.labels_csv FILE ...]` takes the
-same `--data.*` options as training (also from the `data:` section of a `--config FILE`), prints
-each unreadable file with the reason, one per line, and exits with code 1 if there is any (0 if all
-are readable, 2 for an error in the options or the data).
+    python -m {{ cookiecutter.package_name }}.scan --data.root DIR ...
+
+takes the same `--data.*` options as training (also from the `data:` section of a `--config FILE`),
+prints each unreadable file with the reason, one per line, and exits with code 1 if there is any
+(0 if all are readable, 2 for an error in the options or the data).
 """
 
 from __future__ import annotations
