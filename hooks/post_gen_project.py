@@ -56,6 +56,8 @@ def next_steps(project: Path) -> str:
         f"  make train        # python -m {package} fit on the generated demo data",
         "  pre-commit install   # optional: ruff on every commit",
     ]
+    if CONTEXT["dataset_layout"] == "csv":
+        lines[-2] = "  make train        # the demo data through configs/labels_csv.yaml"
     if CONTEXT["slurm"] == "yes":
         lines.append(
             "  sbatch scripts/slurm.sbatch   # on a SLURM cluster (edit its #SBATCH lines)"
