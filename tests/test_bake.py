@@ -106,15 +106,26 @@ def test_every_choice_option_is_asked_with_help_text() -> None:
 
 @pytest.mark.parametrize("options", COMBINATIONS, ids=combination_id)
 def test_combination_renders_clean(cookies, options: dict[str, str]) -> None:
-    project = bake(cookies, project_name="Combo Check", **options)
+    project = bake(cookies, **options)  # the default names, as most bakes keep them
     files = files_of(project)
-    assert files == expected_files(options, "combo_check")
-    assert {name.format(package="combo_check") for name in CORE_FILES} <= files
+    assert files == expected_files(options, "image_classifier")
+    assert {name.format(package="image_classifier") for name in CORE_FILES} <= files
     leftovers = {
         name for name in files if UNRENDERED.search((project / name).read_text(encoding="utf-8"))
     }
     assert leftovers == set()
     assert parse_config_files(project) >= 3
+    run(sys.executable, "-m", "ruff", "check", "--no-cache", ".", cwd=project)
+    run(sys.executable, "-m", "ruff", "format", "--no-cache", "--check", ".", cwd=project)
+
+
+@pytest.mark.parametrize(
+    "options", [COMBINATIONS[0], COMBINATIONS[-1]], ids=["first-values", "last-values"]
+)
+def test_long_package_name_stays_ruff_clean(cookies, options: dict[str, str]) -> None:
+    # The package name lands in imports, commands and docstrings: 24 characters must still fit.
+    project = bake(cookies, project_name="Satellite Crop Inspector", **options)
+    assert (project / "src/satellite_crop_inspector").is_dir()
     run(sys.executable, "-m", "ruff", "check", "--no-cache", ".", cwd=project)
     run(sys.executable, "-m", "ruff", "format", "--no-cache", "--check", ".", cwd=project)
 
