@@ -1,4 +1,4 @@
-"""The demo dataset: photo-like JPEGs of four visually distinct classes, generated, never downloaded."""
+"""The demo dataset: photo-like JPEGs of four visually distinct classes, generated locally."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
     root = Path(root)
     if (root / ".complete").exists():
         return root
-    log.warning("Generating the demo dataset (%d images) in %s", 4 * images_per_class, root.resolve())
+    count = len(DEMO_CLASSES) * images_per_class
+    log.warning("Generating the demo dataset (%d images) in %s", count, root.resolve())
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".demo-", dir=root.parent))
     try:
