@@ -14,7 +14,7 @@ rm -rf "$dir" && mkdir -p "$dir"
 project=$(find "$dir" -mindepth 1 -maxdepth 1 -type d ! -name venv)
 cd "$project"
 ../venv/bin/python -m pip install --quiet -e ".[dev]"
-package=$(../venv/bin/python -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb")); print(next(iter(d["project"]["scripts"].values())).split(".")[0])')
+package=$(basename "$(dirname src/*/__main__.py)")
 echo "== Baked $project; training $package on the demo data"
 ../venv/bin/python -m "$package" fit
 best=$(ls -t lightning_logs/*/checkpoints/best.ckpt | head -1)

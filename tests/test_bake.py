@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from conftest import (
     CHOICE_OPTIONS,
@@ -19,6 +18,11 @@ from conftest import (
     files_of,
     run,
 )
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 # Files that exist in a bake only for one value of an option (template paths, rendered names).
 OPTION_FILES = {
