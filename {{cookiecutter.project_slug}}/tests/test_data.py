@@ -249,11 +249,14 @@ def test_skip_bad_images_leaves_them_out_and_says_so(image_root: Path) -> None:
 
 
 def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
+    """The real CLI, CSV layout: an unreadable image met by a loader worker ends the run cleanly."""
     root = tmp_path / "images"
-    for name in ("ant", "bee"):
-        for i in range(2):
-            write_image(root / name / f"{i}.jpg", (90, 90, 90))
-    write_corrupt(root / "bee" / "broken.jpg")
+    rows = ["file,class"]
+    for i in range(4):
+        write_image(root / f"{i}.jpg", (90, 90, 90))
+        rows.append(f"{i}.jpg,{'ant' if i % 2 else 'bee'}")
+    write_corrupt(root / "broken.jpg")
+    (root / "labels.csv").write_text("\n".join([*rows, "broken.jpg,bee"]) + "\n")
     done = subprocess.run(
         [
             sys.executable,
@@ -262,6 +265,12 @@ def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
             "fit",
             "--data.root",
             str(root),
+            "--data.labels_csv",
+            "labels.csv",
+            "--data.filename_column",
+            "file",
+            "--data.label_column",
+            "class",
             "--data.val_fraction",
             "0.01",
             "--data.num_workers",
