@@ -13,6 +13,7 @@ from {{ cookiecutter.package_name }}.callbacks import InterruptCheckpoint
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.predict import PredictionWriter
 
 
@@ -37,6 +38,7 @@ class ImageCLI(LightningCLI):
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "epoch"})
         parser.add_lightning_class_args(InterruptCheckpoint, "interrupt_checkpoint")
+        parser.add_lightning_class_args(DataStarvationMonitor, "data_monitor")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]

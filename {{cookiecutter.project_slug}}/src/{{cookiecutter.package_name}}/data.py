@@ -359,7 +359,17 @@ class ImageDataModule(L.LightningDataModule):
         """Turn the uint8 images of a batch into normalised float, on whatever device they are."""
         images, rest = batch[0], batch[1:]
         mean, std = self._normalizer(images.device)
-        return (images.float().sub_(mean).div_(std), *rest)
+        if images.device.type != "cpu":
+            return (images.float().sub_(mean).div_(std), *rest)
+        # On the CPU the loader workers are busy on the same cores: a multi-threaded conversion
+        # stalls on descheduled threads, and its idle threads spin, taking CPU from the workers
+        # (~40% of the loader's throughput on 2 cores, BENCHMARKS.md). One thread avoids both.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return (images.float().sub_(mean).div_(std), *rest)
+        finally:
+            torch.set_num_threads(threads)
 
     def _normalizer(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         # Built once per device: creating the tensors every batch costs a host-to-device copy each.

@@ -112,9 +112,10 @@ class RandomResizedCropFlip:
     """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)` then `v2.RandomHorizontalFlip()`.
 
     The same sampling as torchvision's, written out because the v2 pipeline's per-call overhead
-    (pytree flattening, tensor-valued parameters) cost ~0.7 ms per image here, more than the resize
-    itself: 2.6x faster per image from the pre-decoded cache (benchmarks/BENCHMARKS.md). Draws from
-    Python's `random`, which the DataLoader seeds differently in every worker.
+    (pytree flattening, tensor-valued parameters) costs more than the resize itself: on a 256x341
+    uint8 image, 1.2 ms per call for the v2 pair against 0.46 ms here, with the same antialiased
+    resize kernel (2 CPUs, one thread each; benchmarks/BENCHMARKS.md). Draws from Python's
+    `random`, which the DataLoader seeds differently in every worker.
     """
 
     def __init__(
@@ -162,10 +163,11 @@ class RandomResizedCropFlip:
 def read_image_for_size(path: str, min_size: int) -> torch.Tensor:
     """Like `read_image`, but a JPEG at least twice `min_size` is decoded at a reduced size.
 
-    libjpeg's DCT-domain scaling (`PIL.Image.draft`: 1/2, 1/4, 1/8) decodes a 2000x1500 photo for a
-    256-pixel target ~4x faster than a full decode followed by a resize, which is why it wins for
-    large sources; below 2x it cannot reduce anything and `torchvision.io.decode_image` is the
-    faster decoder (benchmarks/BENCHMARKS.md). The short side of the result is still >= `min_size`.
+    libjpeg's DCT-domain scaling (`PIL.Image.draft`: 1/2, 1/4, 1/8) decoded 2000x1500 photos for a
+    256-pixel target 1.4-2.2x faster than `read_image` and a resize (Huffman decoding is not
+    reduced), which is why it is used for large sources; below 2x it cannot reduce anything and
+    `torchvision.io.decode_image` is the faster decoder (benchmarks/BENCHMARKS.md). The short side
+    of the result is still >= `min_size`.
     """
     if not path.lower().endswith((".jpg", ".jpeg")):
         return read_image(path)
