@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pickle
 import threading
@@ -98,6 +97,7 @@ def test_the_dataset_pickles_without_its_open_memmap(image_root: Path, tmp_path:
 
 
 def test_a_waiting_process_uses_what_the_builder_built(image_root: Path, tmp_path: Path) -> None:
+    fcntl = pytest.importorskip("fcntl", reason="POSIX file locks; Windows builds without one")
     dataset = folder_dataset(image_root)
     cache_dir = tmp_path / "cache"
     cached(dataset, 16, cache_dir, 0, progress=False)  # learn the folder name, then start over
