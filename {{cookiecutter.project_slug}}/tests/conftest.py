@@ -37,3 +37,38 @@ def write_corrupt(path: Path) -> Path:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint trained for a few epochs on a folder like `image_root`, at 16 pixels.
+
+    Written once per test session by a real Trainer; the images are in `<folder>/images`.
+    """
+    import lightning as L
+
+    from {{ cookiecutter.package_name }}.data import ImageDataModule
+    from {{ cookiecutter.package_name }}.model import ImageClassifier
+
+    folder = tmp_path_factory.mktemp("trained")
+    root = folder / "images"
+    for label, name in enumerate(CLASSES):
+        colour = tuple(255 if c == label else 30 for c in range(3))
+        for i in range(8):
+            write_image(root / name / f"{name}_{i}.jpg", colour)
+    L.seed_everything(0)
+    data = ImageDataModule(root=str(root), image_size=16, batch_size=8, num_workers=0)
+    model = ImageClassifier(class_names=data.class_names, image_size=16, width=8, lr=1e-2)
+    trainer = L.Trainer(
+        max_epochs=5,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=folder,
+    )
+    trainer.fit(model, data)
+    path = folder / "trained.ckpt"
+    trainer.save_checkpoint(path)
+    return path

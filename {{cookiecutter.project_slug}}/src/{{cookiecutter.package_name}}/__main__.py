@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from {{ cookiecutter.package_name }}.callbacks import InterruptCheckpoint
+from {{ cookiecutter.package_name }}.callbacks import LastCheckpoint
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -29,7 +31,7 @@ class ImageCLI(LightningCLI):
                 "checkpoint.monitor": "val_acc",
                 "checkpoint.mode": "max",
                 "checkpoint.filename": "best",
-                "checkpoint.save_last": True,
+                "checkpoint.save_last": False,  # LastCheckpoint writes last.ckpt
             }
         )
         parser.add_lightning_class_args(PredictionWriter, "predictions")
@@ -37,7 +39,7 @@ class ImageCLI(LightningCLI):
         # print as `callbacks: null` in --print_config, and reloading that file would drop them.
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "epoch"})
-        parser.add_lightning_class_args(InterruptCheckpoint, "interrupt_checkpoint")
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(DataStarvationMonitor, "data_monitor")
 
     def before_instantiate_classes(self) -> None:
@@ -61,8 +63,13 @@ def _restore_data_options(config, ckpt_path: str, subcommand: str) -> None:
     for name in ("class_names", "image_size", "mean", "std"):
         if name in hparams:
             config.data[name] = hparams[name]
-    if subcommand == "fit" and config.data.root is None:
-        config.data.root = checkpoint.get("datamodule_hyper_parameters", {}).get("root")
+    # The checkpoint holds the trained weights; the file that seeded them may be gone.
+    config.model.weights_path = None
+    if subcommand == "fit":  # resuming: data options left at their defaults take the saved ones
+        defaults = inspect.signature(ImageDataModule).parameters
+        for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
+            if name in defaults and config.data.get(name) == defaults[name].default:
+                config.data[name] = value
 
 
 def _default_precision(accelerator: object) -> str | None:
@@ -104,6 +111,8 @@ def main(args: list[str] | None = None) -> None:
     except DataError as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         sys.exit(2)
+    except SIGTERMException:
+        sys.exit(143)  # 128 + SIGTERM, as if killed: schedulers see an unfinished run
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ def export_checkpoint(
             output_names=["logits"],
             dynamic_shapes=batch,
             dynamo=True,
+            external_data=False,
         )
         written.append(onnx_path)
     return written

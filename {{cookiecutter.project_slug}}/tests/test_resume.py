@@ -1,0 +1,130 @@
+"""Resuming: `last.ckpt` every epoch and on Ctrl-C/SIGTERM; `fit --ckpt_path` continues from it."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.__main__ import main
+
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def saved_progress(path: Path) -> tuple[int, int]:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    return checkpoint["epoch"], checkpoint["global_step"]
+
+
+def last_logged_step(metrics: Path) -> int:
+    if not metrics.exists():
+        return -1
+    with open(metrics, newline="") as file:
+        return max((int(row["step"]) for row in csv.DictReader(file) if row["step"]), default=-1)
+
+
+def test_resume_from_last_continues_at_the_saved_epoch_and_step(
+    image_root: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    # lr 0: val_acc never improves after the first epoch, so only that one is `best`; last.ckpt
+    # must still follow every epoch (Lightning 2.6's save_last alone would leave it at epoch 0).
+    main(
+        [
+            "fit",
+            "--data.root",
+            str(image_root),
+            "--data.image_size",
+            "16",
+            "--data.batch_size",
+            "4",
+            "--data.num_workers",
+            "0",
+            "--model.lr",
+            "0",
+            "--trainer.max_epochs",
+            "2",
+            *QUIET,
+        ]
+    )
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    steps_per_epoch = 4  # 18 training images in batches of 4, the last partial one dropped
+    assert saved_progress(checkpoints / "best.ckpt") == (0, steps_per_epoch)
+    assert saved_progress(checkpoints / "last.ckpt") == (1, 2 * steps_per_epoch)
+
+    # Data options are not repeated: root, image size and batch size come from the checkpoint.
+    main(
+        ["fit", "--ckpt_path", str(checkpoints / "last.ckpt"), "--trainer.max_epochs", "3", *QUIET]
+    )
+    resumed = tmp_path / "lightning_logs" / "version_1"
+    assert saved_progress(resumed / "checkpoints" / "last.ckpt") == (2, 3 * steps_per_epoch)
+    epochs_logged = {line.split(",")[1] for line in (resumed / "metrics.csv").read_text().split()}
+    assert "0" not in epochs_logged and "2" in epochs_logged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGINT, 1)])
+def test_a_killed_run_leaves_a_checkpoint_that_resumes(
+    image_root: Path, tmp_path: Path, signum: int, exit_code: int
+) -> None:
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *QUIET]
+    data = [
+        "--data.root",
+        str(image_root),
+        "--data.image_size",
+        "16",
+        "--data.batch_size",
+        "1",
+        "--data.num_workers",
+        "0",
+    ]
+    # Metrics written at every step tell how far the run is, whatever the machine's speed.
+    logger = (
+        '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": '
+        '{"save_dir": ".", "flush_logs_every_n_steps": 1}}'
+    )
+    run = subprocess.Popen(
+        [
+            *command,
+            *data,
+            "--trainer.max_epochs",
+            "1000",
+            "--trainer.logger",
+            logger,
+            "--trainer.log_every_n_steps",
+            "1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    deadline = time.monotonic() + 240
+    while last_logged_step(run_dir / "metrics.csv") < 20 and time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()[1]
+        time.sleep(0.1)
+    run.send_signal(signum)  # in the second epoch (18 steps each) or later
+    last = run_dir / "checkpoints" / "last.ckpt"
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == exit_code, stderr
+    assert f"saved {last.relative_to(tmp_path)}" in stdout
+    epoch, step = saved_progress(last)
+    assert step > 18
+
+    resume = subprocess.run(
+        [*command, "--ckpt_path", str(last), "--trainer.max_epochs", str(epoch + 1)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resume.returncode == 0, resume.stderr
+    resumed = tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt"
+    assert saved_progress(resumed) == (epoch, 18 * (epoch + 1))
