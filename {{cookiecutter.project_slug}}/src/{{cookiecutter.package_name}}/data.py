@@ -166,7 +166,9 @@ class ImageDataModule(L.LightningDataModule):
         return read_labels_csv(self.labels_csv, self.filename_column, self.label_column)
 
     def prepare_data(self) -> None:
-        if self.root is None:
+        # predict reads only predict_root: no demo data to generate for it
+        predicting = self.trainer is not None and self.trainer.predicting
+        if self.root is None and not predicting:
             ensure_demo_data(DEMO_DIR)
 
     def setup(self, stage: str | None = None) -> None:
