@@ -60,6 +60,7 @@ def fit(tmp_path, data_delay: float, step_delay: float, epochs: int = 2) -> Data
     loader = DataLoader(SlowItems(data_delay), batch_size=2)
     trainer.fit(TinyModel(step_delay), loader)
     assert trainer.callback_metrics["data_wait_fraction"] == pytest.approx(monitor.fraction)
+    assert 0 < trainer.callback_metrics["train_images_per_s"] < 2 / max(data_delay, step_delay)
     return monitor
 
 

@@ -12,6 +12,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 class DataStarvationMonitor(L.Callback):
     """Logs `data_wait_fraction` each training epoch; warns once, with advice, when it is high.
 
+    Also logs `train_images_per_s`: the training throughput over the same timed steps.
+
     The wait is the wall time from the end of one training step to the start of the next: fetching
     the batch from the loader, the host-to-device copy and `on_after_batch_transfer`. Validation
     run inside the epoch is left out, and so is each epoch's first batch (worker start-up and
@@ -71,6 +73,7 @@ class DataStarvationMonitor(L.Callback):
             return
         self.fraction = self._wait / total
         pl_module.log("data_wait_fraction", self.fraction, rank_zero_only=True)
+        pl_module.log("train_images_per_s", self._images / total, rank_zero_only=True)
         if self.fraction > self.threshold and self._steps >= self.min_steps and not self.warned:
             self.warned = True
             rank_zero_warn(self.advice(trainer))

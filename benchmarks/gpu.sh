@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GPU training throughput with and without the pre-decoded cache (issue 4, part 6): bakes the
+# template, trains on synthetic 500x375 photos for a few epochs with bf16 mixed precision, and
+# prints images/s, data_wait_fraction (both logged by the starvation monitor, over the steps after
+# each epoch's first) and the mean GPU utilisation that nvidia-smi sampled during each run.
+#
+#   benchmarks/gpu.sh [OUT_DIR]          e.g. benchmarks/gpu.sh build/gpu
+#
+# COUNT, EPOCHS, BATCH, WORKERS, ACCELERATOR and PRECISION override the defaults below (the
+# script also runs on a CPU, for a dry run: ACCELERATOR=cpu PRECISION=32-true COUNT=64 BATCH=8).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="$(mkdir -p "${1:-build/gpu}" && cd "${1:-build/gpu}" && pwd)"
+COUNT="${COUNT:-8000}" EPOCHS="${EPOCHS:-4}" BATCH="${BATCH:-256}" WORKERS="${WORKERS:-auto}"
+ACCELERATOR="${ACCELERATOR:-gpu}" PRECISION="${PRECISION:-bf16-mixed}"
+PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo "$PWD/.venv/bin/python" || echo python3 )}"
+
+"$PYTHON" benchmarks/make_images.py "$OUT/photos" --count "$COUNT" --size 500x375
+"$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Gpu Proj"
+cd "$OUT/gpu-proj"
+echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $COUNT images, batch $BATCH, $EPOCHS epochs"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+for cache in none memmap; do
+    if [ "$cache" = memmap ]; then  # built outside the timed run, as a second run would find it
+        PYTHONPATH=src "$PYTHON" -c "from gpu_proj.data import ImageDataModule as D; \
+D(root='$OUT/photos', image_size=224, cache='memmap', cache_dir='$OUT/cache').setup('fit')"
+    fi
+    sampler=""
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 \
+            > "$OUT/util-$cache.txt" &
+        sampler=$!
+    fi
+    rm -rf "$OUT/runs-$cache" && mkdir -p "$OUT/runs-$cache"
+    (cd "$OUT/runs-$cache" && PYTHONPATH="$OUT/gpu-proj/src" "$PYTHON" -m gpu_proj fit \
+        --data.root "$OUT/photos" --data.image_size 224 --data.batch_size "$BATCH" \
+        --data.num_workers "$WORKERS" --data.cache "$cache" --data.cache_dir "$OUT/cache" \
+        --trainer.accelerator "$ACCELERATOR" --trainer.devices 1 --trainer.precision "$PRECISION" \
+        --trainer.max_epochs "$EPOCHS" --trainer.enable_progress_bar false \
+        > "$OUT/fit-$cache.log" 2>&1)
+    [ -n "$sampler" ] && kill "$sampler"
+    "$PYTHON" - "$OUT" "$cache" <<'PY'
+import csv, glob, statistics, sys
+out, cache = sys.argv[1], sys.argv[2]
+(metrics,) = sorted(glob.glob(f"{out}/runs-{cache}/**/metrics.csv", recursive=True))[-1:]
+rows = [r for r in csv.DictReader(open(metrics)) if r.get("data_wait_fraction")]
+last = rows[1:] or rows  # epoch 0 warms up (cuDNN autotuning, page cache)
+rate = statistics.median(float(r["train_images_per_s"]) for r in last)
+wait = statistics.median(float(r["data_wait_fraction"]) for r in last)
+try:
+    samples = [float(v) for v in open(f"{out}/util-{cache}.txt") if v.strip()]
+    util = f"{statistics.mean(samples):.0f}%"
+except OSError:
+    util = "n/a"
+print(f"cache={cache:7s} train images/s {rate:8.0f}   data_wait_fraction {wait:.2f}   "
+      f"GPU utilisation {util} (mean over the whole run)")
+PY
+done
