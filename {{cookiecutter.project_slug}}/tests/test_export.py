@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.export import export_checkpoint
@@ -79,28 +80,19 @@ def test_artifact_runs_in_plain_torch_and_matches_the_checkpoint(
     assert metadata["class_names"] == ["ant", "bee", "cat"] and metadata["image_size"] == 16
 
 
-def test_export_command_line(trained_checkpoint: Path, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}",
-            "export",
-            "--ckpt_path",
-            str(trained_checkpoint),
-            "--output",
-            str(tmp_path / "out" / "model.pt"),
-            "--no-onnx",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    assert f"wrote {tmp_path / 'out' / 'model.pt'}" in result.stdout
-    assert torch.jit.load(tmp_path / "out" / "model.pt")(
-        torch.zeros(1, 3, 16, 16, dtype=torch.uint8)
-    ).shape == (1, 3)
+def test_export_command_line(trained_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    output = tmp_path / "out" / "model.pt"
+    main(["export", "--ckpt_path", str(trained_checkpoint), "--output", str(output), "--no-onnx"])
+    assert f"wrote {output}" in capsys.readouterr().out
+    logits = torch.jit.load(output)(torch.zeros(1, 3, 16, 16, dtype=torch.uint8))
+    assert logits.shape == (1, 3)
+
+
+def test_export_without_output_exits_with_usage(trained_checkpoint: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "--ckpt_path", str(trained_checkpoint)])
+    assert exit_info.value.code == 2
+    assert "the following arguments are required: --output" in capsys.readouterr().err
 
 
 @pytest.mark.slow
