@@ -49,6 +49,8 @@ class ImageCLI(LightningCLI):
             _restore_data_options(config, ckpt_path, self.subcommand)
         if config.trainer.precision is None:
             config.trainer.precision = _default_precision(config.trainer.accelerator)
+        if self.subcommand == "predict" and config.get("return_predictions") is None:
+            config.return_predictions = False  # PredictionWriter streams them to CSV instead
 
 
 def _restore_data_options(config, ckpt_path: str, subcommand: str) -> None:
