@@ -10,15 +10,35 @@ from pathlib import Path
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: Path) -> None:
-    common = ["--data.root", str(image_root), "--data.image_size", "16", "--data.batch_size", "4",
-              "--data.num_workers", "0"]
-    fit = run_cli("fit", *common, "--trainer.max_epochs", "1", "--trainer.accelerator", "cpu",
-                  "--trainer.enable_progress_bar", "false", cwd=tmp_path)
+    common = [
+        "--data.root",
+        str(image_root),
+        "--data.image_size",
+        "16",
+        "--data.batch_size",
+        "4",
+        "--data.num_workers",
+        "0",
+    ]
+    fit = run_cli(
+        "fit",
+        *common,
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.enable_progress_bar",
+        "false",
+        cwd=tmp_path,
+    )
     assert fit.returncode == 0, fit.stderr
     best = list(tmp_path.glob("lightning_logs/version_0/checkpoints/best.ckpt"))
     assert best and (best[0].parent / "last.ckpt").exists()
@@ -28,9 +48,20 @@ def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: 
 
 
 def test_fast_dev_run(image_root: Path, tmp_path: Path) -> None:
-    result = run_cli("fit", "--data.root", str(image_root), "--data.image_size", "16",
-                     "--data.batch_size", "4", "--data.num_workers", "0",
-                     "--trainer.fast_dev_run", "true", cwd=tmp_path)
+    result = run_cli(
+        "fit",
+        "--data.root",
+        str(image_root),
+        "--data.image_size",
+        "16",
+        "--data.batch_size",
+        "4",
+        "--data.num_workers",
+        "0",
+        "--trainer.fast_dev_run",
+        "true",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
 
 

@@ -29,7 +29,11 @@ class ShardRecorder(L.Callback):
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -42,17 +46,36 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: Path) -> None:
-    data = ["--data.root", str(image_root), "--data.image_size", "16", "--data.batch_size", "3",
-            "--data.num_workers", "0", "--data.val_fraction", "0.25"]
+    data = [
+        "--data.root",
+        str(image_root),
+        "--data.image_size",
+        "16",
+        "--data.batch_size",
+        "3",
+        "--data.num_workers",
+        "0",
+        "--data.val_fraction",
+        "0.25",
+    ]
     shards = tmp_path / "shards"
     shards.mkdir()
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     ddp_dir.mkdir()
     single_dir.mkdir()
     run_cli(
-        "fit", *data, "--trainer.accelerator", "cpu", "--trainer.devices", "2",
-        "--trainer.strategy", "ddp", "--trainer.max_epochs", "2",
-        "--trainer.enable_progress_bar", "false",
+        "fit",
+        *data,
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
         "--trainer.callbacks+=test_ddp.ShardRecorder",
         cwd=ddp_dir,
         env={"SHARD_DIR": str(shards), "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])},
@@ -68,8 +91,9 @@ def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: P
     # Validation metrics logged under DDP are reduced over both ranks: they equal what one process
     # computes with the same weights on the whole validation split.
     last = ddp_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    run_cli("validate", *data, "--trainer.accelerator", "cpu", "--ckpt_path", str(last),
-            cwd=single_dir)
+    run_cli(
+        "validate", *data, "--trainer.accelerator", "cpu", "--ckpt_path", str(last), cwd=single_dir
+    )
     ddp, single = last_metrics(ddp_dir), last_metrics(single_dir)
     assert ddp["val_acc"] == pytest.approx(single["val_acc"], abs=1e-6)
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)

@@ -82,14 +82,16 @@ class PixelCache:
 
 
 class RandomCropFlip:
-    """A random `size` x `size` crop and a random horizontal flip: cached training augmentation.
+    """A random `size` x `size` crop and (with `hflip`) a random horizontal flip: cached training
+    augmentation.
 
     Returns a view where it can (collation copies it anyway); images stored smaller than `size`
     (small originals are never enlarged in the cache) are enlarged here first.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, hflip: bool = True) -> None:
         self.size = size
+        self.hflip = hflip
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         height, width = image.shape[-2:]
@@ -101,7 +103,7 @@ class RandomCropFlip:
         top = random.randint(0, height - self.size)
         left = random.randint(0, width - self.size)
         crop = image[:, top : top + self.size, left : left + self.size]
-        return crop.flip(-1) if random.random() < 0.5 else crop
+        return crop.flip(-1) if self.hflip and random.random() < 0.5 else crop
 
 
 class MemmapImageDataset(ImageFolderDataset):
@@ -127,11 +129,12 @@ def cached(
     num_workers: int | None = None,
     progress: bool = True,
     train: bool = False,
+    hflip: bool = True,
 ) -> MemmapImageDataset:
     """`dataset` served from its pre-decoded cache under `cache_dir`, built first if missing.
 
-    `train`: augment with `RandomCropFlip`; otherwise `dataset`'s own (evaluation) transform runs
-    on the stored pixels.
+    `train`: augment with `RandomCropFlip` (flipping when `hflip`); otherwise `dataset`'s own
+    (evaluation) transform runs on the stored pixels.
 
     The build decodes in `num_workers` processes: by default one per usable CPU, since the other
     training processes of the machine are waiting for it anyway.
@@ -140,7 +143,7 @@ def cached(
     if not (folder / "index.npy").exists():
         workers = usable_cpus() if num_workers is None else num_workers
         build(dataset, folder, stored_size(image_size), workers, progress)
-    transform = RandomCropFlip(image_size) if train else None
+    transform = RandomCropFlip(image_size, hflip) if train else None
     return MemmapImageDataset(dataset, PixelCache(folder), transform)
 
 

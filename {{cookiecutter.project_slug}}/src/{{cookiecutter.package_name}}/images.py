@@ -103,9 +103,11 @@ def _decode_with_pil(data: bytearray) -> torch.Tensor:
         return torch.from_numpy(rgb).permute(2, 0, 1)
 
 
-def train_transform(image_size: int) -> RandomResizedCropFlip:
-    """Random resized crop and horizontal flip on uint8 tensors (antialiased uint8 resize)."""
-    return RandomResizedCropFlip(image_size)
+def train_transform(
+    image_size: int, scale: tuple[float, float] = (0.6, 1.0), hflip: bool = False
+) -> RandomResizedCropFlip:
+    """Random resized crop and (with `hflip`) horizontal flip on uint8 tensors."""
+    return RandomResizedCropFlip(image_size, scale, hflip=hflip)
 
 
 class RandomResizedCropFlip:
@@ -123,8 +125,10 @@ class RandomResizedCropFlip:
         size: int,
         scale: tuple[float, float] = (0.35, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: bool = True,
     ) -> None:
         self.size = size
+        self.hflip = hflip
         self.scale = scale
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
         self.ratio = ratio
@@ -154,7 +158,7 @@ class RandomResizedCropFlip:
         crop = image[..., top : top + h, left : left + w].unsqueeze(0)
         out = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True)
         out = out[0]
-        if random.random() < 0.5:
+        if self.hflip and random.random() < 0.5:
             out = out.flip(-1)
         # Contiguous (C, H, W): collation then copies each image with one memcpy.
         return out.contiguous()
