@@ -119,10 +119,13 @@ class ImageClassifier(L.LightningModule):
 
     def on_fit_end(self) -> None:
         """Print the per-class accuracy of the last validation and save its confusion matrix."""
-        if self.confusion is None or not self.trainer.is_global_zero:
+        if self.confusion is None:
+            return
+        # `trainer.log_dir` broadcasts from rank zero under DDP: every rank must ask for it.
+        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        if not self.trainer.is_global_zero:
             return
         print(per_class_table(self.confusion, self.class_names))
-        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
         path = save_confusion_png(self.confusion, self.class_names, folder / "confusion_matrix.png")
         print(f"confusion matrix: {path}")
 
