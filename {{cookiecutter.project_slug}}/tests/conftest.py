@@ -31,6 +31,29 @@ def image_root(tmp_path: Path) -> Path:
     return root
 
 
+# Tests that read metrics.csv ask for the CSV logger, whatever the bake's default logger is.
+CSV_LOGGER = [
+    "--trainer.logger",
+    "lightning.pytorch.loggers.CSVLogger",
+    "--trainer.logger.save_dir",
+    ".",
+]
+
+
+def tiny_run_options(root: Path, batch_size: int = 4) -> list[str]:
+    """CLI options for a fast run on the fixture images: 16 px, no loader workers."""
+    return [
+        "--data.root",
+        str(root),
+        "--data.image_size",
+        "16",
+        "--data.batch_size",
+        str(batch_size),
+        "--data.num_workers",
+        "0",
+    ]
+
+
 def write_corrupt(path: Path) -> Path:
     """Write a JPEG cut off halfway, as an interrupted copy leaves it."""
     write_image(path, (120, 120, 120), size=(64, 48))

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import tiny_run_options
+
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -18,16 +20,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: Path) -> None:
-    common = [
-        "--data.root",
-        str(image_root),
-        "--data.image_size",
-        "16",
-        "--data.batch_size",
-        "4",
-        "--data.num_workers",
-        "0",
-    ]
+    common = tiny_run_options(image_root)
     fit = run_cli(
         "fit",
         *common,
@@ -50,14 +43,7 @@ def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: 
 def test_fast_dev_run(image_root: Path, tmp_path: Path) -> None:
     result = run_cli(
         "fit",
-        "--data.root",
-        str(image_root),
-        "--data.image_size",
-        "16",
-        "--data.batch_size",
-        "4",
-        "--data.num_workers",
-        "0",
+        *tiny_run_options(image_root),
         "--trainer.fast_dev_run",
         "true",
         cwd=tmp_path,

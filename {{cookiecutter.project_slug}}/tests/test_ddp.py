@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from conftest import CSV_LOGGER, tiny_run_options
 
 TESTS = Path(__file__).parent
 
@@ -47,14 +48,7 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
 @pytest.mark.slow
 def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: Path) -> None:
     data = [
-        "--data.root",
-        str(image_root),
-        "--data.image_size",
-        "16",
-        "--data.batch_size",
-        "3",
-        "--data.num_workers",
-        "0",
+        *tiny_run_options(image_root, batch_size=3),
         "--data.val_fraction",
         "0.25",
     ]
@@ -77,6 +71,7 @@ def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: P
         "--trainer.enable_progress_bar",
         "false",
         "--trainer.callbacks+=test_ddp.ShardRecorder",
+        *CSV_LOGGER,
         cwd=ddp_dir,
         env={"SHARD_DIR": str(shards), "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])},
     )
@@ -92,7 +87,14 @@ def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: P
     # computes with the same weights on the whole validation split.
     last = ddp_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     run_cli(
-        "validate", *data, "--trainer.accelerator", "cpu", "--ckpt_path", str(last), cwd=single_dir
+        "validate",
+        *data,
+        "--trainer.accelerator",
+        "cpu",
+        "--ckpt_path",
+        str(last),
+        *CSV_LOGGER,
+        cwd=single_dir,
     )
     ddp, single = last_metrics(ddp_dir), last_metrics(single_dir)
     assert ddp["val_acc"] == pytest.approx(single["val_acc"], abs=1e-6)

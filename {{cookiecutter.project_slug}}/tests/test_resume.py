@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CSV_LOGGER, tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
 
@@ -38,19 +39,13 @@ def test_resume_from_last_continues_at_the_saved_epoch_and_step(
     main(
         [
             "fit",
-            "--data.root",
-            str(image_root),
-            "--data.image_size",
-            "16",
-            "--data.batch_size",
-            "4",
-            "--data.num_workers",
-            "0",
+            *tiny_run_options(image_root),
             "--model.lr",
             "0",
             "--trainer.max_epochs",
             "2",
             *QUIET,
+            *CSV_LOGGER,
         ]
     )
     checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
@@ -60,7 +55,15 @@ def test_resume_from_last_continues_at_the_saved_epoch_and_step(
 
     # Data options are not repeated: root, image size and batch size come from the checkpoint.
     main(
-        ["fit", "--ckpt_path", str(checkpoints / "last.ckpt"), "--trainer.max_epochs", "3", *QUIET]
+        [
+            "fit",
+            "--ckpt_path",
+            str(checkpoints / "last.ckpt"),
+            "--trainer.max_epochs",
+            "3",
+            *QUIET,
+            *CSV_LOGGER,
+        ]
     )
     resumed = tmp_path / "lightning_logs" / "version_1"
     assert saved_progress(resumed / "checkpoints" / "last.ckpt") == (2, 3 * steps_per_epoch)
@@ -74,16 +77,7 @@ def test_a_killed_run_leaves_a_checkpoint_that_resumes(
     image_root: Path, tmp_path: Path, signum: int, exit_code: int
 ) -> None:
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *QUIET]
-    data = [
-        "--data.root",
-        str(image_root),
-        "--data.image_size",
-        "16",
-        "--data.batch_size",
-        "1",
-        "--data.num_workers",
-        "0",
-    ]
+    data = tiny_run_options(image_root, batch_size=1)
     # Metrics written at every step tell how far the run is, whatever the machine's speed.
     logger = (
         '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": '

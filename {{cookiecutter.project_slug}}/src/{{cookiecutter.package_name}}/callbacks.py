@@ -21,7 +21,7 @@ class LastCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and not trainer.fast_dev_run:
-            trainer.save_checkpoint(self._path(trainer))
+            trainer.save_checkpoint(self._path(trainer), weights_only=False)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -35,7 +35,7 @@ class LastCheckpoint(Callback):
         ):
             return
         path = self._path(trainer)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)
         print(f"{type(exception).__name__}: saved {path}; resume with --ckpt_path {path}")
 
     @staticmethod
