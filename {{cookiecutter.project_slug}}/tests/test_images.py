@@ -126,6 +126,63 @@ def test_decompression_bomb_is_refused_before_decoding(tmp_path: Path) -> None:
         read_image(str(path))
 
 
+def save_jpeg_with_metadata(path: Path) -> None:
+    """EXIF, an ICC profile and a comment: segments that come before the frame header."""
+    exif = Image.new("RGB", (1, 1)).getexif()
+    exif[0x0112] = 6
+    profile = b"\0" * 3000  # content is not parsed for the size
+    solid("RGB", RED).save(path, exif=exif, icc_profile=profile, comment=b"made by a test")
+
+
+def save_jpeg_with_fill_bytes(path: Path) -> None:
+    """JPEG allows any number of 0xFF fill bytes before a marker."""
+    save_rgb(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:2] + b"\xff" * 5 + data[2:])
+
+
+HEADERS = {
+    "baseline.jpg": save_rgb,
+    "progressive.jpg": lambda p: solid("RGB", RED).save(p, progressive=True, optimize=True),
+    "gray.jpg": lambda p: solid("L", 128).save(p),
+    "cmyk.jpg": save_cmyk,
+    "metadata.jpg": save_jpeg_with_metadata,
+    "fill bytes.jpg": save_jpeg_with_fill_bytes,
+    "rgb.png": save_rgb,
+    "gray16.png": save_gray16,
+}
+
+
+@pytest.mark.parametrize("name", list(HEADERS))
+def test_size_from_header_matches_the_image(tmp_path: Path, name: str) -> None:
+    """The fast header parsers read the size from the bytes, without PIL."""
+    path = tmp_path / name
+    HEADERS[name](path)
+    data = bytearray(path.read_bytes())
+    assert (images._jpeg_size(data) or images._png_size(data)) == (20, 12)
+    assert read_image(str(path)).shape[0] == 3
+
+
+@pytest.mark.parametrize("content", [b"\xff\xd8", b"\xff\xd8\xff\xda\x00\x02", b"\xff\xd8junk" * 4])
+def test_damaged_jpeg_header_falls_back_to_pil(tmp_path: Path, content: bytes) -> None:
+    assert images._jpeg_size(bytearray(content)) is None
+    path = tmp_path / "damaged.jpg"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=r"cannot read image .*damaged\.jpg"):
+        read_image(str(path))
+
+
+def test_jpeg_decompression_bomb_is_refused_before_decoding(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.jpg"
+    save_rgb(path)
+    data = bytearray(path.read_bytes())
+    frame = data.index(b"\xff\xc0")
+    data[frame + 5 : frame + 9] = struct.pack(">HH", 60_000, 60_000)  # 3.6 gigapixels
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"refusing image .*bomb\.jpg: 60000x60000 pixels"):
+        read_image(str(path))
+
+
 def test_pixel_limit_is_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "big.jpg"
     save_rgb(path)

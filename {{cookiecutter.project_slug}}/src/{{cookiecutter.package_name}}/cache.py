@@ -208,7 +208,7 @@ class _Decoded(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> torch.Tensor | str:
+    def __getitem__(self, index: int) -> tuple[bytes, int, int] | str:
         try:
             image = read_image_for_size(self.dataset.path(index), self.size)
         except DataError as err:  # raised again in the main process: one clear message
@@ -218,7 +218,10 @@ class _Decoded(Dataset):
         if scale < 1:  # never enlarge: a small image is stored as it is
             shape = (max(1, round(height * scale)), max(1, round(width * scale)))
             image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
-        return image.contiguous()  # (3, H, W): crops of it then copy whole rows
+        # (3, H, W) bytes, so that crops of it copy whole rows. Bytes travel through the worker's
+        # pipe; a tensor would go through a shared-memory file and a socket handshake per image,
+        # which made the whole build 25-35% slower (2,000 photos, 2 CPUs: 8.1-9.3 s -> 6.0-6.8 s).
+        return image.numpy().tobytes(), image.shape[-2], image.shape[-1]
 
 
 def _write(
@@ -234,9 +237,9 @@ def _write(
         for i, image in enumerate(_progress(loader, progress, folder)):
             if isinstance(image, str):
                 raise DataError(f"{image} (while building the image cache)")
-            _, height, width = image.shape
+            pixels, height, width = image
             index[i] = (offset, height, width)
-            out.write(image.numpy().data)
+            out.write(pixels)
             offset += height * width * 3
         out.seek(0)
         out.write(_npy_header(offset))

@@ -6,6 +6,7 @@ import io
 import math
 import os
 import random
+import struct
 import warnings
 
 import numpy as np
@@ -61,21 +62,68 @@ def _check_header(data: bytearray, path: str) -> None:
     """Refuse empty files, unknown formats and decompression bombs before decoding anything."""
     if not data:
         raise DataError(f"cannot read image {path}: the file is empty")
-    try:
-        with warnings.catch_warnings():
-            # The size is checked below against our own limit, with a message naming the file.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as header:  # parses the header only
-                width, height = header.size
-    except Image.DecompressionBombError as err:
-        raise DataError(f"refusing image {path}: {err}") from err
-    except UnidentifiedImageError as err:
-        raise DataError(f"cannot read image {path}: not a known image format") from err
+    size = _jpeg_size(data) or _png_size(data)
+    width, height = size if size else _pil_size(data, path)
     if width * height > MAX_IMAGE_PIXELS:
         raise DataError(
             f"refusing image {path}: {width}x{height} pixels is more than MAX_IMAGE_PIXELS "
             f"({MAX_IMAGE_PIXELS}): a decompression bomb, or far larger than training needs"
         )
+
+
+# JPEG start-of-frame markers (the frame header holds the size): 0xC0-0xCF but for DHT (0xC4),
+# JPG (0xC8) and DAC (0xCC). Markers without a length field: TEM, RST0-7, SOI, EOI.
+_JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_BARE_MARKERS = frozenset({0x01, *range(0xD0, 0xDA)})
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _jpeg_size(data: bytearray) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header; None if not a JPEG or not found.
+
+    Our own marker walk rather than `PIL.Image.open`, which parses every header segment in
+    Python: 0.25-0.3 ms of the ~1.9 ms it takes to read a 500x375 photo, for two numbers.
+    """
+    if data[:2] != b"\xff\xd8":
+        return None
+    pos = 2
+    while pos + 9 <= len(data):
+        if data[pos] != 0xFF:
+            return None  # not at a marker: damaged; PIL's parser words the error
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+        elif marker in _JPEG_FRAME_MARKERS:
+            height, width = struct.unpack_from(">HH", data, pos + 5)
+            return (width, height) if width and height else None
+        elif marker in _JPEG_BARE_MARKERS:
+            pos += 2
+        elif marker == 0xDA:  # start of scan before any frame header
+            return None
+        else:
+            pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+    return None
+
+
+def _png_size(data: bytearray) -> tuple[int, int] | None:
+    """(width, height) from a PNG's IHDR chunk, which the format requires to come first."""
+    if data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR" or len(data) < 24:
+        return None
+    return struct.unpack_from(">II", data, 16)
+
+
+def _pil_size(data: bytearray, path: str) -> tuple[int, int]:
+    """(width, height) of any format PIL knows, from the header only."""
+    try:
+        with warnings.catch_warnings():
+            # The size is checked below against our own limit, with a message naming the file.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as header:  # parses the header only
+                return header.size
+    except Image.DecompressionBombError as err:
+        raise DataError(f"refusing image {path}: {err}") from err
+    except UnidentifiedImageError as err:
+        raise DataError(f"cannot read image {path}: not a known image format") from err
 
 
 def _decode_with_torchvision(data: bytearray) -> torch.Tensor:
