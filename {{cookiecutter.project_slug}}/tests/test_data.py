@@ -44,10 +44,20 @@ def test_train_batches_are_uint8_then_normalised(image_root: Path) -> None:
     assert images.dtype == torch.uint8 and images.shape == (4, 3, 16, 16)
     assert targets.dtype == torch.int64
     normalised, same_targets = dm.on_after_batch_transfer((images, targets), 0)
-    assert normalised.dtype == torch.float32
-    expected = (images[0, 0, 0, 0] / 255 - dm.mean[0]) / dm.std[0]
-    assert normalised[0, 0, 0, 0].item() == pytest.approx(expected.item(), abs=1e-5)
+    assert normalised.dtype == torch.float32 and normalised.shape == images.shape
+    mean = torch.tensor(dm.mean).view(3, 1, 1)
+    std = torch.tensor(dm.std).view(3, 1, 1)
+    expected = (images.double() / 255 - mean) / std
+    assert torch.allclose(normalised.double(), expected, atol=1e-5)
     assert same_targets is targets
+
+
+def test_large_jpegs_are_decoded_no_larger_than_the_transforms_need(image_root: Path) -> None:
+    dm = ImageDataModule(root=image_root, image_size=16, crop_scale=(0.6, 1.0), num_workers=0)
+    dm.setup("fit")
+    # the narrowest crop (60% of the area at aspect 3:4) of a 24-pixel short side is 16 wide
+    assert dm.train_dataset.min_size == 24
+    assert dm.val_dataset.min_size == 16
 
 
 def test_only_training_is_shuffled(image_root: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -198,3 +199,57 @@ def test_animated_gif_gives_its_first_frame(tmp_path: Path) -> None:
     image = read_image(str(path))
     assert image.shape == (3, 12, 20)
     assert image[:, 6, 10].tolist() == pytest.approx(list(RED), abs=4)
+
+
+def photo_like(path: Path, size: tuple[int, int], **save) -> None:
+    """A smooth gradient with a dark square, saved as a JPEG."""
+    width, height = size
+    ys, xs = np.mgrid[0:height, 0:width]
+    pixels = np.stack([xs * 255 // width, ys * 255 // height, np.full_like(xs, 128)], axis=-1)
+    pixels[height // 4 : height // 2, width // 4 : width // 2] = 20
+    Image.fromarray(pixels.astype(np.uint8)).save(path, quality=95, **save)
+
+
+def test_large_jpeg_is_decoded_at_a_reduced_size_above_min_size(tmp_path: Path) -> None:
+    path = tmp_path / "large.jpg"
+    photo_like(path, (1200, 900))
+    reduced = read_image(str(path), min_size=224)
+    assert reduced.shape == (3, 225, 300)  # 1/4 scale: the largest reduction keeping >= 224
+    full = read_image(str(path))
+    assert full.shape == (3, 900, 1200)
+    shrunk = torch.nn.functional.interpolate(full[None].float(), size=(225, 300), mode="area")[0]
+    assert (reduced.float() - shrunk).abs().mean() < 3  # the same picture, not a crop of it
+    assert reduced[:, 225 * 3 // 8, 300 * 3 // 8].tolist() == pytest.approx([20, 20, 20], abs=8)
+
+
+def test_reduced_decode_applies_exif_orientation(tmp_path: Path) -> None:
+    path = tmp_path / "large rotated.jpg"
+    exif = Image.new("RGB", (1, 1)).getexif()
+    exif[0x0112] = 6  # displayed turned 90 degrees clockwise
+    photo_like(path, (1200, 900), exif=exif)
+    assert read_image(str(path), min_size=224).shape == (3, 300, 225)
+    assert read_image(str(path)).shape == (3, 1200, 900)
+
+
+@pytest.mark.parametrize(("size", "min_size"), [((500, 375), 224), ((1200, 900), 500)])
+def test_jpeg_under_twice_min_size_is_decoded_in_full(tmp_path: Path, size, min_size) -> None:
+    path = tmp_path / "photo.jpg"
+    photo_like(path, size)
+    assert read_image(str(path), min_size=min_size).shape == (3, size[1], size[0])
+
+
+def test_png_is_never_reduced(tmp_path: Path) -> None:
+    path = tmp_path / "large.png"
+    Image.new("RGB", (1200, 900), RED).save(path)
+    assert read_image(str(path), min_size=100).shape == (3, 900, 1200)
+
+
+@pytest.mark.parametrize("scale", [(0.6, 1.0), (0.08, 1.0), (0.35, 1.0)])
+def test_min_source_size_keeps_every_crop_at_least_the_output_size(scale) -> None:
+    crop = images.RandomResizedCropFlip(224, scale)
+    short = crop.min_source_size()
+    for height, width in ((short, short * 4 // 3), (short * 4 // 3, short), (short, short)):
+        boxes = [crop.crop_box(height, width) for _ in range(2000)]
+        assert min(min(h, w) for _, _, h, w in boxes) >= 224 - 1  # - 1: rounding of the box
+    # ... and it is not needlessly large: the narrowest crop comes within a few pixels of 224
+    assert short < 224 / math.sqrt(scale[0] * 0.75) + 1

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import read_image_for_size
+from {{ cookiecutter.package_name }}.images import read_image
 
 try:  # POSIX; elsewhere two processes may both build, and the atomic rename keeps one result
     import fcntl
@@ -210,7 +210,7 @@ class _Decoded(Dataset):
 
     def __getitem__(self, index: int) -> tuple[bytes, int, int] | str:
         try:
-            image = read_image_for_size(self.dataset.path(index), self.size)
+            image = read_image(self.dataset.path(index), self.size)
         except DataError as err:  # raised again in the main process: one clear message
             return str(err)
         height, width = image.shape[-2:]

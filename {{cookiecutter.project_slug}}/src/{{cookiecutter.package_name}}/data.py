@@ -196,7 +196,9 @@ class ImageDataModule(L.LightningDataModule):
             root = ensure_demo_data(DEMO_DIR)
         paths, targets = self._index(root, self.labels_csv, "training")
         augment = train_transform(self.image_size, self.crop_scale, self.hflip)
-        train = ImageFolderDataset(root, paths, targets, augment, self.class_names)
+        train = ImageFolderDataset(
+            root, paths, targets, augment, self.class_names, augment.min_source_size()
+        )
         if self.val_root is not None or self.val_csv is not None:
             val_root = self.val_root or root
             val_paths, val_targets = self._index(val_root, self.val_csv, "validation")
@@ -210,7 +212,12 @@ class ImageDataModule(L.LightningDataModule):
             train = train.subset(~val_mask)
             val_paths, val_targets = paths[val_mask], targets[val_mask]
         val = ImageFolderDataset(
-            val_root, val_paths, val_targets, eval_transform(self.image_size), self.class_names
+            val_root,
+            val_paths,
+            val_targets,
+            eval_transform(self.image_size),
+            self.class_names,
+            self.image_size,
         )
         if self.skip_bad_images:
             train, val = self._without_unreadable(train, val)
@@ -267,7 +274,9 @@ class ImageDataModule(L.LightningDataModule):
                 + " ".join(IMG_EXTENSIONS)
             )
         paths = np.array([os.fsencode(f) for f in files], dtype=np.bytes_)
-        dataset = ImageFolderDataset(folder, paths, None, eval_transform(self.image_size))
+        dataset = ImageFolderDataset(
+            folder, paths, None, eval_transform(self.image_size), min_size=self.image_size
+        )
         return self._without_unreadable(dataset)[0] if self.skip_bad_images else dataset
 
     def _without_unreadable(self, *datasets: ImageFolderDataset) -> list[ImageFolderDataset]:

@@ -297,12 +297,14 @@ class ImageFolderDataset(Dataset):
         targets: np.ndarray | None,
         transform: Callable[[torch.Tensor], torch.Tensor],
         classes: list[str] | None = None,
+        min_size: int | None = None,
     ) -> None:
         self.root = Path(root)
         self.paths = paths
         self.targets = targets
         self.transform = transform
         self.classes = classes or []
+        self.min_size = min_size
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     def __len__(self) -> int:
@@ -312,7 +314,7 @@ class ImageFolderDataset(Dataset):
         return os.path.join(self.root, os.fsdecode(self.paths[index]))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.transform(read_image(self.path(index)))
+        image = self.transform(read_image(self.path(index), self.min_size))
         label = index if self.targets is None else int(self.targets[index])
         return image, label
 
@@ -320,4 +322,6 @@ class ImageFolderDataset(Dataset):
         """The same dataset restricted to the items where the boolean mask `keep` is true."""
         targets = None if self.targets is None else self.targets[keep]
         paths = self.paths[keep]
-        return ImageFolderDataset(self.root, paths, targets, self.transform, self.classes)
+        return ImageFolderDataset(
+            self.root, paths, targets, self.transform, self.classes, self.min_size
+        )

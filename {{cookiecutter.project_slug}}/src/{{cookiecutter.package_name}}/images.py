@@ -26,11 +26,17 @@ _TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif")
 MAX_IMAGE_PIXELS = 2 * 89_478_485
 
 
-def read_image(path: str) -> torch.Tensor:
+def read_image(path: str, min_size: int | None = None) -> torch.Tensor:
     """Read an image file as a uint8 RGB tensor of shape (3, H, W), EXIF orientation applied.
 
     Grayscale, palette, RGBA (alpha dropped), CMYK and 16-bit images are all converted to 8-bit RGB;
     an animated GIF or WebP gives its first frame.
+
+    `min_size`: the short side the caller needs. A JPEG at least twice that is decoded at 1/2, 1/4
+    or 1/8 scale in libjpeg's DCT domain (`PIL.Image.draft`), keeping the short side >= `min_size`:
+    2000x1500 photos to a 256 short side took 90 ms against 130-197 ms for a full decode and resize
+    (BENCHMARKS.md). Below twice `min_size` nothing can be reduced, and torchvision's decoder
+    (libjpeg-turbo, into a tensor) is faster than PIL's: 1.6 ms against 2.3 ms for a 500x375 photo.
 
     Raises:
         DataError: naming the file, when it cannot be decoded or declares more than
@@ -38,7 +44,12 @@ def read_image(path: str) -> torch.Tensor:
     """
     try:
         data = _read_bytes(path)
-        _check_header(data, path)
+        width, height = _check_header(data, path)
+        if min_size and min(width, height) >= 2 * min_size and data[:2] == b"\xff\xd8":
+            try:
+                return _decode_jpeg_reduced(data, min(width, height) / min_size)
+            except (OSError, ValueError, SyntaxError):
+                pass  # the full decode below reports what is wrong with the file
         if path.lower().endswith(_TORCHVISION_EXTENSIONS):
             try:
                 return _decode_with_torchvision(data)
@@ -58,8 +69,8 @@ def _read_bytes(path: str) -> bytearray:
     return data
 
 
-def _check_header(data: bytearray, path: str) -> None:
-    """Refuse empty files, unknown formats and decompression bombs before decoding anything."""
+def _check_header(data: bytearray, path: str) -> tuple[int, int]:
+    """(width, height), refusing empty files, unknown formats and decompression bombs first."""
     if not data:
         raise DataError(f"cannot read image {path}: the file is empty")
     size = _jpeg_size(data) or _png_size(data)
@@ -69,6 +80,7 @@ def _check_header(data: bytearray, path: str) -> None:
             f"refusing image {path}: {width}x{height} pixels is more than MAX_IMAGE_PIXELS "
             f"({MAX_IMAGE_PIXELS}): a decompression bomb, or far larger than training needs"
         )
+    return width, height
 
 
 # JPEG start-of-frame markers (the frame header holds the size): 0xC0-0xCF but for DHT (0xC4),
@@ -136,6 +148,15 @@ def _decode_with_torchvision(data: bytearray) -> torch.Tensor:
     return image
 
 
+def _decode_jpeg_reduced(data: bytearray, scale: float) -> torch.Tensor:
+    """Decode a JPEG at the largest DCT reduction (1/2, 1/4, 1/8) that is at most 1/`scale`."""
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        image.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
+        image = ImageOps.exif_transpose(image).convert("RGB")
+        return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+
+
 def _decode_with_pil(data: bytearray) -> torch.Tensor:
     with Image.open(io.BytesIO(data)) as image:
         image = ImageOps.exif_transpose(image)
@@ -181,6 +202,16 @@ class RandomResizedCropFlip:
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
         self.ratio = ratio
 
+    def min_source_size(self) -> int:
+        """The short side a source image needs so that no crop is enlarged.
+
+        The smallest crop keeps `scale[0]` of the area at the most extreme aspect ratio, so its
+        short side is at least `sqrt(scale[0] * min(ratio[0], 1 / ratio[1]))` of the image's
+        short side. Large JPEGs are decoded at a reduced size down to this, not below.
+        """
+        narrowest = min(self.ratio[0], 1 / self.ratio[1], 1.0)
+        return math.ceil(self.size / math.sqrt(self.scale[0] * narrowest))
+
     def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
         """(top, left, height, width) of a random crop, as `v2.RandomResizedCrop.make_params`."""
         area = height * width
@@ -210,29 +241,6 @@ class RandomResizedCropFlip:
             out = out.flip(-1)
         # Contiguous (C, H, W): collation then copies each image with one memcpy.
         return out.contiguous()
-
-
-def read_image_for_size(path: str, min_size: int) -> torch.Tensor:
-    """Like `read_image`, but a JPEG at least twice `min_size` is decoded at a reduced size.
-
-    libjpeg's DCT-domain scaling (`PIL.Image.draft`: 1/2, 1/4, 1/8) decoded 2000x1500 photos for a
-    256-pixel target 1.4-2.2x faster than `read_image` and a resize (Huffman decoding is not
-    reduced), which is why it is used for large sources; below 2x it cannot reduce anything and
-    `torchvision.io.decode_image` is the faster decoder (benchmarks/BENCHMARKS.md). The short side
-    of the result is still >= `min_size`.
-    """
-    if not path.lower().endswith((".jpg", ".jpeg")):
-        return read_image(path)
-    try:
-        with Image.open(path) as image:
-            if image.format != "JPEG" or min(image.size) < 2 * min_size:
-                return read_image(path)
-            scale = min(image.size) / min_size
-            image.draft("RGB", (math.ceil(image.size[0] / scale), math.ceil(image.size[1] / scale)))
-            image = ImageOps.exif_transpose(image).convert("RGB")
-            return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
-        return read_image(path)  # raises the DataError naming the file, with the usual checks
 
 
 def eval_transform(image_size: int) -> v2.Transform:
