@@ -69,6 +69,25 @@ def test_changed_image_bytes_never_serve_stale_pixels(image_root: Path, tmp_path
     assert not torch.equal(after.cache.image(0), old)
 
 
+def test_rewrite_with_the_old_modification_time_restored_is_seen(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """`cp -p`, `rsync -t` and `touch -d` restore mtimes; the change time still moves."""
+    dataset = folder_dataset(image_root, 64)
+    before = cached(dataset, 64, tmp_path, 0, progress=False)
+    target = Path(dataset.path(0))
+    stat = target.stat()
+    time.sleep(0.05)  # past the filesystem's timestamp granularity
+    content = bytearray(target.read_bytes())
+    assert content[6:11] == b"JFIF\0"
+    content[15] ^= 1  # the JFIF pixel density: same size, other bytes, still a valid JPEG
+    target.write_bytes(content)
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (target.stat().st_size, target.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    after = cached(folder_dataset(image_root, 64), 64, tmp_path, 0, progress=False)
+    assert after.cache.folder != before.cache.folder
+
+
 def test_a_new_file_or_resolution_selects_another_cache(image_root: Path, tmp_path: Path) -> None:
     base = cached(folder_dataset(image_root), 16, tmp_path, 0, progress=False).cache.folder
     larger = cached(folder_dataset(image_root), 24, tmp_path, 0, progress=False).cache.folder

@@ -11,10 +11,16 @@ horizontal flip, drawn anew every epoch (the AlexNet/ResNet recipe: 224 crops of
 needs no resampling, which is what makes a cached epoch several times faster than a decoded one;
 `RandomResizedCrop`'s wider scale jitter (the `cache: none` path) would cost a resize per image.
 
-The cache folder's name is a hash of the file list with each file's size and modification time and
-the stored resolution: any change to the images (bytes rewritten, files added or removed) selects a
-new folder, so stale pixels are never served. One process per node builds a missing cache (a lock
-file); the others wait for it and then read what it built.
+The cache folder's name is a hash of the file list with each file's size, inode, modification and
+status-change times, and the stored resolution: any change to the images (bytes rewritten, files
+added, removed or replaced) selects a new folder, so stale pixels are not served. The status-change
+time (`st_ctime`) cannot be set back by tools, so a rewrite is seen even when `cp -p`, `rsync -t` or
+`touch -d` restore the old modification time. (Left out: a same-size rewrite landing within the
+filesystem's clock tick of the previous write, some milliseconds, with the old times restored;
+hashing every file's bytes at each start would cost a full read of the dataset.)
+
+One process per node builds a missing cache (a lock file); the others wait for it and then read
+what it built.
 """
 
 from __future__ import annotations
@@ -155,7 +161,7 @@ def usable_cpus() -> int:
 
 
 def cache_key(dataset: ImageFolderDataset, size: int) -> str:
-    """A hash of the files (names, sizes, modification times) and the stored size."""
+    """A hash of the files (names, sizes, inodes, modification and change times) and `size`."""
     root = os.path.abspath(dataset.root)
     digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root}\n".encode())
     for i in range(len(dataset)):
@@ -164,7 +170,8 @@ def cache_key(dataset: ImageFolderDataset, size: int) -> str:
             stat = os.stat(path)
         except OSError as err:
             raise DataError(f"cannot read image {path}: {err.strerror}") from err
-        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        times = f"{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"
+        digest.update(f"{path}\0{stat.st_size}\0{times}\n".encode())
     return f"{len(dataset)}-{size}px-{digest.hexdigest()[:20]}"
 
 

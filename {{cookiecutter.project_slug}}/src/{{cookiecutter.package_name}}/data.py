@@ -79,7 +79,8 @@ class ImageDataModule(L.LightningDataModule):
         cache: "memmap" decodes every image once, at a little above `image_size`, into a uint8
             file under `cache_dir` that later epochs and runs read instead of the JPEGs
             (augmentation stays random per epoch). Built in `setup`, by one process per machine;
-            rebuilt when the files, their sizes or modification times, or `image_size` change.
+            rebuilt when the files, their sizes or modification/change times, or `image_size`
+            change.
         cache_dir: where `cache: memmap` keeps its files (one sub-folder per dataset version).
         crop_scale: range of the area share of a training image that each random crop keeps.
             0.08-1 (torchvision's default) is standard for large photo datasets and long
