@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
+import warnings
 import zlib
 from pathlib import Path
 
@@ -88,11 +89,12 @@ def test_exif_orientation_is_applied(tmp_path: Path, suffix: str) -> None:
     assert read[0, 35, 15] > 150
 
 
-def test_truncated_jpeg_names_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("min_size", [None, 8])  # 8: through the reduced (1/2 .. 1/8) decode
+def test_truncated_jpeg_names_the_file(tmp_path: Path, min_size) -> None:
     path = tmp_path / "cut short.jpg"
-    write_corrupt(path)
+    write_corrupt(path)  # 64x48
     with pytest.raises(DataError, match=r"(?i)cannot read image .*cut short\.jpg: .*truncated"):
-        read_image(str(path))
+        read_image(str(path), min_size)
 
 
 @pytest.mark.parametrize(
@@ -190,6 +192,18 @@ def test_pixel_limit_is_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(images, "MAX_IMAGE_PIXELS", 100)
     with pytest.raises(DataError, match=r"big\.jpg: 20x12 pixels is more than MAX_IMAGE_PIXELS"):
         read_image(str(path))
+
+
+@pytest.mark.parametrize(("name", "min_size"), [("rgb.bmp", None), ("reduced.jpg", 5)])
+def test_only_our_pixel_limit_speaks(tmp_path: Path, monkeypatch, name: str, min_size) -> None:
+    """PIL warns from half our limit: images in between read quietly."""
+    path = tmp_path / name
+    save_rgb(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 150)  # PIL warns above 150 pixels, we allow 240
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        image = read_image(str(path), min_size)
+    assert image.shape == ((3, 12, 20) if min_size is None else (3, 6, 10))
 
 
 def test_animated_gif_gives_its_first_frame(tmp_path: Path) -> None:

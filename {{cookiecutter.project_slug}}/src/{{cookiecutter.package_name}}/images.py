@@ -124,14 +124,22 @@ def _png_size(data: bytearray) -> tuple[int, int] | None:
     return struct.unpack_from(">II", data, 16)
 
 
+def _open(data: bytearray) -> Image.Image:
+    """A PIL image over `data`, its header parsed and its pixels not yet decoded.
+
+    PIL's DecompressionBombWarning is silenced: `_check_header` applies our own limit, with a
+    message naming the file (PIL's own error, at twice its warning size, still propagates).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data))
+
+
 def _pil_size(data: bytearray, path: str) -> tuple[int, int]:
     """(width, height) of any format PIL knows, from the header only."""
     try:
-        with warnings.catch_warnings():
-            # The size is checked below against our own limit, with a message naming the file.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as header:  # parses the header only
-                return header.size
+        with _open(data) as header:
+            return header.size
     except Image.DecompressionBombError as err:
         raise DataError(f"refusing image {path}: {err}") from err
     except UnidentifiedImageError as err:
@@ -150,7 +158,7 @@ def _decode_with_torchvision(data: bytearray) -> torch.Tensor:
 
 def _decode_jpeg_reduced(data: bytearray, scale: float) -> torch.Tensor:
     """Decode a JPEG at the largest DCT reduction (1/2, 1/4, 1/8) that is at most 1/`scale`."""
-    with Image.open(io.BytesIO(data)) as image:
+    with _open(data) as image:
         width, height = image.size
         image.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
         image = ImageOps.exif_transpose(image).convert("RGB")
@@ -158,7 +166,7 @@ def _decode_jpeg_reduced(data: bytearray, scale: float) -> torch.Tensor:
 
 
 def _decode_with_pil(data: bytearray) -> torch.Tensor:
-    with Image.open(io.BytesIO(data)) as image:
+    with _open(data) as image:
         image = ImageOps.exif_transpose(image)
         if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale (TIFF, PNG)
             pixels = np.asarray(image, dtype=np.float32)
