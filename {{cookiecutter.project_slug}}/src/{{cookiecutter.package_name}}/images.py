@@ -36,7 +36,7 @@ def read_image(path: str, min_size: int | None = None) -> torch.Tensor:
     or 1/8 scale in libjpeg's DCT domain (`PIL.Image.draft`), keeping the short side >= `min_size`:
     2000x1500 photos to a 256 short side took 90 ms against 130-197 ms for a full decode and resize
     (BENCHMARKS.md). Below twice `min_size` nothing can be reduced, and torchvision's decoder
-    (libjpeg-turbo, into a tensor) is faster than PIL's: 1.6 ms against 2.3 ms for a 500x375 photo.
+    (libjpeg-turbo, into a tensor) is faster than PIL's: 1.5 ms against 1.9 ms for a 500x375 photo.
 
     Raises:
         DataError: naming the file, when it cannot be decoded or declares more than
