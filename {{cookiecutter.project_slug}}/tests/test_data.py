@@ -161,12 +161,16 @@ def test_split_is_written_beside_the_logs(image_root: Path, tmp_path: Path) -> N
     assert first_label == CLASSES[dm.val_dataset.targets[0]]
 
 
+def skewed_root(root: Path, common: int, rare: int) -> Path:
+    """Class folders "common" and "rare" holding that many tiny images each."""
+    for name, count, colour in (("common", common, (200, 0, 0)), ("rare", rare, (0, 200, 0))):
+        for i in range(count):
+            write_image(root / name / f"{i}.png", colour, size=(8, 8))
+    return root
+
+
 def test_balanced_sampler_draws_classes_equally(tmp_path: Path) -> None:
-    root = tmp_path / "skewed"
-    for i in range(40):
-        write_image(root / "common" / f"{i}.png", (200, 0, 0), size=(8, 8))
-    for i in range(4):
-        write_image(root / "rare" / f"{i}.png", (0, 200, 0), size=(8, 8))
+    root = skewed_root(tmp_path / "skewed", common=40, rare=4)
     dm = ImageDataModule(
         root=root, val_fraction=0, balance_classes=True, batch_size=8, num_workers=0
     )
@@ -217,11 +221,7 @@ if __name__ == "__main__":
 def test_balanced_sampler_under_two_process_ddp(tmp_path: Path) -> None:
     import json
 
-    root = tmp_path / "skewed"
-    for i in range(58):
-        write_image(root / "common" / f"{i}.png", (200, 0, 0), size=(8, 8))
-    for i in range(6):
-        write_image(root / "rare" / f"{i}.png", (0, 200, 0), size=(8, 8))
+    root = skewed_root(tmp_path / "skewed", common=58, rare=6)
     script = tmp_path / "ddp_count.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
     done = subprocess.run(
