@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -75,6 +76,8 @@ def test_cpu_batches_reuse_memory_only_once_nothing_refers_to_it(image_root: Pat
     fourth = dm.on_after_batch_transfer((255 - images,), 0)[0]
     assert fourth.data_ptr() != as_numpy.ctypes.data  # a numpy view keeps it too
     assert np.array_equal(as_numpy, expected.numpy())
+    copy = pickle.loads(pickle.dumps(dm))  # as for spawn workers; the buffers stay behind
+    assert torch.equal(copy.on_after_batch_transfer((images,), 0)[0], expected)
 
 
 def test_large_jpegs_are_decoded_no_larger_than_the_transforms_need(image_root: Path) -> None:
