@@ -343,6 +343,22 @@ def test_scan_lists_every_unreadable_file(image_root: Path, capsys) -> None:
     assert "scanned 26 images: 2 unreadable" in err
 
 
+def test_scan_reads_large_jpegs_as_training_does_and_still_finds_damage(
+    image_root: Path, capsys
+) -> None:
+    # 200x150 is over twice the 24 pixels a 16-pixel crop needs: decoded at 1/4 scale, as in
+    # training; a truncated one must be found on that path too
+    write_image(image_root / "bee" / "large.jpg", (10, 200, 10), size=(200, 150))
+    broken = write_image(image_root / "cat" / "large_broken.jpg", (10, 200, 10), size=(200, 150))
+    broken.write_bytes(broken.read_bytes()[:-400])
+    status = scan.main(["--data.root", str(image_root), "--data.image_size", "16"])
+    out, err = capsys.readouterr()
+    assert status == 1
+    [listed] = out.splitlines()
+    assert listed.startswith(f"cannot read image {broken}: image file is truncated")
+    assert "scanned 26 images: 1 unreadable" in err
+
+
 def test_scan_takes_the_data_section_of_a_training_config(
     image_root: Path, tmp_path: Path, capsys
 ) -> None:

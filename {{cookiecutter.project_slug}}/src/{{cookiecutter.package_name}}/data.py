@@ -287,7 +287,8 @@ class ImageDataModule(L.LightningDataModule):
         trainer = self.trainer
         show_progress = trainer is None or trainer.is_global_zero
         paths = [dataset.path(i) for dataset in datasets for i in range(len(dataset))]
-        bad = find_unreadable(paths, self._resolve_num_workers(), progress=show_progress)
+        sizes = [dataset.min_size for dataset in datasets for _ in range(len(dataset))]
+        bad = find_unreadable(paths, self._resolve_num_workers(), show_progress, sizes)
         listing = self._log_dir()
         if not bad:
             return list(datasets)

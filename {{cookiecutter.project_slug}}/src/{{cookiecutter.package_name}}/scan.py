@@ -26,15 +26,16 @@ _BATCH = 16  # images per worker task: few enough for a smooth progress bar, eno
 class _ReadCheck(Dataset):
     """Item i is "" when `paths[i]` decodes, else the error message (which names the file)."""
 
-    def __init__(self, paths: Sequence[str]) -> None:
+    def __init__(self, paths: Sequence[str], min_sizes: Sequence[int | None]) -> None:
         self.paths = paths
+        self.min_sizes = min_sizes
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> str:
         try:
-            read_image(self.paths[index])
+            read_image(self.paths[index], self.min_sizes[index])
         except DataError as err:
             return str(err)
         return ""
@@ -45,15 +46,28 @@ def _as_list(batch: list[str]) -> list[str]:
 
 
 def find_unreadable(
-    paths: Sequence[str], num_workers: int = 0, progress: bool = True
+    paths: Sequence[str],
+    num_workers: int = 0,
+    progress: bool = True,
+    min_sizes: Sequence[int | None] | None = None,
 ) -> list[tuple[int, str]]:
     """(index, error message) of each path that `read_image` cannot read, in index order.
+
+    `min_sizes`: per path, the short side training will decode it at (`read_image`'s `min_size`,
+    the dataset's `min_size`), so that each file is read as training reads it: a large JPEG at a
+    DCT-reduced size, several times faster than in full (BENCHMARKS.md). Every byte of the file
+    is still decoded, so a truncated or damaged file is found either way. Default: full size.
 
     DataLoader workers do the decoding: the same processes, start method and per-worker thread
     settings as training.
     """
+    if min_sizes is None:
+        min_sizes = [None] * len(paths)
     loader = DataLoader(
-        _ReadCheck(paths), batch_size=_BATCH, num_workers=num_workers, collate_fn=_as_list
+        _ReadCheck(paths, min_sizes),
+        batch_size=_BATCH,
+        num_workers=num_workers,
+        collate_fn=_as_list,
     )
     bad = []
     bar = tqdm(total=len(paths), desc="scanning images", unit="img", disable=not progress or None)
@@ -91,7 +105,8 @@ def main(args: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     paths = [dataset.path(i) for dataset in datasets for i in range(len(dataset))]
-    bad = find_unreadable(paths, datamodule._resolve_num_workers(), progress=True)
+    sizes = [dataset.min_size for dataset in datasets for _ in range(len(dataset))]
+    bad = find_unreadable(paths, datamodule._resolve_num_workers(), True, sizes)
     for _, message in bad:
         print(message)
     print(f"scanned {len(paths)} images: {len(bad)} unreadable", file=sys.stderr)
