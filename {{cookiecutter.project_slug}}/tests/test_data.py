@@ -346,8 +346,8 @@ def test_scan_lists_every_unreadable_file(image_root: Path, capsys) -> None:
 def test_scan_reads_large_jpegs_as_training_does_and_still_finds_damage(
     image_root: Path, capsys
 ) -> None:
-    # 200x150 is over twice the 24 pixels a 16-pixel crop needs: decoded at 1/4 scale, as in
-    # training; a truncated one must be found on that path too
+    # 200x150 is over twice the short side a 16-pixel crop needs (24 in training, 16 in
+    # validation): DCT-reduced as in training, and a truncated one must be found on that path too
     write_image(image_root / "bee" / "large.jpg", (10, 200, 10), size=(200, 150))
     broken = write_image(image_root / "cat" / "large_broken.jpg", (10, 200, 10), size=(200, 150))
     broken.write_bytes(broken.read_bytes()[:-400])
