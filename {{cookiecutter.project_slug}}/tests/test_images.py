@@ -89,6 +89,23 @@ def test_exif_orientation_is_applied(tmp_path: Path, suffix: str) -> None:
     assert read[0, 35, 15] > 150
 
 
+def test_without_torchvision_decoders_pil_gives_the_same_pixels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torchvision.io's decoders are deprecated and due to be removed: PIL must stand in for them
+    rng = np.random.default_rng(0)
+    photo = np.clip(rng.normal(120, 40, size=(48, 64, 3)), 0, 255).astype(np.uint8)
+    exif = Image.new("RGB", (1, 1)).getexif()
+    exif[0x0112] = 6
+    files = {"photo.jpg": {"quality": 90}, "rotated.jpg": {"exif": exif}, "photo.png": {}}
+    for name, options in files.items():
+        Image.fromarray(photo).save(tmp_path / name, **options)
+    with_torchvision = {name: read_image(str(tmp_path / name)) for name in files}
+    monkeypatch.setattr(images, "decode_image", None)
+    for name in files:
+        assert torch.equal(read_image(str(tmp_path / name)), with_torchvision[name]), name
+
+
 @pytest.mark.parametrize("min_size", [None, 8])  # 8: through the reduced (1/2 .. 1/8) decode
 def test_truncated_jpeg_names_the_file(tmp_path: Path, min_size) -> None:
     path = tmp_path / "cut short.jpg"

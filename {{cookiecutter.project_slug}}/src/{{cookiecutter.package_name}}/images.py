@@ -13,10 +13,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
 from {{ cookiecutter.package_name }}.errors import DataError
+
+try:
+    # Deprecated since torchvision 0.29 in favour of TorchCodec, and due to be removed. Without
+    # it every file goes through PIL: the same pixels, a slower decode (BENCHMARKS.md).
+    from torchvision.io import ImageReadMode, decode_image
+except ImportError:  # pragma: no cover - a torchvision without its image decoders
+    decode_image = None
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 # torchvision's decoders (libjpeg-turbo, libpng, libwebp) are faster than PIL for these; the rest
@@ -50,7 +56,7 @@ def read_image(path: str, min_size: int | None = None) -> torch.Tensor:
                 return _decode_jpeg_reduced(data, min(width, height) / min_size)
             except (OSError, ValueError, SyntaxError):
                 pass  # the full decode below reports what is wrong with the file
-        if path.lower().endswith(_TORCHVISION_EXTENSIONS):
+        if decode_image is not None and path.lower().endswith(_TORCHVISION_EXTENSIONS):
             try:
                 return _decode_with_torchvision(data)
             except RuntimeError:
