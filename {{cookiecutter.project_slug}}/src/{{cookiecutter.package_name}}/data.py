@@ -286,14 +286,13 @@ class ImageDataModule(L.LightningDataModule):
         """Decode every image once; leave out those that fail, with one warning listing them."""
         trainer = self.trainer
         show_progress = trainer is None or trainer.is_global_zero
-        paths = [dataset.path(i) for dataset in datasets for i in range(len(dataset))]
-        sizes = [dataset.min_size for dataset in datasets for _ in range(len(dataset))]
-        bad = find_unreadable(paths, self._resolve_num_workers(), show_progress, sizes)
+        bad = find_unreadable(datasets, self._resolve_num_workers(), progress=show_progress)
+        total = sum(len(dataset) for dataset in datasets)
         listing = self._log_dir()
         if not bad:
             return list(datasets)
-        if len(bad) == len(paths):
-            raise DataError(f"none of the {len(paths)} images can be read: {bad[0][1]}")
+        if len(bad) == total:
+            raise DataError(f"none of the {total} images can be read: {bad[0][1]}")
         if listing is not None and trainer.is_global_zero:
             os.makedirs(listing, exist_ok=True)
             with open(os.path.join(listing, SKIPPED_FILE), "a", encoding="utf-8") as file:
@@ -302,10 +301,10 @@ class ImageDataModule(L.LightningDataModule):
         more = f"\n... and {len(bad) - 20} more" if len(bad) > 20 else ""
         where = f" (all listed in {os.path.join(listing, SKIPPED_FILE)})" if listing else ""
         rank_zero_warn(
-            f"--data.skip_bad_images: skipped {len(bad)} of {len(paths)} images that cannot be "
+            f"--data.skip_bad_images: skipped {len(bad)} of {total} images that cannot be "
             f"read{where}:\n{shown}{more}"
         )
-        keep = np.ones(len(paths), dtype=bool)
+        keep = np.ones(total, dtype=bool)
         keep[[index for index, _ in bad]] = False
         kept, start = [], 0
         for dataset in datasets:

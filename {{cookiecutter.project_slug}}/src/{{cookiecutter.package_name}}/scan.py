@@ -17,6 +17,7 @@ from jsonargparse import ArgumentParser
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.images import read_image
 
@@ -24,18 +25,23 @@ _BATCH = 16  # images per worker task: few enough for a smooth progress bar, eno
 
 
 class _ReadCheck(Dataset):
-    """Item i is "" when `paths[i]` decodes, else the error message (which names the file)."""
+    """Item i is "" when image i of `datasets` (in order) decodes, else the error message.
 
-    def __init__(self, paths: Sequence[str], min_sizes: Sequence[int | None]) -> None:
-        self.paths = paths
-        self.min_sizes = min_sizes
+    Each image is read as its dataset reads it in training (`read_image` at the dataset's
+    `min_size`): a large JPEG at a DCT-reduced size, which scanned 4000x3000 photos about twice as
+    fast as a full decode (BENCHMARKS.md). Every byte of the file is still decoded, so a truncated
+    or damaged file is found either way.
+    """
+
+    def __init__(self, datasets: Sequence[ImageFolderDataset]) -> None:
+        self.files = [(d.path(i), d.min_size) for d in datasets for i in range(len(d))]
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.files)
 
     def __getitem__(self, index: int) -> str:
         try:
-            read_image(self.paths[index], self.min_sizes[index])
+            read_image(*self.files[index])
         except DataError as err:
             return str(err)
         return ""
@@ -46,32 +52,17 @@ def _as_list(batch: list[str]) -> list[str]:
 
 
 def find_unreadable(
-    paths: Sequence[str],
-    num_workers: int = 0,
-    progress: bool = True,
-    min_sizes: Sequence[int | None] | None = None,
+    datasets: Sequence[ImageFolderDataset], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[int, str]]:
-    """(index, error message) of each path that `read_image` cannot read, in index order.
+    """(index, error message) of each image of `datasets` that cannot be read, in index order.
 
-    `min_sizes`: per path, the short side training will decode it at (`read_image`'s `min_size`,
-    the dataset's `min_size`), so that each file is read as training reads it: a large JPEG at a
-    DCT-reduced size, which scanned 4000x3000 photos about twice as fast (BENCHMARKS.md). Every
-    byte of the file is still decoded, so a truncated or damaged file is found either way.
-    Default: full size.
-
-    DataLoader workers do the decoding: the same processes, start method and per-worker thread
-    settings as training.
+    Indices run over the datasets one after the other. DataLoader workers do the decoding: the
+    same processes, start method and per-worker thread settings as training.
     """
-    if min_sizes is None:
-        min_sizes = [None] * len(paths)
-    loader = DataLoader(
-        _ReadCheck(paths, min_sizes),
-        batch_size=_BATCH,
-        num_workers=num_workers,
-        collate_fn=_as_list,
-    )
+    check = _ReadCheck(datasets)
+    loader = DataLoader(check, batch_size=_BATCH, num_workers=num_workers, collate_fn=_as_list)
     bad = []
-    bar = tqdm(total=len(paths), desc="scanning images", unit="img", disable=not progress or None)
+    bar = tqdm(total=len(check), desc="scanning images", unit="img", disable=not progress or None)
     with bar:
         for batch_index, messages in enumerate(loader):
             for offset, message in enumerate(messages):
@@ -105,12 +96,11 @@ def main(args: list[str] | None = None) -> int:
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    paths = [dataset.path(i) for dataset in datasets for i in range(len(dataset))]
-    sizes = [dataset.min_size for dataset in datasets for _ in range(len(dataset))]
-    bad = find_unreadable(paths, datamodule._resolve_num_workers(), True, sizes)
+    bad = find_unreadable(datasets, datamodule._resolve_num_workers(), progress=True)
     for _, message in bad:
         print(message)
-    print(f"scanned {len(paths)} images: {len(bad)} unreadable", file=sys.stderr)
+    total = sum(len(dataset) for dataset in datasets)
+    print(f"scanned {total} images: {len(bad)} unreadable", file=sys.stderr)
     return 1 if bad else 0
 
 
