@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from {{ cookiecutter.package_name }} import scan
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.images import read_image
 
 
 def test_classes_come_from_the_folders(image_root: Path) -> None:
@@ -86,6 +87,22 @@ def test_large_jpegs_are_decoded_no_larger_than_the_transforms_need(image_root: 
     # the narrowest crop (60% of the area at aspect 3:4) of a 24-pixel short side is 16 wide
     assert dm.train_dataset.min_size == 24
     assert dm.val_dataset.min_size == 16
+
+
+def test_only_training_decodes_jpegs_approximately(image_root: Path) -> None:
+    dm = ImageDataModule(root=image_root, predict_root=image_root / "ant", num_workers=0)
+    dm.setup("fit")
+    dm.setup("predict")
+    for dataset, approximate in [
+        (dm.train_dataset, True),
+        (dm.val_dataset, False),
+        (dm.predict_dataset, False),
+    ]:
+        dataset.transform = lambda image: image  # the decoded pixels themselves
+        decoded = [dataset[i][0] for i in range(len(dataset))]
+        exact = [read_image(dataset.path(i)) for i in range(len(dataset))]
+        same = [torch.equal(d, e) for d, e in zip(decoded, exact, strict=True)]
+        assert not any(same) if approximate else all(same)
 
 
 def test_only_training_is_shuffled(image_root: Path) -> None:

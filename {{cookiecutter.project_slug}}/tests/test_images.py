@@ -64,26 +64,28 @@ KINDS = {
 }
 
 
+@pytest.mark.parametrize("approximate", [False, True], ids=["exact", "approximate"])
 @pytest.mark.parametrize("name", list(KINDS))
-def test_every_kind_reads_as_uint8_rgb(tmp_path: Path, name: str) -> None:
+def test_every_kind_reads_as_uint8_rgb(tmp_path: Path, name: str, approximate: bool) -> None:
     save, colour = KINDS[name]
     path = tmp_path / name
     save(path)
-    image = read_image(str(path))
+    image = read_image(str(path), approximate=approximate)
     assert image.dtype == torch.uint8 and image.shape == (3, 12, 20)
     centre = image[:, 6, 10].tolist()
     assert centre == pytest.approx(list(colour), abs=4), f"{name}: {centre}"
 
 
+@pytest.mark.parametrize("approximate", [False, True], ids=["exact", "approximate"])
 @pytest.mark.parametrize("suffix", [".jpg", ".png", ".tif"])
-def test_exif_orientation_is_applied(tmp_path: Path, suffix: str) -> None:
+def test_exif_orientation_is_applied(tmp_path: Path, suffix: str, approximate: bool) -> None:
     image = Image.new("RGB", (40, 30), RED)
     image.paste((0, 0, 255), (0, 0, 10, 30))  # a blue band down the left edge
     exif = image.getexif()
     exif[0x0112] = 6  # stored rotated: display turned 90 degrees clockwise
     path = tmp_path / f"rotated{suffix}"
     image.save(path, exif=exif)
-    read = read_image(str(path))
+    read = read_image(str(path), approximate=approximate)
     assert read.shape == (3, 40, 30)
     assert read[2, 2, 15] > 200 and read[0, 2, 15] < 60  # the band is now along the top
     assert read[0, 35, 15] > 150
@@ -106,12 +108,65 @@ def test_without_torchvision_decoders_pil_gives_the_same_pixels(
         assert torch.equal(read_image(str(tmp_path / name)), with_torchvision[name]), name
 
 
+@pytest.mark.parametrize("approximate", [False, True], ids=["exact", "approximate"])
 @pytest.mark.parametrize("min_size", [None, 8])  # 8: through the reduced (1/2 .. 1/8) decode
-def test_truncated_jpeg_names_the_file(tmp_path: Path, min_size) -> None:
+def test_truncated_jpeg_names_the_file(tmp_path: Path, min_size, approximate: bool) -> None:
     path = tmp_path / "cut short.jpg"
     write_corrupt(path)  # 64x48
     with pytest.raises(DataError, match=r"(?i)cannot read image .*cut short\.jpg: .*truncated"):
-        read_image(str(path), min_size)
+        read_image(str(path), min_size, approximate)
+
+
+def noisy_photo(path: Path, size: tuple[int, int] = (64, 48), **save) -> None:
+    """A JPEG (4:2:0, quality 90) as cameras give: colour gradients, a sharp edge, sensor noise."""
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0 : size[1], 0 : size[0]]
+    pixels = np.stack([x * 200 / size[0], y * 200 / size[1], 255 - x * 150 / size[0]], axis=-1)
+    pixels[:, : size[0] // 2, 0] = 230  # a sharp red edge: where chroma upsampling matters
+    pixels = np.clip(pixels + rng.normal(0, 6, size=pixels.shape), 0, 255)
+    Image.fromarray(pixels.astype(np.uint8)).save(path, quality=90, **save)
+
+
+def test_approximate_decode_is_close_to_the_exact_one(tmp_path: Path) -> None:
+    path = tmp_path / "photo.jpg"
+    noisy_photo(path)
+    exact = read_image(str(path))
+    approximate = read_image(str(path), approximate=True)
+    assert approximate.shape == exact.shape == (3, 48, 64)
+    assert approximate.stride() == exact.stride()  # the same layout for the transforms
+    difference = (approximate.int() - exact.int()).abs()
+    assert difference.float().mean() < 3  # 1.9 here; 1.3 on benchmarks/make_images.py's
+    assert difference.max() > 0  # it did take libjpeg's fast path, which is not exact
+
+
+def test_approximate_decode_without_simplejpeg_is_the_exact_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "photo.jpg"
+    noisy_photo(path)
+    monkeypatch.setattr(images, "simplejpeg", None)
+    assert torch.equal(read_image(str(path), approximate=True), read_image(str(path)))
+
+
+CAMERA_EXIF = Image.Exif()
+CAMERA_EXIF[0x010F] = "Camera maker"
+
+
+@pytest.mark.parametrize(
+    ("save", "exif"),
+    [
+        ({}, False),
+        ({"exif": CAMERA_EXIF}, True),  # Exif data without an orientation: still exact
+        ({"xmp": b"<x:xmpmeta xmlns:x='adobe:ns:meta/'/>"}, False),  # APP1, but not Exif
+    ],
+)
+def test_jpeg_header_tells_exif_apart(tmp_path: Path, save: dict, exif: bool) -> None:
+    path = tmp_path / "photo.jpg"
+    noisy_photo(path, **save)
+    data = bytearray(path.read_bytes())
+    assert images._jpeg_header(data) == (64, 48, exif)
+    approximate = read_image(str(path), approximate=True)
+    assert torch.equal(approximate, read_image(str(path))) == exif
 
 
 @pytest.mark.parametrize(
@@ -179,13 +234,13 @@ def test_size_from_header_matches_the_image(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     HEADERS[name](path)
     data = bytearray(path.read_bytes())
-    assert (images._jpeg_size(data) or images._png_size(data)) == (20, 12)
+    assert (images._jpeg_header(data) or images._png_size(data))[:2] == (20, 12)
     assert read_image(str(path)).shape[0] == 3
 
 
 @pytest.mark.parametrize("content", [b"\xff\xd8", b"\xff\xd8\xff\xda\x00\x02", b"\xff\xd8junk" * 4])
 def test_damaged_jpeg_header_falls_back_to_pil(tmp_path: Path, content: bytes) -> None:
-    assert images._jpeg_size(bytearray(content)) is None
+    assert images._jpeg_header(bytearray(content)) is None
     path = tmp_path / "damaged.jpg"
     path.write_bytes(content)
     with pytest.raises(DataError, match=r"cannot read image .*damaged\.jpg"):

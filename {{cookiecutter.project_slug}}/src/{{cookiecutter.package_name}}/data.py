@@ -199,8 +199,15 @@ class ImageDataModule(L.LightningDataModule):
             root = ensure_demo_data(DEMO_DIR)
         paths, targets = self._index(root, self.labels_csv, "training")
         augment = train_transform(self.image_size, self.crop_scale, self.hflip)
+        # Random crops of training images tolerate libjpeg's fast approximate decode (`read_image`)
         train = ImageFolderDataset(
-            root, paths, targets, augment, self.class_names, augment.min_source_size()
+            root,
+            paths,
+            targets,
+            augment,
+            self.class_names,
+            augment.min_source_size(),
+            approximate_decode=True,
         )
         if self.val_root is not None or self.val_csv is not None:
             val_root = self.val_root or root

@@ -288,6 +288,7 @@ class ImageFolderDataset(Dataset):
     before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
 
     Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
+    `min_size` and `approximate_decode` are `read_image`'s `min_size` and `approximate`.
     """
 
     def __init__(
@@ -298,6 +299,7 @@ class ImageFolderDataset(Dataset):
         transform: Callable[[torch.Tensor], torch.Tensor],
         classes: list[str] | None = None,
         min_size: int | None = None,
+        approximate_decode: bool = False,
     ) -> None:
         self.root = Path(root)
         self.paths = paths
@@ -305,6 +307,7 @@ class ImageFolderDataset(Dataset):
         self.transform = transform
         self.classes = classes or []
         self.min_size = min_size
+        self.approximate_decode = approximate_decode
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     def __len__(self) -> int:
@@ -314,7 +317,8 @@ class ImageFolderDataset(Dataset):
         return os.path.join(self.root, os.fsdecode(self.paths[index]))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.transform(read_image(self.path(index), self.min_size))
+        image = read_image(self.path(index), self.min_size, self.approximate_decode)
+        image = self.transform(image)
         label = index if self.targets is None else int(self.targets[index])
         return image, label
 
@@ -323,5 +327,11 @@ class ImageFolderDataset(Dataset):
         targets = None if self.targets is None else self.targets[keep]
         paths = self.paths[keep]
         return ImageFolderDataset(
-            self.root, paths, targets, self.transform, self.classes, self.min_size
+            self.root,
+            paths,
+            targets,
+            self.transform,
+            self.classes,
+            self.min_size,
+            self.approximate_decode,
         )

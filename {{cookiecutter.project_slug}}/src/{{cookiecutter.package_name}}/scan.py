@@ -27,14 +27,16 @@ _BATCH = 16  # images per worker task: few enough for a smooth progress bar, eno
 class _ReadCheck(Dataset):
     """Item i is "" when image i of `datasets` (in order) decodes, else the error message.
 
-    Each image is read as its dataset reads it in training (`read_image` at the dataset's
-    `min_size`): a large JPEG at a DCT-reduced size, which scanned 4000x3000 photos about twice as
+    Each image is read as its dataset reads it (`read_image` at the dataset's `min_size`, exact or
+    approximate): a large JPEG at a DCT-reduced size, which scanned 4000x3000 photos about twice as
     fast as a full decode (BENCHMARKS.md). Every byte of the file is still decoded, so a truncated
     or damaged file is found either way.
     """
 
     def __init__(self, datasets: Sequence[ImageFolderDataset]) -> None:
-        self.files = [(d.path(i), d.min_size) for d in datasets for i in range(len(d))]
+        self.files = [
+            (d.path(i), d.min_size, d.approximate_decode) for d in datasets for i in range(len(d))
+        ]
 
     def __len__(self) -> int:
         return len(self.files)
