@@ -15,6 +15,7 @@ RESERVED = set(sys.stdlib_module_names) | {
     "torch", "torchvision", "lightning", "pytorch_lightning", "lightning_fabric",
     "lightning_utilities", "torchmetrics", "jsonargparse", "numpy", "PIL", "pillow", "yaml",
     "tensorboard", "onnx", "setuptools", "pkg_resources", "pytest", "ruff", "test", "tests", "src",
+    "simplejpeg", "tqdm",
 }
 # fmt: on
 

@@ -296,10 +296,13 @@ def photo_like(path: Path, size: tuple[int, int], **save) -> None:
     Image.fromarray(pixels.astype(np.uint8)).save(path, quality=95, **save)
 
 
-def test_large_jpeg_is_decoded_at_a_reduced_size_above_min_size(tmp_path: Path) -> None:
+@pytest.mark.parametrize("approximate", [False, True], ids=["PIL draft", "simplejpeg"])
+def test_large_jpeg_is_decoded_at_a_reduced_size_above_min_size(
+    tmp_path: Path, approximate: bool
+) -> None:
     path = tmp_path / "large.jpg"
     photo_like(path, (1200, 900))
-    reduced = read_image(str(path), min_size=224)
+    reduced = read_image(str(path), min_size=224, approximate=approximate)
     assert reduced.shape == (3, 225, 300)  # 1/4 scale: the largest reduction keeping >= 224
     full = read_image(str(path))
     assert full.shape == (3, 900, 1200)
@@ -308,20 +311,33 @@ def test_large_jpeg_is_decoded_at_a_reduced_size_above_min_size(tmp_path: Path) 
     assert reduced[:, 225 * 3 // 8, 300 * 3 // 8].tolist() == pytest.approx([20, 20, 20], abs=8)
 
 
-def test_reduced_decode_applies_exif_orientation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("approximate", [False, True], ids=["exact", "approximate"])
+def test_reduced_decode_applies_exif_orientation(tmp_path: Path, approximate: bool) -> None:
     path = tmp_path / "large rotated.jpg"
     exif = Image.new("RGB", (1, 1)).getexif()
     exif[0x0112] = 6  # displayed turned 90 degrees clockwise
     photo_like(path, (1200, 900), exif=exif)
-    assert read_image(str(path), min_size=224).shape == (3, 300, 225)
+    assert read_image(str(path), 224, approximate).shape == (3, 300, 225)
     assert read_image(str(path)).shape == (3, 1200, 900)
 
 
+@pytest.mark.parametrize("approximate", [False, True], ids=["exact", "approximate"])
 @pytest.mark.parametrize(("size", "min_size"), [((500, 375), 224), ((1200, 900), 500)])
-def test_jpeg_under_twice_min_size_is_decoded_in_full(tmp_path: Path, size, min_size) -> None:
+def test_jpeg_under_twice_min_size_is_decoded_in_full(
+    tmp_path: Path, size, min_size, approximate: bool
+) -> None:
     path = tmp_path / "photo.jpg"
     photo_like(path, size)
-    assert read_image(str(path), min_size=min_size).shape == (3, size[1], size[0])
+    read = read_image(str(path), min_size=min_size, approximate=approximate)
+    assert read.shape == (3, size[1], size[0])
+
+
+def test_approximate_reduction_takes_the_smallest_eighth_above_min_size(tmp_path: Path) -> None:
+    # 1500x1200 for a 334 short side: 3/8 gives 450; PIL's powers of two stop at 1/2 (600)
+    path = tmp_path / "photo.jpg"
+    photo_like(path, (1500, 1200))
+    assert read_image(str(path), min_size=334).shape == (3, 600, 750)
+    assert read_image(str(path), min_size=334, approximate=True).shape == (3, 450, 563)
 
 
 def test_png_is_never_reduced(tmp_path: Path) -> None:
