@@ -1,16 +1,19 @@
 """JPEG decoders compared on one CPU thread: what `read_image` chooses between, and what it costs.
 
-    python benchmarks/jpeg_decoders.py DIR [--count 400] [--rounds 5]
+    python benchmarks/jpeg_decoders.py DIR [--count 400] [--rounds 5] [--min-size 334]
 
 DIR: a folder of JPEGs (searched recursively), e.g. one written by make_images.py. Prints the
 median milliseconds per file over the rounds, and how far the fast decode's pixels are from the
-exact decode's (mean and largest absolute difference, in levels of 0-255).
+exact decode's (mean and largest absolute difference, in levels of 0-255). With `--min-size`, for
+large files, it compares the reductions in libjpeg's DCT domain instead: PIL's `draft` (1/2, 1/4,
+1/8) against simplejpeg's n/8 scales, both keeping each side at least that size.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import math
 import statistics
 import time
 from pathlib import Path
@@ -40,6 +43,24 @@ def pil_exact(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
+def pil_draft(data: bytes, min_size: int) -> np.ndarray:
+    image = Image.open(io.BytesIO(data))
+    scale = min(image.size) / min_size
+    image.draft("RGB", (math.ceil(image.width / scale), math.ceil(image.height / scale)))
+    return np.asarray(image.convert("RGB"))
+
+
+def simplejpeg_reduced(data: bytes, min_size: int) -> np.ndarray:
+    return simplejpeg.decode_jpeg(
+        data,
+        colorspace="RGB",
+        fastdct=True,
+        fastupsample=True,
+        min_height=min_size,
+        min_width=min_size,
+    )
+
+
 DECODERS = {
     "torchvision decode_image (exact; validation)": torchvision_exact,
     "simplejpeg (exact)": simplejpeg_exact,
@@ -53,15 +74,24 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--count", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--min-size", type=int, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)  # as in a DataLoader worker
     files = sorted(args.folder.rglob("*.jpg"))[: args.count]
     if not files:
         parser.error(f"no .jpg files under {args.folder}")
     blobs = [path.read_bytes() for path in files]
-    times: dict[str, list[float]] = {name: [] for name in DECODERS}
+    decoders = DECODERS
+    if args.min_size:
+        decoders = {
+            f"PIL draft to >= {args.min_size} (exact)": lambda d: pil_draft(d, args.min_size),
+            f"simplejpeg n/8 to >= {args.min_size} (training)": lambda d: simplejpeg_reduced(
+                d, args.min_size
+            ),
+        }
+    times: dict[str, list[float]] = {name: [] for name in decoders}
     for _ in range(args.rounds):  # decoders interleaved, so that a slow minute hits them all
-        for name, decode in DECODERS.items():
+        for name, decode in decoders.items():
             start = time.perf_counter()
             for data in blobs:
                 decode(data)
@@ -70,6 +100,10 @@ def main() -> None:
     print(f"{len(blobs)} files under {args.folder}, {size:.0f} kB on average; ms per file:")
     for name, rounds in times.items():
         print(f"  {name:46s} {statistics.median(rounds):.3f}  (rounds: {_join(rounds)})")
+    if args.min_size:
+        shapes = {name: decode(blobs[0]).shape for name, decode in decoders.items()}
+        print(f"first file decoded to: {shapes}")
+        return
     differences = [
         np.abs(simplejpeg_fast(d).astype(np.int16) - torchvision_exact(d)) for d in blobs
     ]
