@@ -22,7 +22,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from {{ cookiecutter.package_name }}.cache import usable_cpus
+from {{ cookiecutter.package_name }}.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from {{ cookiecutter.package_name }}.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.images import read_image
@@ -151,13 +152,6 @@ def cached(
         build(dataset, folder, stored_size(image_size), workers, progress)
     transform = RandomCropFlip(image_size, hflip) if train else None
     return MemmapImageDataset(dataset, PixelCache(folder), transform)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: affinity, so cgroup and SLURM limits count."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def cache_key(dataset: ImageFolderDataset, size: int) -> str:

@@ -13,12 +13,12 @@ from typing import Literal
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, WeightedRandomSampler
 
 from {{ cookiecutter.package_name }}.cache import cached
+from {{ cookiecutter.package_name }}.cpus import auto_num_workers
 from {{ cookiecutter.package_name }}.datasets import (
     ImageFolderDataset,
     LabelsTable,
@@ -61,9 +61,9 @@ class ImageDataModule(L.LightningDataModule):
             `data/demo` (or the folder of `labels_csv`, when that is set).
         val_fraction: share of each class held out for validation, chosen with `seed`: the same
             files on every run and every process. Ignored when `val_root` or `val_csv` is set.
-        num_workers: loader processes per training process; "auto" uses Lightning's
-            `suggested_max_num_workers` (usable CPUs, cgroups and affinity included, divided among
-            the local processes, one left for the main process).
+        num_workers: loader processes per training process; "auto": the usable CPUs (affinity,
+            capped by a cgroup CPU quota) divided among the local processes, minus one for each
+            process's own work (`cpus.auto_num_workers`).
         predict_root: folder of unlabeled images (nested folders allowed) for `predict`.
         class_names: the classes, in label order; by default the class folder names, or the CSV's
             label names, sorted (integer CSV labels: "0".."K-1").
@@ -392,7 +392,7 @@ class ImageDataModule(L.LightningDataModule):
         if self.num_workers != "auto":
             return self.num_workers
         local_processes = self.trainer.num_devices if self.trainer is not None else 1
-        return suggested_max_num_workers(local_processes)
+        return auto_num_workers(local_processes)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Turn the uint8 images of a batch into normalised float, on whatever device they are."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 import lightning as L
-from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch.utilities import rank_zero_warn
+
+from {{ cookiecutter.package_name }}.cpus import auto_num_workers
 
 
 class DataStarvationMonitor(L.Callback):
@@ -89,7 +90,7 @@ class DataStarvationMonitor(L.Callback):
         ]
         loader = trainer.train_dataloader
         workers = getattr(loader, "num_workers", None)
-        suggested = suggested_max_num_workers(max(1, trainer.num_devices))
+        suggested = auto_num_workers(trainer.num_devices)
         if workers is not None and workers < suggested:
             lines.append(
                 f"- Raise --data.num_workers from {workers} to {suggested} (the usable CPUs "

@@ -1,0 +1,83 @@
+"""How many CPUs this process may use, and so how many loader workers `num_workers: auto` starts.
+
+Our own rather than Lightning's `suggested_max_num_workers`: that (like `os.process_cpu_count`)
+counts the CPU affinity only, which shows cpusets, `taskset` and SLURM's binding but not a cgroup
+CPU quota (`docker run --cpus`, Kubernetes CPU limits). In a pod limited to 4 CPUs of a 64-core
+node it suggests 63 workers, which then take turns on 4 CPUs' worth of time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity), capped by its cgroups' CPU quota, rounded up."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere all CPUs count
+    cpus = len(affinity(0)) if affinity else os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return cpus if limit is None else max(1, min(cpus, math.ceil(limit)))
+
+
+def auto_num_workers(local_processes: int) -> int:
+    """`num_workers: auto`: usable CPUs shared among the training processes of this machine, minus
+    one for each process's own work (the training step, collecting batches); at least 1."""
+    return max(1, usable_cpus() // max(1, local_processes) - 1)
+
+
+def cgroup_cpu_limit() -> float | None:
+    """CPUs' worth of time per second that this process's cgroups allow; None when unlimited.
+
+    The tightest quota of the process's cgroup and its parents: cgroup v2's `cpu.max` ("max" or
+    "QUOTA PERIOD"), or v1's `cpu.cfs_quota_us` (-1: none) over `cpu.cfs_period_us`. Inside a
+    container the path that /proc/self/cgroup names may not exist under the mount (the container's
+    cgroup is mounted as the root): the folders on the way up that do exist are read, the root
+    last, which is where the container's own limit is.
+    """
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:  # not Linux
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # the v2 hierarchy; /unified beside v1 controllers in hybrid mode
+            unified = (CGROUP_ROOT / "cgroup.controllers").exists()
+            base, read = (CGROUP_ROOT if unified else CGROUP_ROOT / "unified"), _v2_quota
+        elif "cpu" in controllers.split(","):
+            base, read = CGROUP_ROOT / controllers, _v1_quota
+        else:
+            continue
+        limits += [q for folder in _up_from(base, path) if (q := _read(read, folder)) is not None]
+    return min(limits, default=None)
+
+
+def _up_from(base: Path, path: str) -> Iterator[Path]:
+    folder = base / path.lstrip("/")
+    while folder != base and base in folder.parents:
+        yield folder
+        folder = folder.parent
+    yield base
+
+
+def _read(read: Callable[[Path], float | None], folder: Path) -> float | None:
+    try:
+        return read(folder)
+    except (OSError, ValueError):  # no such folder or file, or a format we do not know
+        return None
+
+
+def _v2_quota(folder: Path) -> float | None:
+    quota, period = (folder / "cpu.max").read_text().split()
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_quota(folder: Path) -> float | None:
+    quota = int((folder / "cpu.cfs_quota_us").read_text())
+    return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
