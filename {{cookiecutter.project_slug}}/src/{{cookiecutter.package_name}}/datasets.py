@@ -316,9 +316,12 @@ class ImageFolderDataset(Dataset):
     def path(self, index: int) -> str:
         return os.path.join(self.root, os.fsdecode(self.paths[index]))
 
+    def read(self, index: int) -> torch.Tensor:
+        """Image `index` as decoded for this dataset, before the transform."""
+        return read_image(self.path(index), self.min_size, self.approximate_decode)
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = read_image(self.path(index), self.min_size, self.approximate_decode)
-        image = self.transform(image)
+        image = self.transform(self.read(index))
         label = index if self.targets is None else int(self.targets[index])
         return image, label
 

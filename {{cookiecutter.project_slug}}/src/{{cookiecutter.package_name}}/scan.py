@@ -19,7 +19,6 @@ from tqdm import tqdm
 
 from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import read_image
 
 _BATCH = 16  # images per worker task: few enough for a smooth progress bar, enough to amortise IPC
 
@@ -27,23 +26,22 @@ _BATCH = 16  # images per worker task: few enough for a smooth progress bar, eno
 class _ReadCheck(Dataset):
     """Item i is "" when image i of `datasets` (in order) decodes, else the error message.
 
-    Each image is read as its dataset reads it (`read_image` at the dataset's `min_size`, exact or
-    approximate): a large JPEG at a DCT-reduced size, which scanned 4000x3000 photos about twice as
-    fast as a full decode (BENCHMARKS.md). Every byte of the file is still decoded, so a truncated
-    or damaged file is found either way.
+    Each image is read as its dataset reads it (`ImageFolderDataset.read`): a large JPEG at a
+    DCT-reduced size, which scanned 4000x3000 photos about twice as fast as a full decode
+    (BENCHMARKS.md). Every byte of the file is still decoded, so a truncated or damaged file is
+    found either way.
     """
 
     def __init__(self, datasets: Sequence[ImageFolderDataset]) -> None:
-        self.files = [
-            (d.path(i), d.min_size, d.approximate_decode) for d in datasets for i in range(len(d))
-        ]
+        self.images = [(dataset, i) for dataset in datasets for i in range(len(dataset))]
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.images)
 
     def __getitem__(self, index: int) -> str:
+        dataset, i = self.images[index]
         try:
-            read_image(*self.files[index])
+            dataset.read(i)
         except DataError as err:
             return str(err)
         return ""
