@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     data = importlib.import_module(f"{args.package}.data")
-    bench = importlib.import_module(f"{args.package}.bench")
+    bench = importlib.import_module(f"{args.package}.commands.bench")
 
     def module(cache: str):
         return data.ImageDataModule(

@@ -40,10 +40,16 @@ CORE_FILES = {
     "Makefile",
     "README.md",
     "pyproject.toml",
+    "ARCHITECTURE.md",
     "src/{package}/__init__.py",
     "src/{package}/__main__.py",
-    "src/{package}/data.py",
-    "src/{package}/model.py",
+    "src/{package}/data/__init__.py",
+    "src/{package}/data/datamodule.py",
+    "src/{package}/model/__init__.py",
+    "src/{package}/model/classifier.py",
+    "src/{package}/training/__init__.py",
+    "src/{package}/commands/__init__.py",
+    "src/{package}/commands/cli.py",
     "tests/conftest.py",
 }
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.bench import Result, main, recommend
+from {{ cookiecutter.package_name }}.commands.bench import Result, main, recommend
 
 
 def test_bench_reports_baseline_loader_and_cache(image_root: Path, tmp_path: Path, capsys) -> None:

@@ -13,11 +13,13 @@ import pytest
 import torch
 from conftest import CLASSES, write_image
 
-from {{ cookiecutter.package_name }}.cache import RandomCropFlip, _write, cached, stored_size
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset, make_dataset
+from {{ cookiecutter.package_name }}.data.cache import _write, cached, stored_size
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.index import make_dataset
+from {{ cookiecutter.package_name }}.data.transforms import RandomCropFlip, eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import eval_transform, read_image
 
 
 def folder_dataset(root: Path, image_size: int = 16) -> ImageFolderDataset:

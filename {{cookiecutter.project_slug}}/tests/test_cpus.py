@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }} import cpus
-from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ import pytest
 from conftest import write_image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.datasets import (
-    ImageFolderDataset,
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.index import (
     classes_from_labels,
     encode_labels,
     read_labels_csv,
 )
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import eval_transform
 
 
 @pytest.fixture

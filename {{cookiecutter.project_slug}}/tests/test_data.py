@@ -17,10 +17,10 @@ from conftest import CLASSES, write_corrupt, write_image
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
-from {{ cookiecutter.package_name }} import scan
+from {{ cookiecutter.package_name }}.commands import scan
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import read_image
 
 
 def test_classes_come_from_the_folders(image_root: Path) -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.export import export_checkpoint
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 
 # Run in a fresh interpreter that cannot import the project: only torch and the files.

@@ -14,9 +14,10 @@ import torch
 from conftest import write_corrupt
 from PIL import Image
 
-from {{ cookiecutter.package_name }} import images
+from {{ cookiecutter.package_name }}.data import images
+from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.transforms import RandomResizedCropFlip
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import read_image
 
 RED = (200, 30, 60)
 
@@ -348,7 +349,7 @@ def test_png_is_never_reduced(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scale", [(0.6, 1.0), (0.08, 1.0), (0.35, 1.0)])
 def test_min_source_size_keeps_every_crop_at_least_the_output_size(scale) -> None:
-    crop = images.RandomResizedCropFlip(224, scale)
+    crop = RandomResizedCropFlip(224, scale)
     short = crop.min_source_size()
     for height, width in ((short, short * 4 // 3), (short * 4 // 3, short), (short, short)):
         boxes = [crop.crop_box(height, width) for _ in range(2000)]

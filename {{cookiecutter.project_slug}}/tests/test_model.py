@@ -13,7 +13,7 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.reports import per_class_table, save_confusion_png
+from {{ cookiecutter.package_name }}.model.reports import per_class_table, save_confusion_png
 
 
 def test_forward_gives_one_logit_per_class() -> None:

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.__main__ import main
-from {{ cookiecutter.package_name }}.monitor import DataStarvationMonitor
+from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 
 
 class SlowItems(Dataset):
@@ -71,7 +71,7 @@ def test_a_starved_loop_is_measured_and_warned_about_once(tmp_path) -> None:
     advice = [str(w.message) for w in record if "waited for data" in str(w.message)]
     assert len(advice) == 1  # two starved epochs, one warning
     assert "Raise --data.num_workers from 0 to" in advice[0]
-    assert ".bench` and the same --data options" in advice[0]
+    assert " bench` and the same --data options" in advice[0]
 
 
 def test_a_busy_step_is_not_starved(tmp_path) -> None:

@@ -1,19 +1,16 @@
-"""Lazy image datasets: an index of paths and labels in numpy arrays, images decoded per item."""
+"""The index of a dataset: class folders and labels CSVs as numpy arrays of paths and labels."""
 
 from __future__ import annotations
 
 import csv
 import io
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
+from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import IMG_EXTENSIONS, read_image
 
 _SHOWN = 5  # how many offending rows an error message lists
 # Folders that archivers and operating systems leave beside the data; never classes.
@@ -255,6 +252,17 @@ def find_missing(table: LabelsTable, root: Path) -> None:
         )
 
 
+def write_split(path: Path, paths: np.ndarray, targets: np.ndarray, class_names: list[str]) -> Path:
+    """Write `filename,label` rows of an index to `path`, so that a split can be audited."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(["filename", "label"])
+        for name, label in zip(paths, targets.tolist(), strict=True):
+            writer.writerow([os.fsdecode(name), class_names[label]])
+    return path
+
+
 def _as_int(value: str) -> int | None:
     try:
         return int(value)
@@ -278,63 +286,3 @@ def check_file(path: Path, option: str) -> None:
         raise DataError(f"--{option} {path} does not exist")
     if not path.is_file():
         raise DataError(f"--{option} {path} is not a file")
-
-
-class ImageFolderDataset(Dataset):
-    """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
-
-    Paths and targets are numpy arrays, not Python lists: forked workers then share them instead of
-    copying them page by page as reference counts change (pytorch/pytorch#13246). Nothing is opened
-    before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
-
-    Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
-    `min_size` and `approximate_decode` are `read_image`'s `min_size` and `approximate`.
-    """
-
-    def __init__(
-        self,
-        root: Path,
-        paths: np.ndarray,
-        targets: np.ndarray | None,
-        transform: Callable[[torch.Tensor], torch.Tensor],
-        classes: list[str] | None = None,
-        min_size: int | None = None,
-        approximate_decode: bool = False,
-    ) -> None:
-        self.root = Path(root)
-        self.paths = paths
-        self.targets = targets
-        self.transform = transform
-        self.classes = classes or []
-        self.min_size = min_size
-        self.approximate_decode = approximate_decode
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def path(self, index: int) -> str:
-        return os.path.join(self.root, os.fsdecode(self.paths[index]))
-
-    def read(self, index: int) -> torch.Tensor:
-        """Image `index` as decoded for this dataset, before the transform."""
-        return read_image(self.path(index), self.min_size, self.approximate_decode)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.transform(self.read(index))
-        label = index if self.targets is None else int(self.targets[index])
-        return image, label
-
-    def subset(self, keep: np.ndarray) -> ImageFolderDataset:
-        """The same dataset restricted to the items where the boolean mask `keep` is true."""
-        targets = None if self.targets is None else self.targets[keep]
-        paths = self.paths[keep]
-        return ImageFolderDataset(
-            self.root,
-            paths,
-            targets,
-            self.transform,
-            self.classes,
-            self.min_size,
-            self.approximate_decode,
-        )

@@ -7,7 +7,7 @@ import time
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
-from {{ cookiecutter.package_name }}.cpus import auto_num_workers
+from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 
 
 class DataStarvationMonitor(L.Callback):
@@ -102,10 +102,10 @@ class DataStarvationMonitor(L.Callback):
                 "- Turn on --data.cache memmap: every image is decoded once, later epochs read "
                 "pre-decoded pixels."
             )
-        package = __name__.rsplit(".", 1)[0]
+        package = __name__.split(".")[0]
         lines.append(
             f"- Measure the loader ceiling and the best num_workers with "
-            f"`python -m {package}.bench` and the same --data options."
+            f"`python -m {package} bench` and the same --data options."
         )
         return "\n".join(lines)
 

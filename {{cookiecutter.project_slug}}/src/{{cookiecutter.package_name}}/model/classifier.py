@@ -14,8 +14,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from {{ cookiecutter.package_name }}.networks import COMPACT, build_network
-from {{ cookiecutter.package_name }}.reports import per_class_table, save_confusion_png
+from {{ cookiecutter.package_name }}.model.networks import COMPACT, build_network
+from {{ cookiecutter.package_name }}.model.reports import per_class_table, save_confusion_png
 
 
 class ImageClassifier(L.LightningModule):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -39,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from {{ cookiecutter.package_name }}.cpus import usable_cpus
-from {{ cookiecutter.package_name }}.datasets import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.transforms import RandomCropFlip
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.images import read_image
 
 try:  # POSIX; elsewhere two processes may both build, and the atomic rename keeps one result
     import fcntl
@@ -86,31 +86,6 @@ class PixelCache:
         offset, height, width = (int(v) for v in self.index[position])
         flat = self._pixels[offset : offset + height * width * 3]
         return torch.from_numpy(flat).view(3, height, width)
-
-
-class RandomCropFlip:
-    """A random `size` x `size` crop and (with `hflip`) a random horizontal flip: cached training
-    augmentation.
-
-    Returns a view where it can (collation copies it anyway); images stored smaller than `size`
-    (small originals are never enlarged in the cache) are enlarged here first.
-    """
-
-    def __init__(self, size: int, hflip: bool = True) -> None:
-        self.size = size
-        self.hflip = hflip
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        height, width = image.shape[-2:]
-        if min(height, width) < self.size:
-            scale = self.size / min(height, width)
-            shape = (max(self.size, round(height * scale)), max(self.size, round(width * scale)))
-            image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
-            height, width = shape
-        top = random.randint(0, height - self.size)
-        left = random.randint(0, width - self.size)
-        crop = image[:, top : top + self.size, left : left + self.size]
-        return crop.flip(-1) if self.hflip and random.random() < 0.5 else crop
 
 
 class MemmapImageDataset(ImageFolderDataset):

@@ -1,19 +1,16 @@
-"""Reading image files into uint8 RGB tensors, and the uint8 transforms run in the Dataset."""
+"""Reading image files into uint8 RGB tensors: which decoder reads which file, and why."""
 
 from __future__ import annotations
 
 import io
 import math
 import os
-import random
 import struct
 import warnings
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
-from torchvision.transforms import v2
 
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -229,79 +226,3 @@ def _decode_with_pil(data: bytearray) -> torch.Tensor:
             image = image.convert("RGBA")
         rgb = np.asarray(image.convert("RGB")).copy()
         return torch.from_numpy(rgb).permute(2, 0, 1)
-
-
-def train_transform(
-    image_size: int, scale: tuple[float, float] = (0.6, 1.0), hflip: bool = False
-) -> RandomResizedCropFlip:
-    """Random resized crop and (with `hflip`) horizontal flip on uint8 tensors."""
-    return RandomResizedCropFlip(image_size, scale, hflip=hflip)
-
-
-class RandomResizedCropFlip:
-    """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)` then `v2.RandomHorizontalFlip()`.
-
-    The same sampling as torchvision's, written out because the v2 pipeline's per-call overhead
-    (pytree flattening, tensor-valued parameters) costs more than the resize itself: on a 256x341
-    uint8 image, 1.2 ms per call for the v2 pair against 0.46 ms here, with the same antialiased
-    resize kernel (2 CPUs, one thread each; benchmarks/BENCHMARKS.md). Draws from Python's
-    `random`, which the DataLoader seeds differently in every worker.
-    """
-
-    def __init__(
-        self,
-        size: int,
-        scale: tuple[float, float] = (0.35, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        hflip: bool = True,
-    ) -> None:
-        self.size = size
-        self.hflip = hflip
-        self.scale = scale
-        self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-        self.ratio = ratio
-
-    def min_source_size(self) -> int:
-        """The short side a source image needs so that no crop is enlarged.
-
-        The smallest crop keeps `scale[0]` of the area at the most extreme aspect ratio, so its
-        short side is at least `sqrt(scale[0] * min(ratio[0], 1 / ratio[1]))` of the image's
-        short side. Large JPEGs are decoded at a reduced size down to this, not below.
-        """
-        narrowest = min(self.ratio[0], 1 / self.ratio[1], 1.0)
-        return math.ceil(self.size / math.sqrt(self.scale[0] * narrowest))
-
-    def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """(top, left, height, width) of a random crop, as `v2.RandomResizedCrop.make_params`."""
-        area = height * width
-        for _ in range(10):
-            target = area * random.uniform(*self.scale)
-            aspect = math.exp(random.uniform(*self.log_ratio))
-            w = round(math.sqrt(target * aspect))
-            h = round(math.sqrt(target / aspect))
-            if 0 < w <= width and 0 < h <= height:
-                return random.randint(0, height - h), random.randint(0, width - w), h, w
-        # Fallback, as torchvision: the whole image, clamped to the allowed aspect ratios.
-        aspect = width / height
-        if aspect < self.ratio[0]:
-            w, h = width, round(width / self.ratio[0])
-        elif aspect > self.ratio[1]:
-            h, w = height, round(height * self.ratio[1])
-        else:
-            w, h = width, height
-        return (height - h) // 2, (width - w) // 2, h, w
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        top, left, h, w = self.crop_box(image.shape[-2], image.shape[-1])
-        crop = image[..., top : top + h, left : left + w].unsqueeze(0)
-        out = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True)
-        out = out[0]
-        if self.hflip and random.random() < 0.5:
-            out = out.flip(-1)
-        # Contiguous (C, H, W): collation then copies each image with one memcpy.
-        return out.contiguous()
-
-
-def eval_transform(image_size: int) -> v2.Transform:
-    """Deterministic resize of the short side and center crop, for validation, test and predict."""
-    return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 
 
 class ExportedClassifier(nn.Module):

@@ -1,0 +1,15 @@
+"""The commands of `python -m {{ cookiecutter.package_name }} <command>`, each a thin `main()` over the library.
+
+`COMMANDS` maps each name to the module that runs it and one line of help; `__main__` dispatches.
+"""
+
+# name -> (module under commands/, one line for `--help`)
+COMMANDS = {
+    "fit": ("cli", "train a model (resume with --ckpt_path last.ckpt)"),
+    "validate": ("cli", "score a checkpoint on the validation images"),
+    "test": ("cli", "score a checkpoint on held-out test images"),
+    "predict": ("cli", "write the predicted class of every image of a folder to CSV"),
+    "export": ("export", "write a checkpoint as a file plain PyTorch loads (uint8 in, logits out)"),
+    "scan": ("scan", "list the images of a dataset that cannot be read"),
+    "bench": ("bench", "time the data loader against a naive baseline, per num_workers"),
+}

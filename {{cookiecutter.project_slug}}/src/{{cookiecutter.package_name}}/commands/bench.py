@@ -1,0 +1,232 @@
+"""Data-loading benchmark: `python -m {{ cookiecutter.package_name }} bench [--data.* options as for fit]`.
+
+Times the training loader on your files against the naive pipeline most tutorials teach, in the
+same run and on the same files, for a sweep of `num_workers`; prints images/s of model-ready batches
+(uint8 batches normalised by `on_after_batch_transfer`, on the device when there is one), the
+ratios, the loader workers' memory, and the `num_workers` to use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from jsonargparse import ArgumentParser
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
+
+from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.errors import DataError
+
+
+class NaiveDataset(Dataset):
+    """The tutorial pipeline, as the baseline: a dict of file -> label, PIL, float transforms."""
+
+    def __init__(self, dataset: ImageFolderDataset, image_size: int, mean, std) -> None:
+        self.labels = {dataset.path(i): int(dataset.targets[i]) for i in range(len(dataset))}
+        self.transform = transforms.Compose(
+            [
+                transforms.Resize((image_size, image_size)),
+                transforms.ToTensor(),
+                transforms.Normalize(mean, std),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path = list(self.labels.keys())[index]  # what the tutorials do: O(N) per item
+        image = Image.open(path).convert("RGB")
+        return self.transform(image), self.labels[path]
+
+
+@dataclass
+class Result:
+    pipeline: str
+    num_workers: int
+    images_per_s: float  # median over the timed epochs
+    epochs_images_per_s: list[float]
+    worker_mib: float | None  # private (dirty) memory of all workers together
+
+
+def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) -> Result:
+    """Images/s of each epoch of `loader`, batches made model-ready by `prepare` on `device`."""
+    rates = []
+    memory = None
+    for epoch in range(epochs):
+        count = 0
+        start = time.perf_counter()
+        iterator = iter(loader)
+        for step, batch in enumerate(iterator):
+            images, targets = batch[0].to(device, non_blocking=True), batch[1].to(device)
+            images = prepare((images, targets))[0]
+            count += images.shape[0]
+            if epoch == epochs - 1 and step == 2:
+                memory = _workers_pss_mib(iterator)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rates.append(count / (time.perf_counter() - start))
+        del iterator
+    # The first epoch starts the workers and warms the page cache; it is timed only when alone.
+    timed = rates[1:] if len(rates) > 1 else rates
+    return Result("", loader.num_workers, statistics.median(timed), rates, memory)
+
+
+def _workers_pss_mib(iterator) -> float | None:
+    """Memory private to the loader workers, summed: what `num_workers` multiplies."""
+    total = 0
+    for worker in getattr(iterator, "_workers", []):
+        try:
+            with open(f"/proc/{worker.pid}/smaps_rollup") as file:
+                for line in file:
+                    # Pages this worker alone has written: its own growth (copy-on-read of Python
+                    # objects shows here), not what it shares with the main process or the cache.
+                    if line.startswith("Private_Dirty:"):
+                        total += int(line.split()[1])
+        except OSError:  # not Linux, or a worker already gone
+            return None
+    return total / 1024 if total else None
+
+
+def default_workers() -> list[int]:
+    """1, 2, 4, ... up to the usable CPUs, and the CPU count itself."""
+    cpus = usable_cpus()
+    counts = {cpus}
+    n = 1
+    while n < cpus:
+        counts.add(n)
+        n *= 2
+    return sorted(counts)
+
+
+def run(data: dict, workers: list[int], epochs: int, device: torch.device) -> list[Result]:
+    """The naive baseline, the loader without the cache and (if configured) with it.
+
+    `data` holds `ImageDataModule` arguments, as `--data.*` gives them to `fit`.
+    """
+    if data.get("cache") == "memmap":
+        pipelines = [("naive", None), ("decode", "none"), ("memmap", "memmap")]
+    else:
+        pipelines = [("naive", None), ("decode", "none")]
+    modules = {}
+    for name, cache in pipelines:
+        if cache is None:
+            continue
+        start = time.perf_counter()
+        module = ImageDataModule(**{**data, "cache": cache})
+        module.setup("fit")
+        modules[name] = module
+        print(f"setup ({name}): {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    cold = modules["decode"]
+    naive = NaiveDataset(cold.train_dataset, cold.image_size, cold.mean, cold.std)
+    batch_size = cold.batch_size
+    results = []
+    for count in workers:
+        for name, _ in pipelines:
+            if name == "naive":
+                drop_last = len(naive) > batch_size
+                loader = DataLoader(
+                    naive, batch_size, shuffle=True, num_workers=count, drop_last=drop_last
+                )
+                result = time_loader(loader, epochs, _identity, device)
+            else:
+                module = modules[name]
+                module.num_workers = count
+                loader = module.train_dataloader()
+                result = time_loader(loader, epochs, _prepare(module), device)
+            result.pipeline = name
+            results.append(result)
+            print(_row(result, results), file=sys.stderr)
+            del loader
+    return results
+
+
+def _identity(batch):
+    return batch
+
+
+def _prepare(module: ImageDataModule):
+    return lambda batch: module.on_after_batch_transfer(batch, 0)
+
+
+def recommend(results: list[Result], pipeline: str) -> int:
+    """The fewest workers within 5% of the best throughput of `pipeline`."""
+    rows = [r for r in results if r.pipeline == pipeline]
+    best = max(r.images_per_s for r in rows)
+    return min(r.num_workers for r in rows if r.images_per_s >= 0.95 * best)
+
+
+def _baseline(results: list[Result], count: int) -> float:
+    return next(r.images_per_s for r in results if r.pipeline == "naive" and r.num_workers == count)
+
+
+def _row(result: Result, results: list[Result]) -> str:
+    ratio = result.images_per_s / _baseline(results, result.num_workers)
+    memory = "n/a" if result.worker_mib is None else f"{result.worker_mib:.0f}"
+    epochs = " ".join(f"{r:.0f}" for r in result.epochs_images_per_s)
+    return (
+        f"| {result.pipeline:7s} | {result.num_workers:7d} | {result.images_per_s:8.0f} "
+        f"| {ratio:5.2f}x | {memory:>10s} | {epochs} |"
+    )
+
+
+def report(results: list[Result], pipeline: str) -> str:
+    lines = [
+        "| loader  | workers | images/s | vs naive | worker MiB | per epoch |",
+        "|---------|---------|----------|----------|------------|-----------|",
+    ]
+    lines += [_row(r, results) for r in results]
+    best = recommend(results, pipeline)
+    lines.append(
+        f"\nrecommended: --data.num_workers {best} (fewest workers within 5% of the best "
+        f"'{pipeline}' throughput)"
+    )
+    return "\n".join(lines)
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = ArgumentParser(
+        prog="python -m {{ cookiecutter.package_name }} bench", description=__doc__.splitlines()[0]
+    )
+    parser.add_class_arguments(ImageDataModule, "data")
+    parser.add_argument(
+        "--workers",
+        type=list[int] | None,
+        default=None,
+        help="num_workers to try (default: 1, 2, 4, ... up to the usable CPUs)",
+    )
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per measurement")
+    parser.add_argument("--device", type=str, default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--json", type=Path | None, default=None, help="also write results here")
+    cfg = parser.parse_args(args)
+    data = cfg.data.as_dict()
+    try:
+        device_name = cfg.device
+        if device_name == "auto":
+            device_name = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device_name)
+        workers = cfg.workers or default_workers()
+        results = run(data, workers, max(1, cfg.epochs), device)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    pipeline = "memmap" if data.get("cache") == "memmap" else "decode"
+    print(
+        f"{data.get('root') or 'demo data'}: images at {data['image_size']}px, batch "
+        f"{data['batch_size']}, device {device}, {usable_cpus()} usable CPUs (os.cpu_count "
+        f"{os.cpu_count()}); images/s: median of epochs 2..{cfg.epochs}; worker MiB: memory "
+        "private to the loader workers, summed"
+    )
+    print(report(results, pipeline))
+    if cfg.json is not None:
+        cfg.json.write_text(json.dumps([asdict(r) for r in results], indent=2))

@@ -1,0 +1,69 @@
+"""Decode every image of a dataset once, in parallel, and list those that cannot be read.
+
+    python -m {{ cookiecutter.package_name }} scan --data.root DIR ...
+
+takes the same `--data.*` options as training (also from the `data:` section of a `--config FILE`),
+prints each unreadable file with the reason, one per line, and exits with code 1 if there is any
+(0 if all are readable, 2 for an error in the options or the data).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.scan import find_unreadable
+from {{ cookiecutter.package_name }}.errors import DataError
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="python -m {{ cookiecutter.package_name }} scan", description=__doc__.splitlines()[0]
+    )
+    parser.add_class_arguments(ImageDataModule, "data", skip={"skip_bad_images"})
+    args = sys.argv[1:] if args is None else list(args)
+    try:
+        args = _with_config_defaults(parser, args)
+    except (OSError, yaml.YAMLError) as err:
+        print(f"error: --config: {err}", file=sys.stderr)
+        return 2
+    config = parser.parse_args(args)
+    try:
+        datamodule = ImageDataModule(**config.data.as_dict())
+        datamodule.setup("fit")
+        datasets = [datamodule.train_dataset, datamodule.val_dataset]
+        if datamodule.predict_root is not None:
+            datamodule.setup("predict")
+            datasets.append(datamodule.predict_dataset)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    bad = find_unreadable(datasets, datamodule.resolve_num_workers(), progress=True)
+    for _, message in bad:
+        print(message)
+    total = sum(len(dataset) for dataset in datasets)
+    print(f"scanned {total} images: {len(bad)} unreadable", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _with_config_defaults(parser: ArgumentParser, args: list[str]) -> list[str]:
+    """Take the `data:` section of a `--config FILE` (a training config) as defaults.
+
+    Only that section: the `trainer:` and `model:` sections of the same file mean nothing here.
+    """
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            config_file, rest = args[i + 1], args[:i] + args[i + 2 :]
+        elif arg.startswith("--config="):
+            config_file, rest = arg.split("=", 1)[1], args[:i] + args[i + 1 :]
+        else:
+            continue
+        with open(config_file, encoding="utf-8") as file:
+            data = (yaml.safe_load(file) or {}).get("data") or {}
+        data.pop("skip_bad_images", None)
+        parser.set_defaults({f"data.{key}": value for key, value in data.items()})
+        return _with_config_defaults(parser, rest)
+    return args

@@ -1,0 +1,17 @@
+"""The data side: image files on disk to normalised batches on the device.
+
+datamodule: options and composition; sources: folders, labels CSV and splits; index: the numpy index
+of files and labels; dataset: the lazy Dataset; images: decoding; transforms: uint8 crops; cache:
+pre-decoded pixels; scan: unreadable files; loaders: DataLoader settings; normalize: uint8 to
+normalised float; cpus: worker arithmetic; demo: the generated demo set.
+"""
+
+
+def __getattr__(name: str):
+    # `from <package>.data import ImageDataModule` keeps working; imported on first use only, so
+    # that reading an image (`data.images`) does not import Lightning.
+    if name == "ImageDataModule":
+        from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+
+        return ImageDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

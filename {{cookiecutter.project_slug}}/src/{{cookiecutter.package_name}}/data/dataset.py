@@ -1,0 +1,73 @@
+"""ImageFolderDataset: the lazy Dataset over an index of files, each image decoded per item."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from {{ cookiecutter.package_name }}.data.images import read_image
+
+
+class ImageFolderDataset(Dataset):
+    """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
+
+    Paths and targets are numpy arrays, not Python lists: forked workers then share them instead of
+    copying them page by page as reference counts change (pytorch/pytorch#13246). Nothing is opened
+    before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
+
+    Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
+    `min_size` and `approximate_decode` are `read_image`'s `min_size` and `approximate`.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        paths: np.ndarray,
+        targets: np.ndarray | None,
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        classes: list[str] | None = None,
+        min_size: int | None = None,
+        approximate_decode: bool = False,
+    ) -> None:
+        self.root = Path(root)
+        self.paths = paths
+        self.targets = targets
+        self.transform = transform
+        self.classes = classes or []
+        self.min_size = min_size
+        self.approximate_decode = approximate_decode
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def path(self, index: int) -> str:
+        return os.path.join(self.root, os.fsdecode(self.paths[index]))
+
+    def read(self, index: int) -> torch.Tensor:
+        """Image `index` as decoded for this dataset, before the transform."""
+        return read_image(self.path(index), self.min_size, self.approximate_decode)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.transform(self.read(index))
+        label = index if self.targets is None else int(self.targets[index])
+        return image, label
+
+    def subset(self, keep: np.ndarray) -> ImageFolderDataset:
+        """The same dataset restricted to the items where the boolean mask `keep` is true."""
+        targets = None if self.targets is None else self.targets[keep]
+        paths = self.paths[keep]
+        return ImageFolderDataset(
+            self.root,
+            paths,
+            targets,
+            self.transform,
+            self.classes,
+            self.min_size,
+            self.approximate_decode,
+        )

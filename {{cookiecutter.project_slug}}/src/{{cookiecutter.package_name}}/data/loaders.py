@@ -1,0 +1,54 @@
+"""DataLoader settings: shuffling for training only, balanced sampling, workers, pinned memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    num_workers: int,
+    pin_memory: bool,
+    train: bool = False,
+    balance_classes: tuple[np.ndarray, int, int] | None = None,
+) -> DataLoader:
+    """A loader of uint8 batches: shuffled (or class-balanced) with `train`, in order without.
+
+    Args:
+        pin_memory: page-locked batches, for a fast copy to a CUDA device (wasted elsewhere).
+        balance_classes: (targets, number of classes, seed) to draw training images with a
+            weighted sampler, each class equally often.
+    """
+    # Dropping the last partial training batch keeps BatchNorm away from tiny batches; shuffling
+    # means every image is still seen, just not in every epoch.
+    drop_last = train and len(dataset) > batch_size
+    sampler = None
+    if train and balance_classes is not None:
+        # Under DDP Lightning wraps this sampler in a DistributedSamplerWrapper: every rank draws
+        # the same sequence (same generator seed) and keeps its own share of it.
+        targets, num_classes, seed = balance_classes
+        sampler = WeightedRandomSampler(
+            balanced_weights(targets, num_classes),
+            num_samples=len(dataset),
+            replacement=True,
+            generator=torch.Generator().manual_seed(seed),
+        )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train and sampler is None,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:
+    """Per-item sampling weights that make every present class equally likely."""
+    counts = np.bincount(targets, minlength=num_classes)
+    return torch.from_numpy(1.0 / counts[targets])
