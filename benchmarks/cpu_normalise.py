@@ -2,10 +2,11 @@
 
     PYTHONPATH=<bake>/src python benchmarks/cpu_normalise.py <package> <image root> [--rounds 6]
 
-One process, one `ImageDataModule(cache="memmap", num_workers=2)` loader; epochs alternate
-between the DataModule's own `on_after_batch_transfer` (floats written into recycled buffers) and
-the same image-by-image multiply-add into a fresh `torch.empty` batch (the template before the
-buffers), so that both see the same machine minutes and the same heap. Like a training loop, the
+One process, one `ImageDataModule(cache="memmap", num_workers=2)` loader; epochs rotate between
+the bake's `BatchNormalizer` (`data/normalize.py`: one thread, image by image, floats written into
+recycled buffers), the same image-by-image multiply-add into a fresh `torch.empty` batch (the
+simpler form, without the buffers), and the plainest form, one whole-batch multiply-add on torch's
+default threads, so that all see the same machine minutes and the same heap. Like a training loop, the
 previous batch stays referenced while the next one is made. Prints the median images/s, the main
 process's CPU time and page faults per batch.
 """
@@ -28,7 +29,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--cache-dir", default="build/bench/cache")
     args = parser.parse_args()
-    data = importlib.import_module(f"{args.package}.data")
+    data = importlib.import_module(f"{args.package}.data.datamodule")
     dm = data.ImageDataModule(
         root=args.root,
         image_size=224,
@@ -39,7 +40,8 @@ def main() -> None:
         val_fraction=0.2,
     )
     dm.setup("fit")
-    scale, bias = dm._normalizer(torch.device("cpu"))
+    normalizer = dm.normalizer
+    scale, bias = normalizer.constants(torch.device("cpu"))
 
     def fresh(batch):
         threads = torch.get_num_threads()
@@ -54,14 +56,18 @@ def main() -> None:
             torch.set_num_threads(threads)
 
     def recycled(batch):
-        return dm.on_after_batch_transfer(batch, 0)
+        return (normalizer(batch[0]), *batch[1:])
+
+    def plain(batch):
+        return (batch[0].float().mul_(scale).add_(bias), *batch[1:])
 
     loader = dm.train_dataloader()
     for batch in loader:  # start the workers, fill the page cache
         recycled(batch)
-    results: dict[str, list[tuple[float, float, float]]] = {"recycled": [], "fresh": []}
+    variants = {"recycled": recycled, "fresh": fresh, "plain": plain}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
     for _ in range(args.rounds):
-        for name, prepare in (("recycled", recycled), ("fresh", fresh)):
+        for name, prepare in variants.items():
             images, kept = 0, None
             before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             for batch in loader:

@@ -56,3 +56,55 @@ def test_missing_data_root_exits_2_with_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "nowhere does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert listed == ["fit", "validate", "test", "predict", "export", "scan", "bench"]
+
+
+def test_each_command_has_its_own_help(tmp_path: Path) -> None:
+    for command, option in [
+        ("fit", "--data.root"),
+        ("predict", "--data.predict_root"),
+        ("export", "--ckpt_path"),
+        ("scan", "--data.root"),
+        ("bench", "--workers"),
+    ]:
+        result = run_cli(command, "--help", cwd=tmp_path)
+        assert result.returncode == 0, (command, result.stderr)
+        assert option in result.stdout, command
+
+
+def test_unknown_command_is_named_with_the_list(tmp_path: Path) -> None:
+    result = run_cli("trian", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown command 'trian'" in result.stderr and "  fit " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_old_module_spellings_still_run(image_root: Path, tmp_path: Path) -> None:
+    # `python -m <pkg>.scan` and `.bench` were the commands before `python -m <pkg> <command>`.
+    for module in ("scan", "bench"):
+        result = subprocess.run(
+            [sys.executable, "-W", "error::RuntimeWarning"]
+            + ["-m", f"{{ cookiecutter.package_name }}.{module}", "--help"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "--data.root" in result.stdout
+    scan = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}.scan"] + tiny_run_options(image_root),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert scan.returncode == 0, scan.stderr
+    assert "scanned 24 images: 0 unreadable" in scan.stderr
+    assert "RuntimeWarning" not in scan.stderr

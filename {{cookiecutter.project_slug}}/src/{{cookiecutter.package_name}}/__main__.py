@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from {{ cookiecutter.package_name }}.commands import COMMANDS
+from {{ cookiecutter.package_name }}.errors import DataError
 
 USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]   (<command> --help for its options)"
 
@@ -35,7 +36,11 @@ def main(args: list[str] | None = None) -> None:
         print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         sys.exit(2)
     command = importlib.import_module(f"{{ cookiecutter.package_name }}.commands.{module}")
-    code = command.main(argv if module == "cli" else argv[1:])
+    try:
+        code = command.main(argv if module == "cli" else argv[1:])
+    except DataError as err:  # bad input: one line, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     if code:
         sys.exit(code)
 
