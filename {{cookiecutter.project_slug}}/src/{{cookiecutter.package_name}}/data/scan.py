@@ -6,12 +6,17 @@ them).
 
 from __future__ import annotations
 
+import faulthandler
+import multiprocessing
 import os
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
@@ -22,13 +27,12 @@ _BATCH = 16  # images per worker task: few enough for a smooth progress bar, eno
 _SHOWN = 20  # how many skipped files the warning lists
 
 
-class _ReadCheck(Dataset):
-    """Item i is "" when image i of `datasets` (in order) decodes, else the error message.
+class _ReadCheck:
+    """Image i of `datasets` (numbered one after the other), read as its dataset reads it.
 
-    Each image is read as its dataset reads it (`ImageFolderDataset.read`): a large JPEG at a
-    DCT-reduced size, which scanned 4000x3000 photos about twice as fast as a full decode
-    (BENCHMARKS.md). Every byte of the file is still decoded, so a truncated or damaged file is
-    found either way.
+    `ImageFolderDataset.read` decodes a large JPEG at a DCT-reduced size, which scanned 4000x3000
+    photos about twice as fast as a full decode (BENCHMARKS.md). Every byte of the file is still
+    decoded, so a truncated or damaged file is found either way.
     """
 
     def __init__(self, datasets: Sequence[ImageFolderDataset]) -> None:
@@ -40,17 +44,42 @@ class _ReadCheck(Dataset):
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def __getitem__(self, index: int) -> str:
+    def _locate(self, index: int) -> tuple[ImageFolderDataset, int]:
         which = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return self.datasets[which], index - int(self.starts[which])
+
+    def path(self, index: int) -> str:
+        dataset, i = self._locate(index)
+        return dataset.path(i)
+
+    def message(self, index: int) -> str:
+        """ "" when image `index` decodes, else the error naming the file."""
+        dataset, i = self._locate(index)
         try:
-            self.datasets[which].read(index - int(self.starts[which]))
+            dataset.read(i)
         except DataError as err:
             return str(err)
         return ""
 
 
-def _as_list(batch: list[str]) -> list[str]:
-    return batch
+# The check run by the worker processes, set once per process by `_start_worker`.
+_CHECK: _ReadCheck | None = None
+
+
+def _start_worker(check: _ReadCheck) -> None:
+    global _CHECK
+    _CHECK = check
+    torch.set_num_threads(1)  # as in DataLoader workers: the processes share the CPUs
+    faulthandler.disable()  # a crash is reported as a line naming the file, not a stack dump
+
+
+def _check_range(start: int, stop: int) -> list[str]:
+    return [_CHECK.message(i) for i in range(start, stop)]
+
+
+def _check_range_to(pipe, check: _ReadCheck, start: int, stop: int) -> None:
+    _start_worker(check)
+    pipe.send(_check_range(start, stop))
 
 
 def find_unreadable(
@@ -58,21 +87,83 @@ def find_unreadable(
 ) -> list[tuple[int, str]]:
     """(index, error message) of each image of `datasets` that cannot be read, in index order.
 
-    Indices run over the datasets one after the other. DataLoader workers do the decoding: the
-    same processes, start method and per-worker thread settings as training.
+    Indices run over the datasets one after the other. Files are decoded in `num_workers` child
+    processes (at least one), never in this one: a decoder that crashes on a file (a segfault in a
+    C library, found by nobody yet) kills a child, not the scan. The files that child had in hand
+    are then read again one batch, then one file, per fresh process, and the one that kills its
+    process is listed as having "crashed the decoder (signal N)".
     """
     check = _ReadCheck(datasets)
-    loader = DataLoader(check, batch_size=_BATCH, num_workers=num_workers, collate_fn=_as_list)
-    bad = []
+    bad: dict[int, str] = {}
     bar = tqdm(total=len(check), desc="scanning images", unit="img", disable=not progress or None)
+
+    def record(start: int, messages: list[str]) -> None:
+        bad.update((start + i, m) for i, m in enumerate(messages) if m)
+        bar.update(len(messages))
+        bar.set_postfix(unreadable=len(bad), refresh=False)
+
+    chunks = [(s, min(s + _BATCH, len(check))) for s in range(0, len(check), _BATCH)]
     with bar:
-        for batch_index, messages in enumerate(loader):
-            for offset, message in enumerate(messages):
-                if message:
-                    bad.append((batch_index * _BATCH + offset, message))
-            bar.update(len(messages))
-            bar.set_postfix(unreadable=len(bad), refresh=False)
-    return bad
+        for start, stop in _in_pool(check, chunks, max(1, num_workers), record):
+            # A chunk that was in hand when a process died: alone, then file by file.
+            result = _alone(check, start, stop)
+            if isinstance(result, list):
+                record(start, result)
+                continue
+            for index in range(start, stop):
+                one = _alone(check, index, index + 1)
+                if isinstance(one, int):
+                    one = [f"cannot read image {check.path(index)}: {_crash(one)}"]
+                record(index, one)
+    return sorted(bad.items())
+
+
+def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, record) -> list:
+    """Run `chunks` in a process pool, `record` each result; return those a dead process held.
+
+    At most two chunks per process are in flight, so a crash suspects only those; the chunks not
+    yet started go to a fresh pool.
+    """
+    queue, suspects = deque(chunks), []
+    while queue:
+        broken = False
+        with ProcessPoolExecutor(workers, initializer=_start_worker, initargs=(check,)) as pool:
+            running: dict = {}
+            while (queue or running) and not broken:
+                while queue and len(running) < 2 * workers:
+                    chunk = queue.popleft()
+                    running[pool.submit(_check_range, *chunk)] = chunk
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    chunk = running.pop(future)
+                    try:
+                        record(chunk[0], future.result())
+                    except BrokenProcessPool:
+                        broken = True
+                        suspects.append(chunk)
+            suspects += running.values()  # in flight when the pool broke
+    return suspects
+
+
+def _alone(check: _ReadCheck, start: int, stop: int) -> list[str] | int:
+    """The messages of images start..stop-1, read in a fresh process; its exit code if it died."""
+    context = multiprocessing.get_context()
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_check_range_to, args=(send, check, start, stop))
+    process.start()
+    send.close()
+    try:
+        result = receive.recv()
+    except EOFError:  # the process died before it could answer
+        result = None
+    process.join()
+    return result if result is not None else process.exitcode
+
+
+def _crash(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"crashed the decoder (signal {-exitcode})"
+    return f"crashed the decoder (exit code {exitcode})"
 
 
 def drop_unreadable(

@@ -1,0 +1,63 @@
+"""The scan survives a decoder that kills its process, and names the file that did it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_corrupt, write_image
+
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.index import make_dataset
+from {{ cookiecutter.package_name }}.data.scan import find_unreadable
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals kill the process")
+
+
+class CrashingDataset(ImageFolderDataset):
+    """Reads as its parent does, but dies of SIGSEGV on files named `crash*`, as a C decoder with
+    a bug would: the process is really killed, nothing is raised."""
+
+    def read(self, index: int):
+        if os.path.basename(self.path(index)).startswith("crash"):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().read(index)
+
+
+def dataset_of(root: Path) -> CrashingDataset:
+    classes = sorted(p.name for p in root.iterdir())
+    paths, targets = make_dataset(root, {name: i for i, name in enumerate(classes)})
+    return CrashingDataset(root, paths, targets, eval_transform(16), classes)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_crashing_decoder_is_named_and_the_scan_finishes(tmp_path: Path, num_workers) -> None:
+    root = tmp_path / "images"
+    for i in range(40):  # several chunks of 16, so that crashes and healthy chunks mix
+        write_image(root / "a" / f"img_{i:02d}.png", (200, 20, 20), size=(12, 10))
+    write_image(root / "a" / "crash_1.png", (20, 200, 20), size=(12, 10))
+    write_image(root / "b" / "crash_2.png", (20, 20, 200), size=(12, 10))
+    write_corrupt(root / "b" / "broken.jpg")  # beside a crash: still read, still named
+    for i in range(5):
+        write_image(root / "b" / f"ok_{i}.png", (20, 20, 200), size=(12, 10))
+    dataset = dataset_of(root)
+    bad = find_unreadable([dataset], num_workers=num_workers, progress=False)
+    by_name = {os.path.basename(dataset.path(i)): message for i, message in bad}
+    assert set(by_name) == {"crash_1.png", "crash_2.png", "broken.jpg"}
+    for name in ("crash_1.png", "crash_2.png"):
+        assert by_name[name].endswith(f"{name}: crashed the decoder (signal 11)")
+    assert "broken.jpg" in by_name["broken.jpg"] and "crashed" not in by_name["broken.jpg"]
+
+
+def test_indices_run_over_the_datasets_in_order(image_root: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    write_image(other / "x" / "crash.png", (1, 2, 3), size=(12, 10))
+    write_corrupt(other / "x" / "broken.jpg")
+    first, second = dataset_of(image_root), dataset_of(other)
+    bad = find_unreadable([first, second], num_workers=1, progress=False)
+    assert [i for i, _ in bad] == [len(first), len(first) + 1]  # broken.jpg, crash.png
+    assert "crashed the decoder" in bad[1][1] and bad[1][1].count("crash.png") == 1
