@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import write_corrupt, write_image
+from conftest import tiny_run_options, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
 from {{ cookiecutter.package_name }}.data.index import make_dataset
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
@@ -61,3 +64,68 @@ def test_indices_run_over_the_datasets_in_order(image_root: Path, tmp_path: Path
     bad = find_unreadable([first, second], num_workers=1, progress=False)
     assert [i for i, _ in bad] == [len(first), len(first) + 1]  # broken.jpg, crash.png
     assert "crashed the decoder" in bad[1][1] and bad[1][1].count("crash.png") == 1
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def waiting_on_a_fifo(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "wchan").read_text() in ("wait_for_partner", "fifo_open")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="finds the worker through /proc")
+def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_path: Path) -> None:
+    # A named pipe among the images holds the worker that opens it, as a decoder stuck on a file
+    # would; the test then kills that worker with SIGSEGV, as a decoder crash would.
+    stuck = image_root / "cat" / "cat_stuck.jpg"
+    os.mkfifo(stuck)
+    val_root = tmp_path / "val"
+    for name in ("ant", "bee", "cat"):
+        write_image(val_root / name / "v.jpg", (90, 90, 90))
+    options = tiny_run_options(image_root)
+    options[options.index("--data.num_workers") + 1] = "1"
+    fit = subprocess.Popen(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options]
+        + ["--data.val_root", str(val_root), "--trainer.max_epochs", "1"]
+        + ["--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (held := [p for p in children_of(fit.pid) if waiting_on_a_fifo(p)]):
+            assert fit.poll() is None and time.monotonic() < deadline, fit.communicate()
+            time.sleep(0.2)
+        os.kill(held[0], signal.SIGSEGV)
+        out, err = fit.communicate(timeout=120)
+    finally:
+        fit.kill()
+    assert fit.returncode == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "a data loader worker died" in lines[0] and f"while reading {stuck};" in lines[0]
+    assert "python -m {{ cookiecutter.package_name }} scan" in lines[0]
+    last = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert last.exists(), out  # the steps before the crash are kept
+
+
+def test_only_a_dead_worker_is_explained() -> None:
+    assert worker_death_message(RuntimeError("CUDA out of memory")) is None
+    killed = RuntimeError("DataLoader worker (pid 4242) is killed by signal: Segmentation fault.")
+    told = worker_death_message(killed)
+    assert told.startswith("a data loader worker died (DataLoader worker (pid 4242) is killed")
+    assert "not known" in told  # no dataset recorded that pid

@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from {{ cookiecutter.package_name }}.commands import COMMANDS
+from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
 from {{ cookiecutter.package_name }}.errors import DataError
 
 USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]   (<command> --help for its options)"
@@ -40,6 +41,13 @@ def main(args: list[str] | None = None) -> None:
         code = command.main(argv if module == "cli" else argv[1:])
     except DataError as err:  # bad input: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except RuntimeError as err:  # a loader worker killed by a signal: most likely a damaged file
+        message = worker_death_message(err)
+        if message is None:
+            raise
+        # on a line of its own: PyTorch's handler in the worker printed a line with no newline
+        print(f"\nerror: {message}", file=sys.stderr)
         sys.exit(2)
     if code:
         sys.exit(code)

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.in_hand import FilesInHand
 
 
 class ImageFolderDataset(Dataset):
@@ -42,6 +43,7 @@ class ImageFolderDataset(Dataset):
         self.min_size = min_size
         self.approximate_decode = approximate_decode
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.in_hand = FilesInHand()
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -54,7 +56,13 @@ class ImageFolderDataset(Dataset):
         return read_image(self.path(index), self.min_size, self.approximate_decode)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.transform(self.read(index))
+        # Named in shared memory while it is read, so that a worker killed by a decoder crash
+        # can be reported with the file (`in_hand.worker_death_message`).
+        self.in_hand.enter(self.path(index))
+        try:
+            image = self.transform(self.read(index))
+        finally:
+            self.in_hand.leave()
         label = index if self.targets is None else int(self.targets[index])
         return image, label
 

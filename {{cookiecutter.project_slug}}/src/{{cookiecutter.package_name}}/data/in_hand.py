@@ -1,0 +1,89 @@
+"""FilesInHand: which file each loader worker is reading, kept where the main process can see it.
+
+When a worker dies (a decoder crashing on a damaged file, the kernel's out-of-memory killer),
+PyTorch's DataLoader can only say "worker (pid N) is killed by signal". Each worker writes
+"pid, path" into its own slot of a small shared-memory array before it reads a file and clears it
+after; the main process then names the file that the dead worker had in hand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import re
+import weakref
+
+from torch.utils.data import get_worker_info
+
+_SLOTS = 64  # workers per dataset tracked; more wrap around (worker id modulo)
+_WIDTH = 1024  # bytes per slot: "pid\0path", a longer path is cut
+# Every FilesInHand of this process, for `worker_death_message`.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_DEATH = re.compile(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\) (is killed by signal|exited)")
+
+
+class FilesInHand:
+    """A slot per loader worker in shared memory (64 kB), written around each file read."""
+
+    def __init__(self) -> None:
+        self._memory = multiprocessing.RawArray(ctypes.c_char, _SLOTS * _WIDTH)
+        _LIVE.add(self)
+
+    def __getstate__(self) -> dict:
+        # Shared memory travels only to the worker processes being started (spawn, forkserver);
+        # any other copy (a pickle, a deepcopy) keeps no slots and records nothing.
+        spawning = multiprocessing.context.get_spawning_popen() is not None
+        return {"_memory": self._memory if spawning else None}
+
+    def __setstate__(self, state: dict) -> None:
+        self._memory = state["_memory"]
+
+    def enter(self, path: str) -> None:
+        slot = self._slot()
+        if slot is not None:
+            entry = f"{os.getpid()}\0{path}".encode(errors="replace")[: _WIDTH - 1] + b"\0"
+            self._memory[slot : slot + len(entry)] = entry
+
+    def leave(self) -> None:
+        slot = self._slot()
+        if slot is not None:
+            self._memory[slot] = b"\0"
+
+    def _slot(self) -> int | None:
+        worker = get_worker_info()
+        if worker is None or self._memory is None:  # the main process reads for itself
+            return None
+        return (worker.id % _SLOTS) * _WIDTH
+
+    def files_of(self, pids: set[int]) -> list[str]:
+        """The files that the workers with these process ids were reading when last seen."""
+        if self._memory is None:
+            return []
+        files = []
+        for slot in range(_SLOTS):
+            raw = self._memory[slot * _WIDTH : (slot + 1) * _WIDTH].split(b"\0")
+            if len(raw) > 2 and raw[0] and int(raw[0]) in pids:
+                files.append(raw[1].decode(errors="replace"))
+        return files
+
+
+def worker_death_message(error: BaseException) -> str | None:
+    """One sentence for a DataLoader error that says a worker died; None for any other error."""
+    text = str(error)
+    match = _DEATH.search(text)
+    if match is None:
+        return None
+    pids = {int(p) for p in re.findall(r"\d+", match.group(1))}
+    files = sorted({f for tracker in list(_LIVE) for f in tracker.files_of(pids)})
+    how = text[match.start() :].split(". ")[0].rstrip(".")
+    if files:
+        what = f"while reading {', '.join(files)}"
+    else:
+        what = "(the file it was reading is not known: it may have run out of memory)"
+    package = __name__.split(".")[0]
+    return (
+        f"a data loader worker died ({how}) {what}; list every file that cannot be read with "
+        f"`python -m {package} scan` and the same --data options, or train with "
+        "--data.skip_bad_images true"
+    )
