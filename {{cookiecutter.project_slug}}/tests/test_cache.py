@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -183,3 +186,49 @@ def test_write_records_offsets_in_order(image_root: Path, tmp_path: Path) -> Non
     sizes = index[:, 1] * index[:, 2] * 3
     assert index[0, 0] == 0 and (index[1:, 0] == np.cumsum(sizes)[:-1]).all()
     assert np.load(tmp_path / "pixels.npy", mmap_mode="r").shape == (sizes.sum(),)
+
+
+def test_a_dead_builds_staging_folder_is_swept(image_root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("fcntl", reason="sweeping needs the build lock")
+    dataset = folder_dataset(image_root)
+    cache_dir = tmp_path / "cache"
+    first = cached(dataset, 16, cache_dir, 0, progress=False).cache.folder
+    shutil.rmtree(first)
+    leftover = cache_dir / f".{first.name}-x1y2z3"  # as a build killed half-way leaves it
+    (leftover / "pixels.npy").parent.mkdir(parents=True)
+    (leftover / "pixels.npy").write_bytes(b"\0" * 100)
+    again = cached(dataset, 16, cache_dir, 0, progress=False)
+    assert again.cache.folder == first and not leftover.exists()
+    assert len(again) == len(dataset)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_out_of_space_stops_with_the_size_needed_and_leaves_nothing(
+    image_root: Path, tmp_path: Path
+) -> None:
+    import resource
+
+    for i in range(80):  # more than the images sampled before the space check
+        write_image(image_root / "ant" / f"more_{i}.jpg", (255, 30, 30), size=(80, 60))
+    cache_dir = tmp_path / "cache"
+    limit = 100_000  # bytes per file: the pixel file outgrows it; as a full disk, for one file
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
+        + ["--data.root", str(image_root), "--data.image_size", "32", "--data.num_workers", "0"]
+        + ["--data.cache", "memmap", "--data.cache_dir", str(cache_dir)]
+        + ["--trainer.fast_dev_run", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=small_files,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert f"cannot build the image cache in {cache_dir}" in line and "needs about" in line
+    assert "Traceback" not in done.stderr
+    assert [p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock")] == []

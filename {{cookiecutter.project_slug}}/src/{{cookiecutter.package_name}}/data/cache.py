@@ -25,6 +25,7 @@ what it built.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # part of the key: bump when the stored format or resampling changes
 _HEADER_BYTES = 128  # room reserved for the .npy header, written once the total size is known
+_PROBE = 64  # images decoded before the disk space the whole cache needs is estimated
 
 
 def stored_size(image_size: int) -> int:
@@ -165,6 +167,9 @@ def build(
                 fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / "index.npy").exists():
             return
+        if fcntl is not None:  # we hold the lock: a staging folder of this cache is a dead build's
+            for leftover in folder.parent.glob(f".{folder.name}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
             _write(dataset, staging, size, num_workers, progress)
@@ -203,23 +208,40 @@ class _Decoded(Dataset):
 def _write(
     dataset: ImageFolderDataset, folder: Path, size: int, num_workers: int, progress: bool
 ) -> None:
-    """Decode in `num_workers` processes, append the pixels in order, then write the index."""
+    """Decode in `num_workers` processes, append the pixels in order, then write the index.
+
+    Out of disk space (or over a file-size limit), it stops with one error that says how much
+    the cache needs; `build` then removes what was written.
+    """
     loader = DataLoader(_Decoded(dataset, size), batch_size=None, num_workers=num_workers)
     index = np.zeros((len(dataset), 3), dtype=np.int64)
-    offset = 0
+    offset, done = 0, 0
     start = time.perf_counter()
-    with open(folder / "pixels.npy", "wb") as out:
-        out.write(b"\0" * _HEADER_BYTES)
-        for i, image in enumerate(_progress(loader, progress, folder)):
-            if isinstance(image, str):
-                raise DataError(f"{image} (while building the image cache)")
-            pixels, height, width = image
-            index[i] = (offset, height, width)
-            out.write(pixels)
-            offset += height * width * 3
-        out.seek(0)
-        out.write(_npy_header(offset))
-    np.save(folder / "index.npy", index)
+    try:
+        with open(folder / "pixels.npy", "wb") as out:
+            out.write(b"\0" * _HEADER_BYTES)
+            for i, image in enumerate(_progress(loader, progress, folder)):
+                if isinstance(image, str):
+                    raise DataError(f"{image} (while building the image cache)")
+                pixels, height, width = image
+                index[i] = (offset, height, width)
+                out.write(pixels)
+                offset += height * width * 3
+                done = i + 1
+                if done == _PROBE and done < len(dataset):  # enough to know the whole size
+                    _check_space(folder, offset / done * (len(dataset) - done), len(dataset))
+            out.seek(0)
+            out.write(_npy_header(offset))
+        np.save(folder / "index.npy", index)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise
+        need = offset / max(done, 1) * len(dataset)
+        raise DataError(
+            f"cannot build the image cache in {folder.parent}: {err.strerror}; it needs about "
+            f"{_size(need)} for {len(dataset)} images. Free some space or set "
+            "--data.cache_dir to a larger disk"
+        ) from err
     log.info(
         "Cached %d images (%.1f GB) in %s in %.0f s",
         len(dataset),
@@ -227,6 +249,21 @@ def _write(
         folder,
         time.perf_counter() - start,
     )
+
+
+def _check_space(folder: Path, remaining: float, count: int) -> None:
+    """Refuse early, before filling the disk, when the rest of the cache cannot fit."""
+    free = shutil.disk_usage(folder).free
+    if remaining > free:
+        raise DataError(
+            f"cannot build the image cache in {folder.parent}: it needs about {_size(remaining)} "
+            f"more for {count} images and {_size(free)} is free. Free some space or set "
+            "--data.cache_dir to a larger disk"
+        )
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
 
 
 def _npy_header(length: int) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import lightning as L
@@ -19,9 +20,16 @@ class LastCheckpoint(Callback):
     save a new best checkpoint, so a run that stops improving would resume from an old epoch.
     """
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Said up front: a run killed outright (SIGKILL, a lost node) prints nothing at the end.
+        if trainer.is_global_zero and not trainer.fast_dev_run:
+            path = self._path(trainer)
+            hint = f"last.ckpt: {path}; if this run stops, resume with --ckpt_path {path}"
+            print(hint, flush=True)
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and not trainer.fast_dev_run:
-            trainer.save_checkpoint(self._path(trainer), weights_only=False)
+            self.save(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -34,9 +42,22 @@ class LastCheckpoint(Callback):
             or not trainer.global_step
         ):
             return
-        path = self._path(trainer)
-        trainer.save_checkpoint(path, weights_only=False)
+        path = self.save(trainer)
         print(f"{type(exception).__name__}: saved {path}; resume with --ckpt_path {path}")
+
+    def save(self, trainer: L.Trainer) -> Path:
+        """Write `last.ckpt` whole or not at all: into a temporary file beside it, then renamed.
+
+        Lightning's own writer stages the file in the system's temporary folder and moves it: on
+        another file system (a node's /tmp, a shared checkpoint folder) that move is a copy, and a
+        run killed during it leaves a truncated `last.ckpt`. A rename in the same folder is atomic.
+        """
+        path = self._path(trainer)
+        staging = path.with_name(f".{path.name}.partial")
+        trainer.save_checkpoint(staging, weights_only=False)  # every rank; rank zero writes
+        if trainer.is_global_zero:
+            os.replace(staging, path)
+        return path
 
     @staticmethod
     def _path(trainer: L.Trainer) -> Path:
