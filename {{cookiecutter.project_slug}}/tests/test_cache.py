@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import shutil
 import subprocess
 import sys
@@ -15,13 +16,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import CLASSES, write_image
+from PIL import Image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.data.cache import _write, cached, stored_size
+from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, _write, cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.index import make_dataset
-from {{ cookiecutter.package_name }}.data.transforms import RandomCropFlip, eval_transform
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
@@ -30,48 +32,58 @@ def folder_dataset(root: Path, image_size: int = 16) -> ImageFolderDataset:
     return ImageFolderDataset(root, paths, targets, eval_transform(image_size), list(CLASSES))
 
 
+def serve(dataset: ImageFolderDataset, size: int, cache_dir: Path, **options) -> MemmapImageDataset:
+    """`dataset` from its cache at short side `size`, built in this process if missing."""
+    return cached([dataset], size, cache_dir, 0, progress=False, **options)[0]
+
+
+def stored(served: MemmapImageDataset, index: int) -> torch.Tensor:
+    return served.cache.image(int(served.positions[index]))
+
+
 def test_stored_pixels_match_the_files(image_root: Path, tmp_path: Path) -> None:
-    # 40x30 images are smaller than the stored size for 64 (73): stored exactly as decoded.
+    # 40x30 images are smaller than a stored short side of 64: stored exactly as decoded.
     dataset = folder_dataset(image_root, 64)
-    served = cached(dataset, 64, tmp_path / "cache", num_workers=0, progress=False)
+    served = serve(dataset, 64, tmp_path / "cache")
     for i in (0, 5, len(dataset) - 1):
-        assert torch.equal(served.cache.image(i), read_image(dataset.path(i)))
+        assert torch.equal(stored(served, i), read_image(dataset.path(i)))
     assert len(list((tmp_path / "cache").iterdir())) == 2  # the cache folder and its lock file
 
 
-def test_large_images_are_stored_at_a_little_above_the_image_size(tmp_path: Path) -> None:
+def test_large_images_are_stored_at_the_size_asked_for(tmp_path: Path) -> None:
     write_image(tmp_path / "img" / "ant" / "big.jpg", (200, 30, 30), size=(400, 300))
     for name in CLASSES[1:]:
         write_image(tmp_path / "img" / name / "x.png", (30, 30, 200), size=(20, 20))
     dataset = folder_dataset(tmp_path / "img")
-    served = cached(dataset, 32, tmp_path / "c", 0, progress=False, train=True)
-    assert stored_size(32) == 37 and stored_size(224) == 256
-    assert served.cache.image(0).shape == (3, 37, 49)  # short side 37, aspect ratio kept
-    image, label = served[0]
+    dataset.transform = train_transform(32)
+    served = serve(dataset, 37, tmp_path / "c")
+    assert stored(served, 0).shape == (3, 37, 49)  # short side 37, aspect ratio kept
+    assert stored(served, 1).shape == (3, 20, 20)  # smaller ones are never enlarged
+    image, label = served[0]  # the dataset's own transform, on the stored pixels
     assert image.shape == (3, 32, 32) and label == 0
 
 
 def test_a_second_run_reuses_the_cache(image_root: Path, tmp_path: Path) -> None:
-    first = cached(folder_dataset(image_root), 16, tmp_path, 0, progress=False)
+    first = serve(folder_dataset(image_root), 16, tmp_path)
     pixels = first.cache.folder / "pixels.npy"
     built = pixels.stat().st_mtime_ns
-    again = cached(folder_dataset(image_root), 16, tmp_path, 0, progress=False)
+    again = serve(folder_dataset(image_root), 16, tmp_path)
     assert again.cache.folder == first.cache.folder
     assert pixels.stat().st_mtime_ns == built
 
 
 def test_changed_image_bytes_never_serve_stale_pixels(image_root: Path, tmp_path: Path) -> None:
     dataset = folder_dataset(image_root, 64)
-    before = cached(dataset, 64, tmp_path, 0, progress=False)
-    old = before.cache.image(0).clone()
+    before = serve(dataset, 64, tmp_path)
+    old = stored(before, 0).clone()
     target = Path(dataset.path(0))
     stat = target.stat()
     write_image(target, (0, 0, 0))  # same name, new pixels
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    after = cached(folder_dataset(image_root, 64), 64, tmp_path, 0, progress=False)
+    after = serve(folder_dataset(image_root, 64), 64, tmp_path)
     assert after.cache.folder != before.cache.folder
-    assert torch.equal(after.cache.image(0), read_image(str(target)))
-    assert not torch.equal(after.cache.image(0), old)
+    assert torch.equal(stored(after, 0), read_image(str(target)))
+    assert not torch.equal(stored(after, 0), old)
 
 
 def test_rewrite_with_the_old_modification_time_restored_is_seen(
@@ -79,7 +91,7 @@ def test_rewrite_with_the_old_modification_time_restored_is_seen(
 ) -> None:
     """`cp -p`, `rsync -t` and `touch -d` restore mtimes; the change time still moves."""
     dataset = folder_dataset(image_root, 64)
-    before = cached(dataset, 64, tmp_path, 0, progress=False)
+    before = serve(dataset, 64, tmp_path)
     target = Path(dataset.path(0))
     stat = target.stat()
     time.sleep(0.05)  # past the filesystem's timestamp granularity
@@ -89,42 +101,154 @@ def test_rewrite_with_the_old_modification_time_restored_is_seen(
     target.write_bytes(content)
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (target.stat().st_size, target.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
-    after = cached(folder_dataset(image_root, 64), 64, tmp_path, 0, progress=False)
+    after = serve(folder_dataset(image_root, 64), 64, tmp_path)
     assert after.cache.folder != before.cache.folder
 
 
 def test_a_new_file_or_resolution_selects_another_cache(image_root: Path, tmp_path: Path) -> None:
-    base = cached(folder_dataset(image_root), 16, tmp_path, 0, progress=False).cache.folder
-    larger = cached(folder_dataset(image_root), 24, tmp_path, 0, progress=False).cache.folder
+    base = serve(folder_dataset(image_root), 16, tmp_path).cache.folder
+    larger = serve(folder_dataset(image_root), 24, tmp_path).cache.folder
     write_image(image_root / "ant" / "ant_new.jpg", (255, 30, 30))
-    grown = cached(folder_dataset(image_root), 16, tmp_path, 0, progress=False)
+    grown = serve(folder_dataset(image_root), 16, tmp_path)
     assert len({base, larger, grown.cache.folder}) == 3
     assert len(grown) == 25
 
 
-def test_training_crops_are_random_per_epoch() -> None:
-    image = torch.arange(3 * 40 * 50, dtype=torch.int32).view(3, 40, 50).to(torch.uint8)
-    crop = RandomCropFlip(32)
-    crops = {crop(image).clone().numpy().tobytes() for _ in range(20)}
-    assert all(crop(image).shape == (3, 32, 32) for _ in range(3))
-    assert len(crops) > 5
-    assert crop(torch.zeros(3, 10, 20, dtype=torch.uint8)).shape == (3, 32, 32)  # enlarged
+def where_image(path: Path, size: tuple[int, int] = (300, 200)) -> Path:
+    """A PNG whose pixels say where they are: red grows left to right, green top to bottom."""
+    width, height = size
+    red = np.broadcast_to(np.linspace(0, 255, width), (height, width))
+    green = np.broadcast_to(np.linspace(0, 255, height)[:, None], (height, width))
+    pixels = np.stack([red, green, np.zeros_like(red)], axis=-1).round().astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def crop_geometry(crop: torch.Tensor) -> tuple[float, ...]:
+    """Where a crop came from (centre, extent in x and y, 0-255) and whether it was flipped."""
+    red, green = crop[0].float(), crop[1].float()
+    flipped = float(red[:, 0].mean() > red[:, -1].mean())
+    return (red.mean(), red.max() - red.min(), green.mean(), green.max() - green.min(), flipped)
+
+
+def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
+    # The cache is a speed switch: the same random resized crops (scale, aspect, position, flip)
+    # are drawn from stored pixels as from the file, draw for draw.
+    root = tmp_path / "images"
+    where_image(root / "ant" / "a.png")
+    for name in CLASSES[1:]:
+        write_image(root / name / "x.png", (30, 30, 200), size=(60, 40))
+    options = dict(
+        root=root, image_size=32, crop_scale=(0.3, 1.0), hflip=True, num_workers=0, val_fraction=0
+    )
+    off = ImageDataModule(**options, cache="none")
+    on = ImageDataModule(**options, cache="memmap", cache_dir=tmp_path / "cache")
+    off.setup("fit")
+    on.setup("fit")
+    assert isinstance(on.train_dataset, MemmapImageDataset)
+    [i] = [k for k in range(len(off.train_dataset)) if off.train_dataset.path(k).endswith("a.png")]
+    draws = {}
+    for name, dataset in (("off", off.train_dataset), ("on", on.train_dataset)):
+        geometry = []
+        for seed in range(300):  # draw k of one path against draw k of the other
+            random.seed(seed)
+            geometry.append(crop_geometry(dataset[i][0]))
+        draws[name] = torch.tensor(geometry)
+    assert 100 < draws["off"][:, 4].sum() < 200  # both flipped and not: the draws vary
+    assert draws["off"][:, 1].std() > 20  # crop widths vary with the scale drawn
+    difference = (draws["on"] - draws["off"]).abs()
+    same = (difference[:, 4] == 0) & (difference[:, [0, 2]].amax(1) < 8)
+    same &= difference[:, [1, 3]].amax(1) < 12
+    # Rounding on the smaller stored image can turn a draw at the edge of the allowed sizes into
+    # a retry; all others land on the same box and flip.
+    assert same.float().mean() > 0.97
+
+
+def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path) -> None:
+    options = dict(root=image_root, image_size=16, num_workers=0, cache="memmap")
+    first = ImageDataModule(**options, cache_dir=tmp_path / "c", val_fraction=0.25, seed=0)
+    first.setup("fit")
+    [folder] = [p for p in (tmp_path / "c").iterdir() if p.is_dir()]
+    built = (folder / "pixels.npy").stat().st_mtime_ns
+    second = ImageDataModule(**options, cache_dir=tmp_path / "c", val_fraction=0.5, seed=3)
+    second.setup("fit")
+    assert [p for p in (tmp_path / "c").iterdir() if p.is_dir()] == [folder]
+    assert (folder / "pixels.npy").stat().st_mtime_ns == built
+    splits = (first.train_dataset, first.val_dataset)
+    before = {d.path(i): stored(d, i) for d in splits for i in range(len(d))}
+    for dataset in (second.train_dataset, second.val_dataset):  # each item, its own pixels
+        for i in range(len(dataset)):
+            assert torch.equal(stored(dataset, i), before[dataset.path(i)])
+
+
+def test_skipped_images_are_left_out_of_a_cache_of_the_whole_dataset(
+    image_root: Path, tmp_path: Path
+) -> None:
+    (image_root / "bee" / "bee_3.jpg").write_bytes(b"not a jpeg")
+    dm = ImageDataModule(
+        root=image_root,
+        image_size=16,
+        num_workers=0,
+        skip_bad_images=True,
+        cache="memmap",
+        cache_dir=tmp_path / "c",
+    )
+    with pytest.warns(UserWarning, match="skipped 1 of 24"):
+        dm.setup("fit")
+    served = [dm.train_dataset.path(i) for i in range(len(dm.train_dataset))]
+    served += [dm.val_dataset.path(i) for i in range(len(dm.val_dataset))]
+    assert len(served) == 23 and not any(p.endswith("bee_3.jpg") for p in served)
+    assert len(dm.train_dataset.cache) == 24  # the whole index, the unreadable file empty
+    images, _ = next(iter(dm.train_dataloader()))
+    assert images.shape[1:] == (3, 16, 16)
+
+
+def test_a_subset_is_still_served_from_the_cache(image_root: Path, tmp_path: Path) -> None:
+    served = serve(folder_dataset(image_root), 16, tmp_path)
+    keep = np.zeros(len(served), dtype=bool)
+    keep[[1, 5, 9]] = True
+    part = served.subset(keep)
+    assert isinstance(part, MemmapImageDataset) and len(part) == 3
+    assert torch.equal(stored(part, 1), stored(served, 5))
+
+
+def test_only_the_newest_caches_are_kept(image_root: Path, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    folders = [
+        serve(folder_dataset(image_root), size, cache_dir, keep=2).cache.folder
+        for size in (16, 20, 24)
+    ]
+    assert sorted(p for p in cache_dir.iterdir() if p.is_dir()) == sorted(folders[1:])
+    serve(folder_dataset(image_root), 28, cache_dir, keep=0)  # 0: keep them all
+    assert len([p for p in cache_dir.iterdir() if p.is_dir()]) == 3
+
+
+def test_mtime_key_survives_a_copy_that_keeps_times(image_root: Path, tmp_path: Path) -> None:
+    # A dataset copied to node-local scratch at each job start: new inodes, same bytes and mtimes.
+    first_copy = shutil.copytree(image_root, tmp_path / "scratch")  # copy2: times kept
+    by_stat = serve(folder_dataset(first_copy), 16, tmp_path / "c").cache.folder
+    by_mtime = serve(folder_dataset(first_copy), 16, tmp_path / "c", key="mtime").cache.folder
+    shutil.rmtree(first_copy)
+    again = shutil.copytree(image_root, tmp_path / "scratch")
+    assert serve(folder_dataset(again), 16, tmp_path / "c", key="mtime").cache.folder == by_mtime
+    assert serve(folder_dataset(again), 16, tmp_path / "c").cache.folder != by_stat
 
 
 def test_the_dataset_pickles_without_its_open_memmap(image_root: Path, tmp_path: Path) -> None:
-    served = cached(folder_dataset(image_root), 16, tmp_path, 0, progress=False)
+    served = serve(folder_dataset(image_root), 16, tmp_path)
     served[0]  # opens the memmap in this process
     assert served.cache._pixels is not None
     copy = pickle.loads(pickle.dumps(served))
     assert copy.cache._pixels is None
-    assert torch.equal(copy.cache.image(3), served.cache.image(3))
+    assert torch.equal(stored(copy, 3), stored(served, 3))
 
 
 def test_a_waiting_process_uses_what_the_builder_built(image_root: Path, tmp_path: Path) -> None:
     fcntl = pytest.importorskip("fcntl", reason="POSIX file locks; Windows builds without one")
     dataset = folder_dataset(image_root)
     cache_dir = tmp_path / "cache"
-    cached(dataset, 16, cache_dir, 0, progress=False)  # learn the folder name, then start over
+    serve(dataset, 16, cache_dir)  # learn the folder name, then start over
     (folder,) = [p for p in cache_dir.iterdir() if p.is_dir()]
     lock_path = cache_dir / f".{folder.name}.lock"
     built = tmp_path / "built"
@@ -132,9 +256,7 @@ def test_a_waiting_process_uses_what_the_builder_built(image_root: Path, tmp_pat
     results = []
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is building
-        waiter = threading.Thread(
-            target=lambda: results.append(cached(dataset, 16, cache_dir, 0, progress=False))
-        )
+        waiter = threading.Thread(target=lambda: results.append(serve(dataset, 16, cache_dir)))
         waiter.start()
         time.sleep(0.5)
         assert waiter.is_alive() and not folder.exists()
@@ -148,7 +270,7 @@ def test_a_waiting_process_uses_what_the_builder_built(image_root: Path, tmp_pat
 def test_an_unreadable_image_is_named(image_root: Path, tmp_path: Path) -> None:
     (image_root / "bee" / "bee_3.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(DataError, match=r"bee_3\.jpg.*while building the image cache"):
-        cached(folder_dataset(image_root), 16, tmp_path / "cache", 0, progress=False)
+        serve(folder_dataset(image_root), 16, tmp_path / "cache")
     # Nothing half-built is left behind.
     assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
 
@@ -164,7 +286,7 @@ def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) 
         cache_dir=tmp_path / "cache",
     )
     dm.setup("fit")
-    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 2  # train and val
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1  # train and val
     images, targets = next(iter(dm.train_dataloader()))
     assert images.dtype == torch.uint8 and images.shape == (4, 3, 32, 32)
     assert targets.dtype == torch.int64
@@ -181,7 +303,7 @@ def test_unknown_cache_mode_is_refused(image_root: Path) -> None:
 
 def test_write_records_offsets_in_order(image_root: Path, tmp_path: Path) -> None:
     dataset = folder_dataset(image_root)
-    _write(dataset, tmp_path, stored_size(16), 0, progress=False)
+    _write(dataset, tmp_path, 18, 0, progress=False)
     index = np.load(tmp_path / "index.npy")
     sizes = index[:, 1] * index[:, 2] * 3
     assert index[0, 0] == 0 and (index[1:, 0] == np.cumsum(sizes)[:-1]).all()
@@ -192,12 +314,12 @@ def test_a_dead_builds_staging_folder_is_swept(image_root: Path, tmp_path: Path)
     pytest.importorskip("fcntl", reason="sweeping needs the build lock")
     dataset = folder_dataset(image_root)
     cache_dir = tmp_path / "cache"
-    first = cached(dataset, 16, cache_dir, 0, progress=False).cache.folder
+    first = serve(dataset, 16, cache_dir).cache.folder
     shutil.rmtree(first)
     leftover = cache_dir / f".{first.name}-x1y2z3"  # as a build killed half-way leaves it
     (leftover / "pixels.npy").parent.mkdir(parents=True)
     (leftover / "pixels.npy").write_bytes(b"\0" * 100)
-    again = cached(dataset, 16, cache_dir, 0, progress=False)
+    again = serve(dataset, 16, cache_dir)
     assert again.cache.folder == first and not leftover.exists()
     assert len(again) == len(dataset)
 

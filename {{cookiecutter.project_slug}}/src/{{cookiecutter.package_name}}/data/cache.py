@@ -1,26 +1,31 @@
 """The pre-decoded image cache (`--data.cache memmap`): every image decoded once, to uint8 pixels.
 
-Images are stored at a short side of `image_size * 8/7` (256 for 224: the usual ImageNet resize
-before a crop), aspect ratio kept, one after another in a flat uint8 `.npy` file as (3, H, W);
-`index.npy` holds each image's offset, height and width. Later epochs read pixels at memory speed
-instead of decoding JPEGs, and the OS page cache shares them between the loader workers and the DDP
-ranks of a node.
+One cache per dataset folder: every file of the index (before the validation split and before
+`skip_bad_images` leaves files out) is decoded once, at the short side the training crop needs
+(`RandomResizedCropFlip.min_source_size`, never enlarged), aspect ratio kept, one after another in
+a flat uint8 `.npy` file as (3, H, W); `index.npy` holds each image's offset, height and width, in
+the order of the sorted file names. Training and validation are served as subsets of it, so a new
+`val_fraction` or `seed` reuses the same cache. Later epochs read pixels at memory speed instead of
+decoding files, and the OS page cache shares them between the loader workers and the DDP ranks of
+a node.
 
-Training augmentation from the cache is a random `image_size` crop of the stored image and a random
-horizontal flip, drawn anew every epoch (the AlexNet/ResNet recipe: 224 crops of 256 images). It
-needs no resampling, which is what makes a cached epoch several times faster than a decoded one;
-`RandomResizedCrop`'s wider scale jitter (the `cache: none` path) would cost a resize per image.
+The cache changes where pixels come from, not what training does with them: each dataset's own
+transform (the same random resized crop and flip, or the evaluation resize and crop) runs on the
+stored pixels, so a run with the cache and one without train the same recipe.
 
 The cache folder's name is a hash of the file list with each file's size, inode, modification and
-status-change times, and the stored resolution: any change to the images (bytes rewritten, files
-added, removed or replaced) selects a new folder, so stale pixels are not served. The status-change
-time (`st_ctime`) cannot be set back by tools, so a rewrite is seen even when `cp -p`, `rsync -t` or
-`touch -d` restore the old modification time. (Left out: a same-size rewrite landing within the
-filesystem's clock tick of the previous write, some milliseconds, with the old times restored;
-hashing every file's bytes at each start would cost a full read of the dataset.)
+status-change times (`key="stat"`), and the stored resolution: any change to the images (bytes
+rewritten, files added, removed or replaced) selects a new folder, so stale pixels are not served.
+The status-change time (`st_ctime`) cannot be set back by tools, so a rewrite is seen even when
+`cp -p`, `rsync -t` or `touch -d` restore the old modification time. (Left out: a same-size
+rewrite landing within the filesystem's clock tick of the previous write, some milliseconds, with
+the old times restored; hashing every file's bytes at each start would cost a full read of the
+dataset.) `key="mtime"` hashes names, sizes and modification times only: for datasets copied to
+node-local scratch at each job start (`cp -p`, `rsync -a`), where inodes and change times are new
+every time and the default key would rebuild the cache every job.
 
 One process per node builds a missing cache (a lock file); the others wait for it and then read
-what it built.
+what it built. After a build, only the newest `keep` caches of the folder are kept.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -42,7 +49,6 @@ from torch.utils.data import DataLoader, Dataset
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
-from {{ cookiecutter.package_name }}.data.transforms import RandomCropFlip
 from {{ cookiecutter.package_name }}.errors import DataError
 
 try:  # POSIX; elsewhere two processes may both build, and the atomic rename keeps one result
@@ -52,14 +58,9 @@ except ImportError:  # pragma: no cover - Windows
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # part of the key: bump when the stored format or resampling changes
+CACHE_VERSION = 3  # part of the key: bump when the stored format or resampling changes
 _HEADER_BYTES = 128  # room reserved for the .npy header, written once the total size is known
 _PROBE = 64  # images decoded before the disk space the whole cache needs is estimated
-
-
-def stored_size(image_size: int) -> int:
-    """The short side images are stored at: a little above `image_size`, as 256 is to 224."""
-    return (image_size * 8 + 6) // 7
 
 
 class PixelCache:
@@ -91,68 +92,116 @@ class PixelCache:
 
 
 class MemmapImageDataset(ImageFolderDataset):
-    """An `ImageFolderDataset` whose images come from a `PixelCache` instead of their files."""
+    """An `ImageFolderDataset` whose images come from a `PixelCache` instead of their files.
 
-    def __init__(self, dataset: ImageFolderDataset, cache: PixelCache, transform=None) -> None:
-        transform = dataset.transform if transform is None else transform
-        super().__init__(dataset.root, dataset.paths, dataset.targets, transform, dataset.classes)
-        if len(cache) != len(dataset):
-            raise ValueError(f"cache {cache.folder} holds {len(cache)} images, not {len(dataset)}")
+    `positions[i]` is where item i is stored in the cache; the dataset's own transform runs on it.
+    """
+
+    def __init__(
+        self, dataset: ImageFolderDataset, cache: PixelCache, positions: np.ndarray
+    ) -> None:
+        super().__init__(
+            dataset.root,
+            dataset.paths,
+            dataset.targets,
+            dataset.transform,
+            dataset.classes,
+            dataset.min_size,
+            dataset.approximate_decode,
+        )
+        if len(positions) != len(dataset):
+            raise ValueError(f"{len(positions)} cache positions for {len(dataset)} images")
         self.cache = cache
+        self.positions = positions
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.transform(self.cache.image(index))
+        image = self.transform(self.cache.image(int(self.positions[index])))
         label = index if self.targets is None else int(self.targets[index])
         return image, label
 
+    def subset(self, keep: np.ndarray) -> MemmapImageDataset:
+        """The same dataset, still served from the cache, restricted to the items in `keep`."""
+        return MemmapImageDataset(super().subset(keep), self.cache, self.positions[keep])
+
 
 def cached(
-    dataset: ImageFolderDataset,
-    image_size: int,
+    datasets: Sequence[ImageFolderDataset],
+    size: int,
     cache_dir: str | Path,
     num_workers: int | None = None,
     progress: bool = True,
-    train: bool = False,
-    hflip: bool = True,
-) -> MemmapImageDataset:
-    """`dataset` served from its pre-decoded cache under `cache_dir`, built first if missing.
+    everything: Sequence[ImageFolderDataset] | None = None,
+    skip_unreadable: bool = False,
+    keep: int = 3,
+    key: Literal["stat", "mtime"] = "stat",
+) -> list[ImageFolderDataset]:
+    """`datasets` served from their pre-decoded cache under `cache_dir`, built first if missing.
 
-    `train`: augment with `RandomCropFlip` (flipping when `hflip`); otherwise `dataset`'s own
-    (evaluation) transform runs on the stored pixels.
+    Args:
+        size: the short side images are stored at (smaller images are stored as they are).
+        everything: the datasets whose files the cache covers (a superset of `datasets`'s, e.g.
+            before the split and the skip); default `datasets`. One cache per folder (`root`).
+        skip_unreadable: store unreadable files as empty entries instead of stopping (they must
+            then be left out of `datasets`, as `skip_bad_images` does).
+        keep: how many caches of `cache_dir` to keep, newest first, after a build; 0: all.
+        key: "stat" or "mtime": what of each file the cache's name depends on (module docstring).
 
     The build decodes in `num_workers` processes: by default one per usable CPU, since the other
     training processes of the machine are waiting for it anyway.
     """
-    folder = Path(cache_dir) / cache_key(dataset, stored_size(image_size))
-    if not (folder / "index.npy").exists():
-        workers = usable_cpus() if num_workers is None else num_workers
-        build(dataset, folder, stored_size(image_size), workers, progress)
-    transform = RandomCropFlip(image_size, hflip) if train else None
-    return MemmapImageDataset(dataset, PixelCache(folder), transform)
+    everything = list(datasets if everything is None else everything)
+    served = list(datasets)
+    for root in sorted({d.root for d in served if len(d)}):
+        names = np.unique(np.concatenate([d.paths for d in everything if d.root == root]))
+        index = ImageFolderDataset(root, names, None, _identity)
+        folder = Path(cache_dir) / cache_key(index, size, key)
+        if not (folder / "index.npy").exists():
+            workers = usable_cpus() if num_workers is None else num_workers
+            build(index, folder, size, workers, progress, skip_unreadable, keep)
+        pixels = PixelCache(folder)
+        for i, dataset in enumerate(served):
+            if dataset.root == root and len(dataset):
+                positions = np.searchsorted(names, dataset.paths)
+                served[i] = MemmapImageDataset(dataset, pixels, positions)
+    return served
 
 
-def cache_key(dataset: ImageFolderDataset, size: int) -> str:
-    """A hash of the files (names, sizes, inodes, modification and change times) and `size`."""
+def _identity(image: torch.Tensor) -> torch.Tensor:
+    return image
+
+
+def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
+    """A hash of the files (names, sizes, modification times; with "stat" also inodes and change
+    times) and `size`."""
     root = os.path.abspath(dataset.root)
-    digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root}\n".encode())
+    digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root} key={key}\n".encode())
     for i in range(len(dataset)):
         path = dataset.path(i)
         try:
             stat = os.stat(path)
         except OSError as err:
             raise DataError(f"cannot read image {path}: {err.strerror}") from err
-        times = f"{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"
+        times = f"{stat.st_mtime_ns}"
+        if key == "stat":
+            times += f"\0{stat.st_ctime_ns}\0{stat.st_ino}"
         digest.update(f"{path}\0{stat.st_size}\0{times}\n".encode())
     return f"{len(dataset)}-{size}px-{digest.hexdigest()[:20]}"
 
 
 def build(
-    dataset: ImageFolderDataset, folder: Path, size: int, num_workers: int, progress: bool = True
+    dataset: ImageFolderDataset,
+    folder: Path,
+    size: int,
+    num_workers: int,
+    progress: bool = True,
+    skip_unreadable: bool = False,
+    keep: int = 0,
 ) -> None:
     """Decode every image of `dataset` into `folder`, unless another process is doing it now.
 
     The first process to take the lock builds into a temporary folder and renames it into place;
-    the others block on the lock, then find the finished folder.
+    the others block on the lock, then find the finished folder. Then all but the newest `keep`
+    caches beside it are removed (0: none is).
     """
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -172,11 +221,22 @@ def build(
                 shutil.rmtree(leftover, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
-            _write(dataset, staging, size, num_workers, progress)
-            shutil.rmtree(folder, ignore_errors=True)  # an unfinished copy, if any
+            _write(dataset, staging, size, num_workers, progress, skip_unreadable)
             os.replace(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    if keep:
+        _prune(folder.parent, keep, folder)
+
+
+def _prune(cache_dir: Path, keep: int, current: Path) -> None:
+    """Remove all but the `keep` newest complete caches of `cache_dir`, never `current`."""
+    complete = [p.parent for p in cache_dir.glob("*/index.npy") if p.parent != current]
+    complete.sort(key=lambda p: (p / "index.npy").stat().st_mtime, reverse=True)
+    for old in complete[max(0, keep - 1) :]:
+        log.info("Removing an older image cache (--data.cache_keep %d): %s", keep, old)
+        shutil.rmtree(old, ignore_errors=True)
+        (cache_dir / f".{old.name}.lock").unlink(missing_ok=True)
 
 
 class _Decoded(Dataset):
@@ -206,7 +266,12 @@ class _Decoded(Dataset):
 
 
 def _write(
-    dataset: ImageFolderDataset, folder: Path, size: int, num_workers: int, progress: bool
+    dataset: ImageFolderDataset,
+    folder: Path,
+    size: int,
+    num_workers: int,
+    progress: bool,
+    skip_unreadable: bool = False,
 ) -> None:
     """Decode in `num_workers` processes, append the pixels in order, then write the index.
 
@@ -222,7 +287,9 @@ def _write(
             out.write(b"\0" * _HEADER_BYTES)
             for i, image in enumerate(_progress(loader, progress, folder)):
                 if isinstance(image, str):
-                    raise DataError(f"{image} (while building the image cache)")
+                    if not skip_unreadable:
+                        raise DataError(f"{image} (while building the image cache)")
+                    image = (b"", 0, 0)  # an empty entry, never served
                 pixels, height, width = image
                 index[i] = (offset, height, width)
                 out.write(pixels)

@@ -71,12 +71,17 @@ class ImageDataModule(L.LightningDataModule):
         skip_bad_images: decode every image once at setup (in parallel) and leave out those that
             cannot be read, with a warning listing them. Off: an unreadable image stops the run
             with an error naming it.
-        cache: "memmap" decodes every image once, at a little above `image_size`, into a uint8
-            file under `cache_dir` that later epochs and runs read instead of the JPEGs
-            (augmentation stays random per epoch). Built in `setup`, by one process per machine;
-            rebuilt when the files, their sizes or modification/change times, or `image_size`
-            change.
+        cache: "memmap" decodes every image once, at the size the training crop needs, into a
+            uint8 file under `cache_dir` that later epochs and runs read instead of the image
+            files. A speed switch only: the same random crops and flips run on the stored pixels.
+            Built in `setup`, by one process per machine, for the whole dataset (changing
+            `val_fraction` or `seed` reuses it); rebuilt when the files or the size change.
         cache_dir: where `cache: memmap` keeps its files (one sub-folder per dataset version).
+        cache_keep: how many caches `cache_dir` keeps, newest first, after building one (older
+            versions of the dataset, other image sizes); 0 keeps them all.
+        cache_key: what of each file decides whether the cache is current: "stat" (size, times
+            and inode: sees any rewrite) or "mtime" (size and modification time: for datasets
+            copied to node-local scratch with `cp -p` or `rsync -a` at each job start).
         crop_scale: range of the area share of a training image that each random crop keeps.
             0.08-1 (torchvision's default) is standard for large photo datasets and long
             training; the milder default learns small datasets faster (measured: sklearn's digits
@@ -106,6 +111,8 @@ class ImageDataModule(L.LightningDataModule):
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_dir: str | Path = "data/cache",
+        cache_keep: int = 3,
+        cache_key: Literal["stat", "mtime"] = "stat",
         crop_scale: tuple[float, float] = (0.6, 1.0),
         hflip: bool = False,
     ) -> None:
@@ -120,6 +127,10 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError(f"--data.val_fraction must be in [0, 1), got {val_fraction}")
         if cache not in ("none", "memmap"):
             raise DataError(f"--data.cache must be 'none' or 'memmap', got {cache!r}")
+        if cache_keep < 0:
+            raise DataError(f"--data.cache_keep must be >= 0 (0: keep all), got {cache_keep}")
+        if cache_key not in ("stat", "mtime"):
+            raise DataError(f"--data.cache_key must be 'stat' or 'mtime', got {cache_key!r}")
         # The model saves the linked values (class names, normalisation); saving them here too
         # would make Lightning refuse to merge the two sets of hyperparameters when they differ.
         self.save_hyperparameters(ignore=["class_names", "mean", "std"])
@@ -142,6 +153,8 @@ class ImageDataModule(L.LightningDataModule):
         self.skip_bad_images = skip_bad_images
         self.cache = cache
         self.cache_dir = Path(cache_dir)
+        self.cache_keep = cache_keep
+        self.cache_key = cache_key
         self.crop_scale = tuple(crop_scale)
         self.hflip = hflip
         self.predict_root = Path(predict_root) if predict_root is not None else None
@@ -207,23 +220,27 @@ class ImageDataModule(L.LightningDataModule):
             approximate_decode=True,
         )
         val = self._eval_dataset(val_index)
+        everything = (train, val)  # what the pixel cache covers: before the skip
         if self.skip_bad_images:
             train, val = self._drop_unreadable(train, val)
         if self.cache == "memmap":
-            train, val = self._cached(train, train=True), self._cached(val)
+            progress = self.trainer is None or self.trainer.local_rank == 0
+            size = max(self.image_size, augment.min_source_size())
+            train, val = cached(
+                (train, val),
+                size,
+                self.cache_dir,
+                progress=progress,
+                everything=everything,
+                skip_unreadable=self.skip_bad_images,
+                keep=self.cache_keep,
+                key=self.cache_key,
+            )
         self.train_dataset, self.val_dataset = train, val
         log_dir = self._log_dir()
         if stage in ("fit", None) and log_dir is not None and self.trainer.is_global_zero:
             path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, self.class_names)
             log.info("Validation split: %d images, listed in %s", len(val), path)
-
-    def _cached(self, dataset: ImageFolderDataset, train: bool = False) -> ImageFolderDataset:
-        """`dataset` read from its pixel cache, built now (before any epoch is timed) if missing."""
-        if len(dataset) == 0:
-            return dataset
-        progress = self.trainer is None or self.trainer.local_rank == 0
-        size, folder = self.image_size, self.cache_dir
-        return cached(dataset, size, folder, progress=progress, train=train, hflip=self.hflip)
 
     def _eval_dataset(self, index: ImageIndex) -> ImageFolderDataset:
         transform = eval_transform(self.image_size)

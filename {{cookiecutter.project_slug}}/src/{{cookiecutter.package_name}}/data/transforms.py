@@ -1,5 +1,5 @@
 """The uint8 transforms run in the Dataset: random resized crops for training, resize and centre
-crop for evaluation, and the random crop of the pixel cache."""
+crop for evaluation; the same whether pixels come from files or from the pixel cache."""
 
 from __future__ import annotations
 
@@ -60,7 +60,12 @@ class RandomResizedCropFlip:
             w = round(math.sqrt(target * aspect))
             h = round(math.sqrt(target / aspect))
             if 0 < w <= width and 0 < h <= height:
-                return random.randint(0, height - h), random.randint(0, width - w), h, w
+                # One uniform draw per offset, whatever the image size (`randint` draws more bits
+                # for larger ranges): the same seed then gives the same relative crop on the
+                # full-size file and on the smaller cached copy.
+                top = int(random.random() * (height - h + 1))
+                left = int(random.random() * (width - w + 1))
+                return top, left, h, w
         # Fallback, as torchvision: the whole image, clamped to the allowed aspect ratios.
         aspect = width / height
         if aspect < self.ratio[0]:
@@ -85,28 +90,3 @@ class RandomResizedCropFlip:
 def eval_transform(image_size: int) -> v2.Transform:
     """Deterministic resize of the short side and center crop, for validation, test and predict."""
     return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
-
-
-class RandomCropFlip:
-    """A random `size` x `size` crop and (with `hflip`) a random horizontal flip: cached training
-    augmentation.
-
-    Returns a view where it can (collation copies it anyway); images stored smaller than `size`
-    (small originals are never enlarged in the cache) are enlarged here first.
-    """
-
-    def __init__(self, size: int, hflip: bool = True) -> None:
-        self.size = size
-        self.hflip = hflip
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        height, width = image.shape[-2:]
-        if min(height, width) < self.size:
-            scale = self.size / min(height, width)
-            shape = (max(self.size, round(height * scale)), max(self.size, round(width * scale)))
-            image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
-            height, width = shape
-        top = random.randint(0, height - self.size)
-        left = random.randint(0, width - self.size)
-        crop = image[:, top : top + self.size, left : left + self.size]
-        return crop.flip(-1) if self.hflip and random.random() < 0.5 else crop
