@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,8 @@ def test_bench_reports_baseline_loader_and_cache(image_root: Path, tmp_path: Pat
     ]
     assert all(r["images_per_s"] > 0 and len(r["epochs_images_per_s"]) == 2 for r in results)
     with_workers = [r for r in results if r["num_workers"] == 1]
-    assert all(r["worker_mib"] is None or r["worker_mib"] > 0 for r in with_workers)
+    if sys.platform.startswith("linux"):  # read from /proc; elsewhere reported as n/a
+        assert all(r["worker_mib"] > 0 for r in with_workers)
 
 
 def test_recommendation_is_the_fewest_workers_near_the_best() -> None:

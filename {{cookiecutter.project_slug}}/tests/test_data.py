@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.commands import scan
-from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -26,6 +26,10 @@ def test_classes_come_from_the_folders(image_root: Path) -> None:
     dm = ImageDataModule(root=image_root, num_workers=0)
     assert dm.class_names == list(CLASSES)
     assert dm.num_classes == 3
+    dm.setup("fit")
+    assert dm.train_dataset.class_to_idx == {"ant": 0, "bee": 1, "cat": 2}
+    first_bee = int(np.flatnonzero(dm.train_dataset.targets == 1)[0])
+    assert dm.train_dataset.path(first_bee).split(os.sep)[-2] == "bee"
 
 
 def test_split_is_stratified_and_repeatable(image_root: Path) -> None:
@@ -93,9 +97,10 @@ def test_workers_are_persistent(image_root: Path) -> None:
     assert images.shape[0] == 4
 
 
-def test_auto_workers_leave_a_cpu_for_the_main_process(image_root: Path) -> None:
+def test_auto_workers_leave_a_cpu_for_the_main_process(image_root: Path, monkeypatch) -> None:
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 8)
     dm = ImageDataModule(root=image_root, num_workers="auto")
-    assert dm.train_dataloader().num_workers >= 1
+    assert dm.train_dataloader().num_workers == 7
 
 
 def test_predict_root_lists_nested_images(image_root: Path, tmp_path: Path) -> None:

@@ -42,11 +42,15 @@ class ImageFolderDataset(Dataset):
         self.classes = classes or []
         self.min_size = min_size
         self.approximate_decode = approximate_decode
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.in_hand = FilesInHand()
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label, as torchvision's `ImageFolder` offers it."""
+        return {name: i for i, name in enumerate(self.classes)}
 
     def path(self, index: int) -> str:
         return os.path.join(self.root, os.fsdecode(self.paths[index]))

@@ -24,16 +24,16 @@ class RandomResizedCropFlip:
     The same sampling as torchvision's, written out because the v2 pipeline's per-call overhead
     (pytree flattening, tensor-valued parameters) costs more than the resize itself: on a 256x341
     uint8 image, 1.2 ms per call for the v2 pair against 0.46 ms here, with the same antialiased
-    resize kernel (2 CPUs, one thread each; benchmarks/BENCHMARKS.md). Draws from Python's
+    resize kernel (2 CPUs, one thread each; the template's BENCHMARKS.md). Draws from Python's
     `random`, which the DataLoader seeds differently in every worker.
     """
 
     def __init__(
         self,
         size: int,
-        scale: tuple[float, float] = (0.35, 1.0),
+        scale: tuple[float, float] = (0.6, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        hflip: bool = True,
+        hflip: bool = False,
     ) -> None:
         self.size = size
         self.hflip = hflip
