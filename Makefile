@@ -19,8 +19,9 @@ venv: $(VENV)/.installed  ## Create .venv with what template development needs
 test: venv  ## Run all template tests: render every option, bake, install, run baked tests
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-lint: venv  ## Lint the template's own Python files
-	$(VENV)/bin/python -m ruff check hooks tests
+lint: venv  ## Lint and format-check the template's own Python files
+	$(VENV)/bin/python -m ruff check hooks tests benchmarks
+	$(VENV)/bin/python -m ruff format --check hooks tests benchmarks
 
 demo:  ## Bake with defaults into $(DEMO_DIR), install it in its own venv, train on the demo data
 	bash scripts/demo.sh "$(DEMO_DIR)" "$(PYTHON)"
