@@ -1,11 +1,12 @@
-"""Representative bakes, installed for real, must pass their own tests and lint with no edits."""
+"""Representative bakes, each installed alone in a fresh virtual environment from its own
+pyproject.toml, must pass their own tests and lint with no edits."""
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
 
 import pytest
-from conftest import bake, pip_install, pip_uninstall, run
+from conftest import bake, fresh_venv, run
 
 pytestmark = pytest.mark.slow
 
@@ -31,31 +32,22 @@ REPRESENTATIVE = {
 
 
 @pytest.mark.parametrize("answers", REPRESENTATIVE.values(), ids=REPRESENTATIVE.keys())
-def test_bake_installs_and_passes_its_own_tests_and_lint(cookies, answers: dict[str, str]) -> None:
+def test_bake_installs_and_passes_its_own_tests_and_lint(
+    cookies, tmp_path: Path, answers: dict[str, str]
+) -> None:
     project = bake(cookies, **answers)
-    pip_install(project)
-    try:
-        run("make", "lint", f"PYTHON={sys.executable}", cwd=project)
-        markers = [] if answers == REPRESENTATIVE["default"] else ["-m", "not slow"]
-        result = run(
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *markers, cwd=project
-        )
-        if answers.get("dataset_layout") == "csv":
-            # The shipped CSV config must name real arguments: the CLI parses it against them.
-            package = project.name.replace("-", "_")
-            config = run(
-                sys.executable,
-                "-m",
-                package,
-                "fit",
-                "--config",
-                "configs/labels_csv.yaml",
-                "--print_config",
-                cwd=project,
-            ).stdout
-            assert "labels_csv: labels.csv" in config
-            # `make train` generates the demo set through this function before training.
-            run(sys.executable, "-c", f"from {package}.demo import ensure_demo_data", cwd=project)
-    finally:
-        pip_uninstall(project.name, cwd=project)
+    python = str(fresh_venv(project, tmp_path / "venv"))
+    run("make", "lint", f"PYTHON={python}", cwd=project)
+    markers = [] if answers == REPRESENTATIVE["default"] else ["-m", "not slow"]
+    result = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *markers, cwd=project)
     assert " passed" in result.stdout and "failed" not in result.stdout
+    if answers.get("dataset_layout") == "csv":
+        # The shipped CSV config must name real arguments: the CLI parses it against them.
+        package = project.name.replace("-", "_")
+        config = run(
+            python, "-m", package, "fit", "--config", "configs/labels_csv.yaml", "--print_config",
+            cwd=project,
+        ).stdout
+        assert "labels_csv: labels.csv" in config
+        # `make train` generates the demo set through this function before training.
+        run(python, "-c", f"from {package}.data.demo import ensure_demo_data", cwd=project)
