@@ -45,7 +45,13 @@ def test_bake_installs_and_passes_its_own_tests_and_lint(
         # The shipped CSV config must name real arguments: the CLI parses it against them.
         package = project.name.replace("-", "_")
         config = run(
-            python, "-m", package, "fit", "--config", "configs/labels_csv.yaml", "--print_config",
+            python,
+            "-m",
+            package,
+            "fit",
+            "--config",
+            "configs/labels_csv.yaml",
+            "--print_config",
             cwd=project,
         ).stdout
         assert "labels_csv: labels.csv" in config
