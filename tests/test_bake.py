@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -296,3 +297,19 @@ def test_dataset_layout_option_sets_the_documented_default(cookies, layout: str)
         assert not (project / "configs/labels_csv.yaml").exists()
         assert "labels_csv" not in makefile
         assert "fit --data.root path/to/images   # root/<class>/<image>" in readme
+
+
+def test_gitignore_keeps_outputs_out_and_the_package_in(cookies) -> None:
+    project = bake(cookies)
+    run("git", "init", "--quiet", cwd=project)
+    outputs = ["data/demo/dots/1.jpg", "data/cache/x/pixels.npy", "model.pt2", "model.onnx"]
+    outputs += ["model.pt", "lightning_logs/version_0/checkpoints/last.ckpt"]
+    sources = ["src/image_classifier/data/datamodule.py", "docs/data.md", "configs/gpu.yaml"]
+    sources += ["tests/fixtures/last_before_rooms.ckpt"]  # the fixture a test needs
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *outputs, *sources],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert sorted(ignored) == sorted(outputs)
