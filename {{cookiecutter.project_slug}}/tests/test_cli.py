@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import tiny_run_options
+from conftest import tiny_run_options, write_image
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -108,3 +109,39 @@ def test_old_module_spellings_still_run(image_root: Path, tmp_path: Path) -> Non
     assert scan.returncode == 0, scan.stderr
     assert "scanned 24 images: 0 unreadable" in scan.stderr
     assert "RuntimeWarning" not in scan.stderr
+
+
+def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, tmp_path: Path):
+    images = trained_checkpoint.parent / "images"
+    held_out = tmp_path / "held_out"
+    for name, colour in (("ant", (255, 30, 30)), ("bee", (30, 255, 30)), ("cat", (30, 30, 255))):
+        for i in range(4):
+            write_image(held_out / name / f"new_{i}.png", colour)
+    result = run_cli(
+        "test",
+        "--ckpt_path",
+        str(trained_checkpoint),
+        "--data.root",
+        str(images),
+        "--data.test_root",
+        str(held_out),
+        "--data.num_workers",
+        "0",
+        "--trainer.logger",
+        "false",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    [score] = re.findall(r"test_acc\s+.\s+([\d.]+)", result.stdout)
+    assert float(score) >= 0.75, result.stdout  # trained on the same colours
+    assert re.search(r"^bee\s+4\s+\d+\s+[\d.]+$", result.stdout, re.MULTILINE)  # per class
+
+
+def test_test_without_test_images_says_which_option(trained_checkpoint: Path, tmp_path: Path):
+    images = trained_checkpoint.parent / "images"
+    result = run_cli(
+        "test", "--ckpt_path", str(trained_checkpoint), "--data.root", str(images), cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert "error: test needs --data.test_root" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -59,6 +59,10 @@ class ImageDataModule(L.LightningDataModule):
             capped by a cgroup CPU quota) divided among the local processes, minus one for each
             process's own work (`cpus.auto_num_workers`).
         predict_root: folder of unlabeled images (nested folders allowed) for `predict`.
+        test_root: held-out images for `test`, in class folders, or the image folder of
+            `test_csv`; its classes must be training classes.
+        test_csv: test labels, in the same format as `labels_csv`; its files are relative to
+            `test_root` when set, else to `root`.
         class_names: the classes, in label order; by default the class folder names, or the CSV's
             label names, sorted (integer CSV labels: "0".."K-1").
         labels_csv: CSV with a header row and columns `filename_column` (path relative to `root`)
@@ -99,6 +103,8 @@ class ImageDataModule(L.LightningDataModule):
         val_fraction: float = 0.2,
         seed: int = 0,
         predict_root: str | Path | None = None,
+        test_root: str | Path | None = None,
+        test_csv: str | Path | None = None,
         class_names: list[str] | None = None,
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
@@ -158,6 +164,9 @@ class ImageDataModule(L.LightningDataModule):
         self.crop_scale = tuple(crop_scale)
         self.hflip = hflip
         self.predict_root = Path(predict_root) if predict_root is not None else None
+        self.test_root = Path(test_root) if test_root is not None else None
+        self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.test_csv")
+        self.test_dataset: ImageFolderDataset | None = None
         self._class_names = list(class_names) if class_names else None
         self.mean = tuple(mean)
         self.std = tuple(std)
@@ -205,6 +214,9 @@ class ImageDataModule(L.LightningDataModule):
                 (predict,) = self._drop_unreadable(predict)
             self.predict_dataset = predict
             return
+        if stage == "test":
+            self.test_dataset = self._test_dataset()
+            return
         if self.train_dataset is not None:
             return
         if self.root is None:  # also done by prepare_data; repeated here for use without a Trainer
@@ -242,6 +254,15 @@ class ImageDataModule(L.LightningDataModule):
             path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, self.class_names)
             log.info("Validation split: %d images, listed in %s", len(val), path)
 
+    def _test_dataset(self) -> ImageFolderDataset:
+        if self.test_root is None and self.test_csv is None:
+            raise DataError("test needs --data.test_root (class folders) or --data.test_csv")
+        columns = (self.filename_column, self.label_column)
+        root = self.test_root or self.root or self.test_csv.parent
+        source = labelled_source(root, self.test_csv, *columns, role="test")
+        test = self._eval_dataset(source.index(self.class_names))
+        return self._drop_unreadable(test)[0] if self.skip_bad_images else test
+
     def _eval_dataset(self, index: ImageIndex) -> ImageFolderDataset:
         transform = eval_transform(self.image_size)
         return ImageFolderDataset(*_fields(index), transform, self.class_names, self.image_size)
@@ -270,6 +291,11 @@ class ImageDataModule(L.LightningDataModule):
         if self.val_dataset is None:
             self.setup("validate")
         return self._loader(self.val_dataset)
+
+    def test_dataloader(self) -> DataLoader:
+        if self.test_dataset is None:
+            self.setup("test")
+        return self._loader(self.test_dataset)
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dataset is None:

@@ -169,7 +169,7 @@ def labelled_source(
     role: str = "training",
 ) -> ClassFolders | LabelsCsv:
     """Class folders under `root`, or the files `labels_csv` names in `root`."""
-    option = "data.root" if role == "training" else "data.val_root"
+    option = {"training": "data.root", "validation": "data.val_root"}.get(role, "data.test_root")
     if labels_csv is None:
         return ClassFolders(root, option, role)
     return LabelsCsv(root, labels_csv, filename_column, label_column, option, role)

@@ -72,6 +72,8 @@ class ImageClassifier(L.LightningModule):
             MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
         )
         self.val_confusion = MulticlassConfusionMatrix(num_classes)
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)
         self.confusion: np.ndarray | None = None  # of the latest validation epoch
         self._channels_last = False
 
@@ -111,6 +113,20 @@ class ImageClassifier(L.LightningModule):
         if self.val_acc_top5 is not None:
             self.val_acc_top5(logits, targets)
             self.log("val_acc_top5", self.val_acc_top5)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        images, targets = batch
+        logits = self(images)
+        self.test_acc(logits, targets)
+        self.test_confusion.update(logits, targets)
+        self.log("test_loss", self.loss(logits, targets), sync_dist=True)
+        self.log("test_acc", self.test_acc)
+
+    def on_test_epoch_end(self) -> None:
+        matrix = self.test_confusion.compute().cpu().numpy()  # every rank: compute syncs them
+        self.test_confusion.reset()
+        if self.trainer.is_global_zero:
+            print(per_class_table(matrix, self.class_names))
 
     def on_validation_epoch_end(self) -> None:
         matrix = self.val_confusion.compute().cpu().numpy()  # every rank: compute syncs them
