@@ -42,6 +42,8 @@ def test_bench_reports_baseline_loader_and_cache(image_root: Path, tmp_path: Pat
     with_workers = [r for r in results if r["num_workers"] == 1]
     if sys.platform.startswith("linux"):  # read from /proc; elsewhere reported as n/a
         assert all(r["worker_mib"] > 0 for r in with_workers)
+        # PSS shares what the workers map with the main process; RSS counts it whole
+        assert all(0 < r["worker_pss_mib"] <= r["worker_rss_mib"] for r in with_workers)
 
 
 def test_recommendation_is_the_fewest_workers_near_the_best() -> None:

@@ -57,12 +57,14 @@ class Result:
     images_per_s: float  # median over the timed epochs
     epochs_images_per_s: list[float]
     worker_mib: float | None  # private (dirty) memory of all workers together
+    worker_pss_mib: float | None = None  # their proportional share of all they map, summed
+    worker_rss_mib: float | None = None  # resident memory, summed as RSS-summing tools do
 
 
 def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) -> Result:
     """Images/s of each epoch of `loader`, batches made model-ready by `prepare` on `device`."""
     rates = []
-    memory = None
+    memory: dict[str, float | None] = {}
     for epoch in range(epochs):
         count = 0
         start = time.perf_counter()
@@ -72,30 +74,44 @@ def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) 
             images = prepare((images, targets))[0]
             count += images.shape[0]
             if epoch == epochs - 1 and step == 2:
-                memory = _workers_pss_mib(iterator)
+                memory = _workers_memory_mib(iterator)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         rates.append(count / (time.perf_counter() - start))
         del iterator
     # The first epoch starts the workers and warms the page cache; it is timed only when alone.
     timed = rates[1:] if len(rates) > 1 else rates
-    return Result("", loader.num_workers, statistics.median(timed), rates, memory)
+    return Result(
+        "",
+        loader.num_workers,
+        statistics.median(timed),
+        rates,
+        memory.get("Private_Dirty"),
+        memory.get("Pss"),
+        memory.get("Rss"),
+    )
 
 
-def _workers_pss_mib(iterator) -> float | None:
-    """Memory private to the loader workers, summed: what `num_workers` multiplies."""
-    total = 0
+def _workers_memory_mib(iterator) -> dict[str, float | None]:
+    """The loader workers' memory, summed over them, in MiB, from /proc (Linux).
+
+    `Private_Dirty`: pages each worker alone has written, its own growth (copy-on-read of Python
+    objects shows here): what `num_workers` multiplies. `Pss`: each worker's share of everything
+    it maps, shared pages divided among their users: the fair total. `Rss`: resident pages as if
+    unshared; a persistent worker reading the pixel cache grows toward the whole file, and tools
+    that sum RSS (SLURM's accounting, dashboards) count that file once per worker.
+    """
+    totals = dict.fromkeys(("Private_Dirty", "Pss", "Rss"), 0)
     for worker in getattr(iterator, "_workers", []):
         try:
             with open(f"/proc/{worker.pid}/smaps_rollup") as file:
                 for line in file:
-                    # Pages this worker alone has written: its own growth (copy-on-read of Python
-                    # objects shows here), not what it shares with the main process or the cache.
-                    if line.startswith("Private_Dirty:"):
-                        total += int(line.split()[1])
+                    name = line.split(":", 1)[0]
+                    if name in totals:
+                        totals[name] += int(line.split()[1])
         except OSError:  # not Linux, or a worker already gone
-            return None
-    return total / 1024 if total else None
+            return {}
+    return {name: kib / 1024 if kib else None for name, kib in totals.items()}
 
 
 def default_workers() -> list[int]:
@@ -172,18 +188,21 @@ def _baseline(results: list[Result], count: int) -> float:
 
 def _row(result: Result, results: list[Result]) -> str:
     ratio = result.images_per_s / _baseline(results, result.num_workers)
-    memory = "n/a" if result.worker_mib is None else f"{result.worker_mib:.0f}"
+    private, pss, rss = (
+        "n/a" if mib is None else f"{mib:.0f}"
+        for mib in (result.worker_mib, result.worker_pss_mib, result.worker_rss_mib)
+    )
     epochs = " ".join(f"{r:.0f}" for r in result.epochs_images_per_s)
     return (
         f"| {result.pipeline:7s} | {result.num_workers:7d} | {result.images_per_s:8.0f} "
-        f"| {ratio:5.2f}x | {memory:>10s} | {epochs} |"
+        f"| {ratio:5.2f}x | {private:>7s} | {pss:>7s} | {rss:>7s} | {epochs} |"
     )
 
 
 def report(results: list[Result], pipeline: str) -> str:
     lines = [
-        "| loader  | workers | images/s | vs naive | worker MiB | per epoch |",
-        "|---------|---------|----------|----------|------------|-----------|",
+        "| loader  | workers | images/s | vs naive | private | PSS     | RSS     | per epoch |",
+        "|---------|---------|----------|----------|---------|---------|---------|-----------|",
     ]
     lines += [_row(r, results) for r in results]
     best = recommend(results, pipeline)
@@ -224,8 +243,8 @@ def main(args: list[str] | None = None) -> None:
     print(
         f"{data.get('root') or 'demo data'}: images at {data['image_size']}px, batch "
         f"{data['batch_size']}, device {device}, {usable_cpus()} usable CPUs (os.cpu_count "
-        f"{os.cpu_count()}); images/s: median of epochs 2..{cfg.epochs}; worker MiB: memory "
-        "private to the loader workers, summed"
+        f"{os.cpu_count()}); images/s: median of epochs 2..{cfg.epochs}; private, PSS, RSS: "
+        "the loader workers' memory in MiB, summed (RSS counts the shared cache once per worker)"
     )
     print(report(results, pipeline))
     if cfg.json is not None:
