@@ -4,26 +4,42 @@ from __future__ import annotations
 
 import inspect
 import sys
-from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
 
+# DataModule options that are also the model's: linked data -> model, saved in each checkpoint.
+LINKED = ("class_names", "image_size", "mean", "std")
+
 
 class ImageCLI(LightningCLI):
     """LightningCLI with the data-dependent model arguments linked from the DataModule."""
 
+    ckpt_contents: dict | None = None  # of --ckpt_path, read and checked once
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        super().parse_arguments(parser, args)
+        # Checked here, before LightningCLI reads the file's hyperparameters into the config and
+        # long before the Trainer loads it: a bad file stops with one sentence, never a traceback.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path:
+            self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
+            if subcommand == "fit":
+                _check_resumed_classes(self.config.fit, self.ckpt_contents)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for name in ("class_names", "image_size", "mean", "std"):
+        for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(
@@ -44,34 +60,53 @@ class ImageCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        ckpt_path = config.get("ckpt_path")
-        if ckpt_path and Path(ckpt_path).is_file():
-            _restore_data_options(config, ckpt_path, self.subcommand)
+        if self.ckpt_contents is not None:
+            _restore_data_options(config, self.ckpt_contents, self.subcommand)
         if config.trainer.precision is None:
             config.trainer.precision = _default_precision(config.trainer.accelerator)
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
 
 
-def _restore_data_options(config, ckpt_path: str, subcommand: str) -> None:
+def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
     """Give the DataModule the checkpoint's classes, image size and normalisation.
 
     The model's copies of these are link targets, filled from the DataModule when the classes are
     instantiated, so setting them on the data side is what makes the model match the checkpoint:
     `predict --ckpt_path X` then needs no training options, and a resumed `fit` no repeated ones.
     """
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    hparams = checkpoint.get("hyper_parameters", {})
-    for name in ("class_names", "image_size", "mean", "std"):
-        if name in hparams:
-            config.data[name] = hparams[name]
+    for name, value in _saved_data_options(config.data, checkpoint, subcommand).items():
+        config.data[name] = value
     # The checkpoint holds the trained weights; the file that seeded them may be gone.
     config.model.weights_path = None
+
+
+def _saved_data_options(data, checkpoint: dict, subcommand: str) -> dict:
+    """The data options `_restore_data_options` takes from the checkpoint, by name."""
+    hparams = checkpoint["hyper_parameters"]
+    options = {name: hparams[name] for name in LINKED if name in hparams}
     if subcommand == "fit":  # resuming: data options left at their defaults take the saved ones
         defaults = inspect.signature(ImageDataModule).parameters
         for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
-            if name in defaults and config.data.get(name) == defaults[name].default:
-                config.data[name] = value
+            if name in defaults and options.get(name, data.get(name)) == defaults[name].default:
+                options[name] = value
+    return options
+
+
+def _check_resumed_classes(config, checkpoint: dict) -> None:
+    """Refuse to resume `fit` on data without the checkpoint's classes.
+
+    Run as soon as the arguments are parsed, before anything else is printed: the classes are read
+    from a DataModule built for the purpose, with the options the resumed run will have.
+    """
+    options = {**config.data.as_dict(), **_saved_data_options(config.data, checkpoint, "fit")}
+    data = ImageDataModule(**{**options, "class_names": None})
+    if data.labels_csv is not None:
+        source = f"--data.labels_csv {data.labels_csv}"
+    else:
+        source = f"--data.root {data.root}" if data.root is not None else "the demo data"
+    saved = list(checkpoint["hyper_parameters"]["class_names"])
+    check_classes_present(config.ckpt_path, saved, data.class_names, source)
 
 
 def _default_precision(accelerator: object) -> str | None:
@@ -90,6 +125,10 @@ def _message(err: DataError) -> str:
 
 def main(args: list[str] | None = None) -> None:
     """Run LightningCLI on `args` (the subcommand first, as on the command line)."""
+    if args is not None and list(args) == sys.argv[1:]:
+        # The command line itself: LightningCLI reads it there, and warns on stderr when it is
+        # handed the same arguments too, as `python -m` does through `__main__`.
+        args = None
     try:
         ImageCLI(
             ImageClassifier,

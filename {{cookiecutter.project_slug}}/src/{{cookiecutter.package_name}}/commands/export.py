@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
+from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
 
 
 class ExportedClassifier(nn.Module):
@@ -39,13 +38,13 @@ class ExportedClassifier(nn.Module):
 
 
 def load_for_export(ckpt_path: str | Path) -> tuple[ExportedClassifier, dict]:
-    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata."""
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise DataError(f"--ckpt_path {path} is not a file")
-    # weights_path=None: the checkpoint holds the trained weights; the file that seeded them
-    # need not exist where the export runs.
-    model = ImageClassifier.load_from_checkpoint(path, map_location="cpu", weights_path=None)
+    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata.
+
+    Raises:
+        DataError: the checkpoint is missing, unreadable or not this project's (see
+            `model/checkpoint.py`).
+    """
+    model = load_classifier(ckpt_path)
     hp = model.hparams
     metadata = {
         "class_names": list(hp.class_names),

@@ -1,0 +1,247 @@
+"""Bad `--ckpt_path` files: every command stops with one `error:` line and exit 2, nothing run.
+
+Each kind of bad file meets `fit`, `predict` and `export` (`validate` and `test` take predict's
+path) through `__main__.main`, what `python -m` runs, in this interpreter to keep it fast; a few
+pairs then go through the real command line in a subprocess, where all of stderr counts.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickletools
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_run_options, write_image
+from torch import nn
+
+from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model.checkpoint import (
+    check_classes_present,
+    load_classifier,
+    read_checkpoint,
+)
+
+
+class RunsCode:
+    """Pickles as a call to `os.system`: loading it without `weights_only` would run `touch`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _contents(good: Path) -> dict:
+    return copy.deepcopy(torch.load(good, map_location="cpu", weights_only=True))
+
+
+def _saved(path: Path, contents: object) -> Path:
+    torch.save(contents, path)
+    return path
+
+
+def _missing(path: Path, good: Path, marker: Path) -> Path:
+    return path
+
+
+def _directory(path: Path, good: Path, marker: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _csv(path: Path, good: Path, marker: Path) -> Path:
+    path = path.with_suffix(".csv")
+    path.write_text("filename,label\nant_0.jpg,ant\n")
+    return path
+
+
+def _random_bytes(path: Path, good: Path, marker: Path) -> Path:
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    return path
+
+
+def _truncated(path: Path, good: Path, marker: Path) -> Path:
+    data = good.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _plain_state_dict(path: Path, good: Path, marker: Path) -> Path:
+    return _saved(path, nn.Linear(4, 2).state_dict())  # a torch file, but no Lightning checkpoint
+
+
+def _other_hyper_parameters(path: Path, good: Path, marker: Path) -> Path:
+    contents = _contents(good)
+    contents["hyper_parameters"] = {"hidden_dim": 64, "vocab_size": 1000}
+    return _saved(path, contents)
+
+
+def _misfit_weights(path: Path, good: Path, marker: Path) -> Path:
+    contents = _contents(good)
+    contents["hyper_parameters"]["width"] *= 2  # the saved weights are for half the width
+    return _saved(path, contents)
+
+
+def _pickled_code(path: Path, good: Path, marker: Path) -> Path:
+    contents = _contents(good)
+    contents["callbacks"] = RunsCode(marker)
+    return _saved(path, contents)
+
+
+def _named_function(path: Path, good: Path, marker: Path) -> Path:
+    contents = _contents(good)  # a loader that trusted `_instantiator` would call os.system
+    contents["hyper_parameters"]["_instantiator"] = "os.system"
+    return _saved(path, contents)
+
+
+def _weights_only(path: Path, good: Path, marker: Path) -> Path:
+    contents = _contents(good)
+    del contents["optimizer_states"], contents["lr_schedulers"]
+    return _saved(path, contents)
+
+
+Maker = Callable[[Path, Path, Path], Path]
+# kind -> (how to write it, what the error says)
+BAD: dict[str, tuple[Maker, str]] = {
+    "missing": (_missing, "is not a file: it does not exist"),
+    "directory": (_directory, "is not a file: it is a directory"),
+    "csv_text": (_csv, "is not a checkpoint: .* text beginning 'filename,label'"),
+    "random_bytes": (_random_bytes, "is not a checkpoint: .* binary data"),
+    "truncated": (_truncated, "is truncated or corrupt"),
+    "plain_state_dict": (_plain_state_dict, "has no state_dict and no hyper_parameters"),
+    "other_hyper_parameters": (_other_hyper_parameters, "ImageClassifier does not take"),
+    "misfit_weights": (_misfit_weights, "state_dict that does not fit"),
+    "pickled_code": (_pickled_code, r"holds pickled code.*calls \w+\.system.*refused"),
+    "named_function": (_named_function, "names 'os.system' .*refused, as loading would call it"),
+}
+# Bad only for resuming `fit`: a --data.root without the classes, or no optimizer state.
+BAD_FOR_FIT = {
+    "other_classes": "was trained on 3 classes .*without bee, cat",
+    "weights_only": "holds weights only",
+}
+SHORT_LIST = ("misfit_weights", "pickled_code")
+
+
+def command_line(command: str, ckpt: Path, images: Path, tmp_path: Path) -> list[str]:
+    """`command` on `ckpt`, with the options a good checkpoint would need to run it quickly."""
+    if command == "export":
+        return ["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "m.pt"), "--no-onnx"]
+    options = ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
+    if command == "predict":
+        options += ["--data.predict_root", str(images / "bee"), "--data.num_workers", "0"]
+    else:
+        options += tiny_run_options(images)
+    return [command, "--ckpt_path", str(ckpt), *options]
+
+
+def make_bad(kind: str, good: Path, tmp_path: Path, marker: Path) -> tuple[Path, Path, str]:
+    """The bad checkpoint of `kind`, the image folder to run on, and the reason expected."""
+    images = good.parent / "images"
+    if kind == "other_classes":
+        images = tmp_path / "other_images"
+        for name in ("ant", "dog"):
+            for i in range(4):
+                write_image(images / name / f"{name}_{i}.jpg", (200, 100, 50))
+        return good, images, BAD_FOR_FIT[kind]
+    if kind == "weights_only":
+        return _weights_only(tmp_path / "bad.ckpt", good, marker), images, BAD_FOR_FIT[kind]
+    maker, reason = BAD[kind]
+    return maker(tmp_path / "bad.ckpt", good, marker), images, reason
+
+
+def assert_refused(code: object, stderr: str, ckpt: Path, reason: str, marker: Path) -> None:
+    assert code == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and str(ckpt) in lines[0], lines[0]
+    assert re.search(reason, lines[0]), lines[0]
+    assert "Traceback" not in stderr
+    assert not marker.exists()  # the pickled call never ran
+
+
+# validate and test take the path predict takes (ImageCLI.parse_arguments, not resuming): two
+# kinds each, the deepest checks, keep the run short.
+CASES = [(kind, command) for kind in BAD for command in ("fit", "predict", "export")]
+CASES += [(kind, "fit") for kind in BAD_FOR_FIT]
+CASES += [(kind, command) for command in ("validate", "test") for kind in SHORT_LIST]
+
+
+@pytest.mark.parametrize(("kind", "command"), CASES)
+def test_bad_checkpoint_stops_with_one_line(
+    kind: str, command: str, trained_checkpoint: Path, tmp_path: Path, monkeypatch, capfd
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "MARKER"
+    ckpt, images, reason = make_bad(kind, trained_checkpoint, tmp_path, marker)
+    with pytest.raises(SystemExit) as exit_info:
+        main(command_line(command, ckpt, images, tmp_path))
+    assert_refused(exit_info.value.code, capfd.readouterr().err, ckpt, reason, marker)
+    assert not (tmp_path / "lightning_logs").exists()  # stopped before the Trainer ran
+
+
+# A few subprocesses (the imports alone take seconds), each with another command and kind.
+@pytest.mark.parametrize(
+    ("kind", "command"),
+    [
+        ("pickled_code", "predict"),
+        ("csv_text", "validate"),
+        ("truncated", "export"),
+        ("other_classes", "fit"),
+    ],
+)
+def test_real_command_line_prints_one_error_line(
+    kind: str, command: str, trained_checkpoint: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "MARKER"
+    ckpt, images, reason = make_bad(kind, trained_checkpoint, tmp_path, marker)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "{{ cookiecutter.package_name }}",
+            *command_line(command, ckpt, images, tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert_refused(result.returncode, result.stderr, ckpt, reason, marker)
+
+
+def test_the_pickled_code_checkpoint_does_carry_a_call(
+    trained_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The file is a real threat: its pickle imports os.system and calls it (REDUCE)."""
+    path = _pickled_code(tmp_path / "bad.ckpt", trained_checkpoint, tmp_path / "MARKER")
+    with zipfile.ZipFile(path) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+        ops = [(op.name, arg) for op, arg, _ in pickletools.genops(archive.read(name))]
+    position = ops.index(("GLOBAL", f"{os.system.__module__} system"))
+    assert "REDUCE" in [op for op, _ in ops[position:]]
+
+
+def test_a_good_checkpoint_passes_with_its_weights(trained_checkpoint: Path) -> None:
+    contents = read_checkpoint(trained_checkpoint, resume=True)
+    assert contents["hyper_parameters"]["class_names"] == ["ant", "bee", "cat"]
+    model = load_classifier(trained_checkpoint)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, contents["state_dict"][name]), name
+
+
+def test_resuming_needs_every_class_of_the_checkpoint_and_allows_more() -> None:
+    saved = ["ant", "bee", "cat"]
+    check_classes_present("last.ckpt", saved, ["cat", "bee", "ant", "dog"], "--data.root x")
+    with pytest.raises(DataError, match="last.ckpt was trained on 3 .*without cat: resume"):
+        check_classes_present("last.ckpt", saved, ["ant", "bee", "dog"], "--data.root x")
