@@ -36,9 +36,29 @@ def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: 
     assert fit.returncode == 0, fit.stderr
     best = list(tmp_path.glob("lightning_logs/version_0/checkpoints/best.ckpt"))
     assert best and (best[0].parent / "last.ckpt").exists()
-    validate = run_cli("validate", *common, "--ckpt_path", str(best[0]), cwd=tmp_path)
+    # As the README shows it: the checkpoint brings the data options (root, size, split)
+    validate = run_cli("validate", "--ckpt_path", str(best[0]), cwd=tmp_path)
     assert validate.returncode == 0, validate.stderr
     assert "val_acc" in validate.stdout
+    assert re.search(r"^bee\s+\d+\s+\d+", validate.stdout, re.MULTILINE)  # our classes
+    assert not (tmp_path / "data" / "demo").exists()  # not the demo set
+
+
+def test_checkpointing_can_be_turned_off(image_root: Path, tmp_path: Path) -> None:
+    result = run_cli(
+        "fit",
+        *tiny_run_options(image_root),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.rglob("*.ckpt")) == []
+    assert (tmp_path / "lightning_logs" / "version_0").is_dir()  # still logged
 
 
 def test_fast_dev_run(image_root: Path, tmp_path: Path) -> None:

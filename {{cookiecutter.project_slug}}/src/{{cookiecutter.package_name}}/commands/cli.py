@@ -58,6 +58,21 @@ class ImageCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(DataStarvationMonitor, "data_monitor")
 
+    def instantiate_trainer(self, **kwargs):
+        """The Trainer, with the checkpoint callbacks left out under `enable_checkpointing false`.
+
+        They are parser-level callbacks (`--checkpoint.*`, `--last_checkpoint.*`), always built;
+        Lightning refuses a ModelCheckpoint beside `enable_checkpointing=False`. As
+        `LightningCLI.instantiate_trainer`, with that one filter.
+        """
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        keys = self._parser(self.subcommand).callback_keys
+        callbacks = [self._get(self.config_init, key) for key in keys]
+        if config.get("enable_checkpointing") is False:
+            kinds = (ModelCheckpoint, LastCheckpoint)
+            callbacks = [c for c in callbacks if not isinstance(c, kinds)]
+        return self._instantiate_trainer(config, callbacks)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         if self.ckpt_contents is not None:
@@ -85,7 +100,10 @@ def _saved_data_options(data, checkpoint: dict, subcommand: str) -> dict:
     """The data options `_restore_data_options` takes from the checkpoint, by name."""
     hparams = checkpoint["hyper_parameters"]
     options = {name: hparams[name] for name in LINKED if name in hparams}
-    if subcommand == "fit":  # resuming: data options left at their defaults take the saved ones
+    # Resuming, validating or testing: data options left at their defaults take the saved ones, so
+    # that a checkpoint trained on your own data needs no --data.root (predict reads only
+    # --data.predict_root, and the training data may not be where the model is served).
+    if subcommand in ("fit", "validate", "test"):
         defaults = inspect.signature(ImageDataModule).parameters
         for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
             if name in defaults and options.get(name, data.get(name)) == defaults[name].default:

@@ -1,0 +1,46 @@
+"""The README's first commands run as shown, on your own images (here: small fixture images)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+PACKAGE = "{{ cookiecutter.package_name }}"
+
+
+def readme_commands() -> list[str]:
+    """The `python -m <package>` lines of the README's first code block, then the commands it
+    names inline (validate, --help), in order."""
+    text = (PROJECT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Train on your own images\n```bash\n(.*?)```", text, re.DOTALL).group(1)
+    lines = [line.split("#")[0].strip() for line in block.splitlines()]
+    commands = [line for line in lines if line.startswith(f"python -m {PACKAGE} ")]
+    commands += re.findall(rf"`(python -m {PACKAGE} [^`<]+)`", text)  # not `<command>` forms
+    return commands
+
+
+@pytest.mark.slow
+def test_readme_commands_run_as_shown(image_root: Path, tmp_path: Path) -> None:
+    (image_root / "labels.csv").write_text(
+        "filename,label\n"
+        + "".join(
+            f"{p.relative_to(image_root).as_posix()},{p.parent.name}\n"
+            for p in sorted(image_root.rglob("*.jpg"))
+        )
+    )
+    commands = readme_commands()
+    assert [c.split()[3] for c in commands][:3] == ["scan", "fit", "validate"]
+    for command in commands:
+        argv = shlex.split(command.replace("path/to/images", str(image_root)))
+        if "labels.csv" in argv:  # the CSV sits beside the images, as the README says
+            argv[argv.index("labels.csv")] = str(image_root / "labels.csv")
+        done = subprocess.run(
+            [sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
