@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import yaml
 from conftest import TEMPLATE
@@ -35,3 +37,15 @@ def test_template_workflow_runs_the_suite_and_bakes_first_and_last_values() -> N
     answers = [row["answers"] for row in rows]
     assert "license=MIT dataset_layout=folders logger=csv ci=github slurm=yes" in answers
     assert "license=Proprietary dataset_layout=csv logger=tensorboard ci=none slurm=no" in answers
+
+
+def test_the_template_repos_own_python_is_lint_and_format_clean() -> None:
+    # `make lint`, inside `make test` so that CI keeps it true.
+    for command in (["check"], ["format", "--check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--no-cache", "hooks", "tests", "benchmarks"],
+            cwd=TEMPLATE,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
