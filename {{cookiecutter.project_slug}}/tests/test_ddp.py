@@ -1,4 +1,4 @@
-"""Two-process DDP on CPU (gloo) through the real CLI: disjoint shards, metrics reduced."""
+"""DDP on CPU (gloo) through the real CLI: disjoint training shards, every evaluation image once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-from conftest import CSV_LOGGER, tiny_run_options
+from conftest import CSV_LOGGER, tiny_run_options, write_image
 
 TESTS = Path(__file__).parent
 
@@ -39,12 +39,6 @@ def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def last_metrics(run_dir: Path) -> dict[str, float]:
-    with open(run_dir / "lightning_logs" / "version_0" / "metrics.csv") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("val_acc")]
-    return {key: float(rows[-1][key]) for key in ("val_acc", "val_loss")}
-
-
 @pytest.mark.slow
 def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: Path) -> None:
     data = [
@@ -54,9 +48,8 @@ def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: P
     ]
     shards = tmp_path / "shards"
     shards.mkdir()
-    ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
+    ddp_dir = tmp_path / "ddp"
     ddp_dir.mkdir()
-    single_dir.mkdir()
     run_cli(
         "fit",
         *data,
@@ -83,19 +76,64 @@ def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: P
         assert not set(rank0[epoch]) & set(rank1[epoch])
     assert rank0[0] != rank0[1]  # reshuffled every epoch
 
-    # Validation metrics logged under DDP are reduced over both ranks: they equal what one process
-    # computes with the same weights on the whole validation split.
-    last = ddp_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    run_cli(
-        "validate",
-        *data,
-        "--trainer.accelerator",
-        "cpu",
-        "--ckpt_path",
-        str(last),
-        *CSV_LOGGER,
-        cwd=single_dir,
+
+def logged(run_dir: Path, *keys: str) -> dict[str, float]:
+    with open(run_dir / "lightning_logs" / "version_0" / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get(keys[0])]
+    return {key: float(rows[-1][key]) for key in keys}
+
+
+def ddp(processes: int) -> list[str]:
+    return ["--trainer.accelerator", "cpu", "--trainer.devices", str(processes)] + (
+        ["--trainer.strategy", "ddp"] if processes > 1 else []
     )
-    ddp, single = last_metrics(ddp_dir), last_metrics(single_dir)
-    assert ddp["val_acc"] == pytest.approx(single["val_acc"], abs=1e-6)
-    assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_evaluation_counts_every_image_once_under_ddp(
+    trained_checkpoint: Path, tmp_path: Path
+) -> None:
+    # 7 images: no process count here divides them, so padded shards would count some twice.
+    held_out = tmp_path / "held_out"
+    for name, colour, count in (("ant", (255, 30, 30), 3), ("bee", (30, 255, 30), 2)):
+        for i in range(count):
+            write_image(held_out / name / f"{name}_{i}.png", colour)
+    write_image(held_out / "cat" / "cat_0.png", (30, 30, 255))
+    write_image(held_out / "cat" / "cat_1.png", (200, 60, 60))  # looks like an ant
+    common = ["--ckpt_path", str(trained_checkpoint), "--data.num_workers", "0", *CSV_LOGGER]
+    scores = {}
+    for processes in (1, 2, 3):
+        run_dir = tmp_path / f"validate{processes}"
+        run_dir.mkdir()
+        run_cli("validate", *common, "--data.val_root", str(held_out), *ddp(processes), cwd=run_dir)
+        scores[processes] = logged(run_dir, "val_acc", "val_loss")
+    for processes in (2, 3):
+        assert scores[processes]["val_acc"] == pytest.approx(scores[1]["val_acc"], abs=1e-6)
+        assert scores[processes]["val_loss"] == pytest.approx(scores[1]["val_loss"], rel=1e-5)
+    assert 0 < scores[1]["val_acc"] < 1  # the odd cat is wrong, so a repeated image would show
+
+    test_dir = tmp_path / "test3"
+    test_dir.mkdir()
+    run_cli("test", *common, "--data.test_root", str(held_out), *ddp(3), cwd=test_dir)
+    tested = logged(test_dir, "test_acc", "test_loss")
+    assert tested["test_acc"] == pytest.approx(scores[1]["val_acc"], abs=1e-6)
+    assert tested["test_loss"] == pytest.approx(scores[1]["val_loss"], rel=1e-5)
+
+    predict_dir = tmp_path / "predict3"
+    predict_dir.mkdir()
+    output = predict_dir / "predictions.csv"
+    run_cli(
+        "predict",
+        *common,
+        "--data.predict_root",
+        str(held_out),
+        "--predictions.output",
+        str(output),
+        *ddp(3),
+        cwd=predict_dir,
+    )
+    with open(output, newline="") as file:
+        rows = list(csv.DictReader(file))
+    expected = sorted(str(p) for p in held_out.rglob("*.png"))
+    assert [row["path"] for row in rows] == expected  # each image once, in order
+    assert list(predict_dir.glob("*.rank*.csv")) == []  # the parts were merged

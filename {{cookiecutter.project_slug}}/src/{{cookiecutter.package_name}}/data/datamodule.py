@@ -303,7 +303,10 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader(self.predict_dataset)
 
     def _loader(self, dataset, **kwargs) -> DataLoader:
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        trainer = self.trainer
+        on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
+        if trainer is not None and trainer.world_size > 1 and not kwargs.get("train"):
+            kwargs["shard"] = (trainer.global_rank, trainer.world_size)
         workers = self.resolve_num_workers()
         return make_loader(dataset, self.batch_size, workers, pin_memory=on_cuda, **kwargs)
 

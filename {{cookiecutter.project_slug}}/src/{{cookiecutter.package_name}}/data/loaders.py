@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, WeightedRandomSampler
 
 
 def make_loader(
@@ -14,6 +14,7 @@ def make_loader(
     pin_memory: bool,
     train: bool = False,
     balance_classes: tuple[np.ndarray, int, int] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> DataLoader:
     """A loader of uint8 batches: shuffled (or class-balanced) with `train`, in order without.
 
@@ -21,6 +22,8 @@ def make_loader(
         pin_memory: page-locked batches, for a fast copy to a CUDA device (wasted elsewhere).
         balance_classes: (targets, number of classes, seed) to draw training images with a
             weighted sampler, each class equally often.
+        shard: (rank, world size) of an evaluation loader under DDP: each process reads every
+            world-size-th image, and no image twice (`EvalShardSampler`).
     """
     # Dropping the last partial training batch keeps BatchNorm away from tiny batches; shuffling
     # means every image is still seen, just not in every epoch.
@@ -36,6 +39,8 @@ def make_loader(
             replacement=True,
             generator=torch.Generator().manual_seed(seed),
         )
+    if not train and shard is not None:
+        sampler = EvalShardSampler(dataset, *shard)
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -52,3 +57,22 @@ def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:
     """Per-item sampling weights that make every present class equally likely."""
     counts = np.bincount(targets, minlength=num_classes)
     return torch.from_numpy(1.0 / counts[targets])
+
+
+class EvalShardSampler(DistributedSampler):
+    """Images `rank`, `rank + world`, ... of an evaluation set: every image once over all ranks.
+
+    Lightning gives evaluation loaders torch's `DistributedSampler`, which pads the shards to equal
+    length with repeated images, so metrics over 349 images on 2 processes counted one twice. A
+    `DistributedSampler` subclass is left in place by Lightning; the shards may then differ by one
+    image, which evaluation (no gradient all-reduce) allows, and the metrics' states, summed over
+    ranks, count each image once.
+    """
+
+    def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+        self.num_samples = len(range(rank, len(dataset), world_size))
+        self.total_size = len(dataset)
+
+    def __iter__(self):
+        return iter(range(self.rank, self.total_size, self.num_replicas))

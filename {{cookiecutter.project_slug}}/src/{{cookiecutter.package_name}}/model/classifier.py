@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from {{ cookiecutter.package_name }}.model.networks import COMPACT, build_network
@@ -72,6 +73,10 @@ class ImageClassifier(L.LightningModule):
             MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
         )
         self.val_confusion = MulticlassConfusionMatrix(num_classes)
+        # Losses averaged over images, not over batches or processes: exact under DDP, where the
+        # evaluation shards may differ by one image (data/loaders.py, EvalShardSampler).
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
         self.confusion: np.ndarray | None = None  # of the latest validation epoch
@@ -108,7 +113,8 @@ class ImageClassifier(L.LightningModule):
         logits = self(images)
         self.val_acc(logits, targets)
         self.val_confusion.update(logits, targets)
-        self.log("val_loss", self.loss(logits, targets), prog_bar=True, sync_dist=True)
+        self.val_loss.update(self.loss(logits, targets), weight=len(targets))
+        self.log("val_loss", self.val_loss, prog_bar=True)
         self.log("val_acc", self.val_acc, prog_bar=True)
         if self.val_acc_top5 is not None:
             self.val_acc_top5(logits, targets)
@@ -119,7 +125,8 @@ class ImageClassifier(L.LightningModule):
         logits = self(images)
         self.test_acc(logits, targets)
         self.test_confusion.update(logits, targets)
-        self.log("test_loss", self.loss(logits, targets), sync_dist=True)
+        self.test_loss.update(self.loss(logits, targets), weight=len(targets))
+        self.log("test_loss", self.test_loss)
         self.log("test_acc", self.test_acc)
 
     def on_test_epoch_end(self) -> None:

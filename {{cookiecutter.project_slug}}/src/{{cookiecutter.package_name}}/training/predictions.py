@@ -20,7 +20,9 @@ class PredictionWriter(BasePredictionWriter):
 
     Args:
         output: the CSV file; unset: `predictions.csv` in the run directory (the logger's
-            `version_N` folder). With several processes each writes its own `.rankN.csv`.
+            `version_N` folder). With several processes each writes its own `.rankN.csv` of its
+            share (every image once over all of them), which rank zero then merges into `output`,
+            in the images' order.
         top_k: how many classes the `top_k` column lists.
     """
 
@@ -31,16 +33,18 @@ class PredictionWriter(BasePredictionWriter):
         self.path: Path | None = None
         self._file = None
         self._writer = None
+        self._sharded = False
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = self.output or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
-        if trainer.world_size > 1:
-            path = path.with_suffix(f".rank{trainer.global_rank}.csv")
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._sharded = trainer.world_size > 1
+        if self._sharded:
+            path = self._shard(path, trainer.global_rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end)
         self._writer = csv.writer(self._file)
-        self._writer.writerow(HEADER)
+        self._writer.writerow(["index", *HEADER] if self._sharded else HEADER)
 
     def write_on_batch_end(
         self,
@@ -60,10 +64,33 @@ class PredictionWriter(BasePredictionWriter):
             prediction["index"].tolist(), top_probs.tolist(), top_labels.tolist(), strict=True
         ):
             top = " ".join(f"{names[c]}:{p:.4f}" for c, p in zip(labels, probs, strict=True))
-            self._writer.writerow([dataset.path(index), names[labels[0]], f"{probs[0]:.4f}", top])
+            row = [dataset.path(index), names[labels[0]], f"{probs[0]:.4f}", top]
+            self._writer.writerow([index, *row] if self._sharded else row)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        print(f"predictions: {self.path}")
+        if self._sharded:
+            trainer.strategy.barrier("predictions written")
+            if trainer.is_global_zero:
+                self._merge(trainer.world_size)
+        if trainer.is_global_zero:
+            print(f"predictions: {self.path}")
+
+    @staticmethod
+    def _shard(path: Path, rank: int) -> Path:
+        return path.with_suffix(f".rank{rank}.csv")
+
+    def _merge(self, world_size: int) -> None:
+        """Rank zero: the ranks' files as one CSV, in the images' order; the parts removed."""
+        rows = []
+        for rank in range(world_size):
+            part = self._shard(self.path, rank)
+            with open(part, newline="") as file:
+                rows += [(int(row[0]), row[1:]) for row in list(csv.reader(file))[1:]]
+            part.unlink()
+        with open(self.path, "w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(HEADER)
+            writer.writerows(row for _, row in sorted(rows))
