@@ -97,3 +97,24 @@ def test_datamodule_auto_workers_count_the_quota(cgroups, sixteen_cpus, image_ro
     cgroups("0::/", v2({"": "400000 100000"}))
     dm = ImageDataModule(root=image_root, num_workers="auto", batch_size=4)
     assert dm.train_dataloader().num_workers == 3  # 4 CPUs' worth, one left for the main process
+
+
+@pytest.mark.parametrize(
+    ("per_task", "workers"),
+    [
+        ("8", 7),  # srun bound this task to its own 8 CPUs: not divided again by the 4 GPUs
+        (None, 1),  # 8 CPUs shared by the node's 4 processes: 2 each, one for the process itself
+        ("16", 1),  # the variable does not describe this binding: shared, as without it
+    ],
+)
+def test_auto_workers_under_a_per_task_cpu_binding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_task: str | None, workers: int
+) -> None:
+    monkeypatch.setattr(cpus, "PROC_CGROUP", tmp_path / "missing")  # no quota
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: 32)
+    if per_task is None:
+        monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    else:
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", per_task)
+    assert cpus.auto_num_workers(4) == workers

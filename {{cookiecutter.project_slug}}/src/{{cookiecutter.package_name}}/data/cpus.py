@@ -27,8 +27,22 @@ def usable_cpus() -> int:
 
 def auto_num_workers(local_processes: int) -> int:
     """`num_workers: auto`: usable CPUs shared among the training processes of this machine, minus
-    one for each process's own work (the training step, collecting batches); at least 1."""
-    return max(1, usable_cpus() // max(1, local_processes) - 1)
+    one for each process's own work (the training step, collecting batches); at least 1.
+
+    Shared only when the processes share one set of CPUs. `srun` binds each task to its own CPUs
+    (`--cpus-per-task`): dividing those again by the tasks of the node would leave a task bound
+    to 8 CPUs among 4 GPUs with 1 worker. SLURM_CPUS_PER_TASK equal to this process's CPUs, fewer
+    than the machine's, says the CPUs are its own.
+    """
+    cpus = usable_cpus()
+    if not _bound_to_own_cpus(cpus):
+        cpus //= max(1, local_processes)
+    return max(1, cpus - 1)
+
+
+def _bound_to_own_cpus(cpus: int) -> bool:
+    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return per_task.isdigit() and int(per_task) == cpus and cpus < (os.cpu_count() or cpus)
 
 
 def cgroup_cpu_limit() -> float | None:
