@@ -7,11 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
 import pytest
-from conftest import CSV_LOGGER, tiny_run_options, write_image
+from conftest import CSV_LOGGER, tiny_run_options, write_corrupt, write_image
 
 TESTS = Path(__file__).parent
 
@@ -137,3 +138,25 @@ def test_evaluation_counts_every_image_once_under_ddp(
     expected = sorted(str(p) for p in held_out.rglob("*.png"))
     assert [row["path"] for row in rows] == expected  # each image once, in order
     assert list(predict_dir.glob("*.rank*.csv")) == []  # the parts were merged
+
+
+@pytest.mark.slow
+def test_one_rank_failing_ends_the_job_with_its_error(image_root: Path, tmp_path: Path) -> None:
+    # A damaged image stops the rank that reads it; the other rank, waiting in the gradient
+    # all-reduce, must not hang (nor save a checkpoint, a collective that would wait forever).
+    write_corrupt(image_root / "bee" / "bee_broken.jpg")
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
+        + [*tiny_run_options(image_root), "--data.val_fraction", "0", *ddp(2)]
+        + ["--trainer.max_epochs", "3", "--trainer.enable_progress_bar", "false"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (1, 2), done.stderr[-3000:]
+    assert time.monotonic() - started < 240  # not the 30-minute collective timeout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert any("bee_broken.jpg" in line for line in errors), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

@@ -16,6 +16,10 @@ from {{ cookiecutter.package_name }}.errors import DataError
 USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]   (<command> --help for its options)"
 
 
+# What gloo says on the other ranks when one rank of a DDP job exits.
+_PEER_GONE = "Connection closed by peer"
+
+
 def usage() -> str:
     width = max(len(name) for name in COMMANDS)
     lines = [USAGE, "", "commands:"]
@@ -42,13 +46,16 @@ def main(args: list[str] | None = None) -> None:
     except DataError as err:  # bad input: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    except RuntimeError as err:  # a loader worker killed by a signal: most likely a damaged file
-        message = worker_death_message(err)
-        if message is None:
-            raise
-        # on a line of its own: PyTorch's handler in the worker printed a line with no newline
-        print(f"\nerror: {message}", file=sys.stderr)
-        sys.exit(2)
+    except RuntimeError as err:
+        if (message := worker_death_message(err)) is not None:
+            # a loader worker killed by a signal: most likely a damaged file. On a line of its
+            # own: PyTorch's handler in the worker printed a line with no newline.
+            print(f"\nerror: {message}", file=sys.stderr)
+            sys.exit(2)
+        if _PEER_GONE in str(err):  # DDP: another process of the job failed first and said why
+            print("error: stopped because another process of the job failed", file=sys.stderr)
+            sys.exit(1)
+        raise
     if code:
         sys.exit(code)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 class LastCheckpoint(Callback):
@@ -42,8 +43,15 @@ class LastCheckpoint(Callback):
             or not trainer.global_step
         ):
             return
+        # Under DDP only Ctrl-C and SIGTERM (which Lightning passes to every rank) stop all ranks
+        # together. Any other exception is one rank's: saving is collective, and would wait for
+        # ranks stuck in the gradient all-reduce until the job's time runs out.
+        signalled = isinstance(exception, KeyboardInterrupt | SIGTERMException)
+        if trainer.world_size > 1 and not signalled:
+            return
         path = self.save(trainer)
-        print(f"{type(exception).__name__}: saved {path}; resume with --ckpt_path {path}")
+        if trainer.is_global_zero:
+            print(f"{type(exception).__name__}: saved {path}; resume with --ckpt_path {path}")
 
     def save(self, trainer: L.Trainer) -> Path:
         """Write `last.ckpt` whole or not at all: into a temporary file beside it, then renamed.
