@@ -19,15 +19,17 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.data.index import (
-    LabelsTable,
     check_dir,
     check_file,
-    classes_from_labels,
-    encode_labels,
     find_classes,
-    find_missing,
     list_images,
     make_dataset,
+)
+from {{ cookiecutter.package_name }}.data.labels_csv import (
+    LabelsTable,
+    classes_from_labels,
+    encode_labels,
+    find_missing,
     read_labels_csv,
 )
 from {{ cookiecutter.package_name }}.errors import DataError

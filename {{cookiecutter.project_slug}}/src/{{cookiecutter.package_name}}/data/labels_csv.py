@@ -1,0 +1,381 @@
+"""The labels CSV: its rows read into numpy arrays, its labels encoded, its files checked."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from {{ cookiecutter.package_name }}.data.index import (
+    check_dir,
+    check_file,
+    encode_paths,
+    gather_strings,
+    list_files,
+    preview,
+    string_keys,
+)
+from {{ cookiecutter.package_name }}.errors import DataError
+
+_SHOWN = 5  # how many offending rows an error message lists
+
+
+class LabelsTable:
+    """The rows of a labels CSV as arrays: file names (bytes), labels, CSV line numbers.
+
+    A row's label is `values[codes[row]]`: the distinct label strings are few, the rows many.
+    """
+
+    def __init__(
+        self,
+        source: Path,
+        paths: np.ndarray,
+        values: list[str],
+        codes: np.ndarray,
+        lines: np.ndarray,
+    ) -> None:
+        self.source = source
+        self.paths = paths
+        self.values = values
+        self.codes = codes
+        self.lines = lines
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def where(self, row: int) -> str:
+        return f"{self.source.name} line {self.lines[row]}"
+
+    def first_row(self, code: int) -> int:
+        return int(np.flatnonzero(self.codes == code)[0])
+
+
+def read_labels_csv(
+    csv_file: Path, filename_column: str = "filename", label_column: str = "label"
+) -> LabelsTable:
+    """Read a labels CSV with a header row; UTF-8 with or without BOM, CRLF or LF, spaces stripped.
+
+    Only the two named columns are read; the others are ignored. Blank lines are skipped.
+    """
+    check_file(csv_file, "data.labels_csv")
+    raw = csv_file.read_bytes().removeprefix(codecs.BOM_UTF8)
+    if not raw.isascii():  # ASCII is UTF-8: most files skip the decode
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = raw.count(b"\n", 0, err.start) + 1
+            raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
+    if not raw:
+        raise DataError(f"{csv_file} is empty: expected a header row naming its columns")
+    columns = (filename_column, label_column)
+    table = _read_plain(raw, csv_file, *columns)
+    return _read_with_csv(raw, csv_file, *columns) if table is None else table
+
+
+_SPACES = [chr(c) for c in range(0x3001) if chr(c).isspace()]  # what str.strip removes
+_ASCII_SPACE = np.zeros(256, dtype=bool)
+_ASCII_SPACE[[ord(c) for c in _SPACES if c.isascii()]] = True
+_SPACE_FIRST_BYTE = np.zeros(256, dtype=bool)  # of the UTF-8 of a non-ASCII space
+_SPACE_FIRST_BYTE[[c.encode()[0] for c in _SPACES if not c.isascii()]] = True
+_SPACE_LAST_BYTE = np.zeros(256, dtype=bool)
+_SPACE_LAST_BYTE[[c.encode()[-1] for c in _SPACES if not c.isascii()]] = True
+_FIRST_BYTE = _ASCII_SPACE | _SPACE_FIRST_BYTE  # a span that may start with a space
+_LAST_BYTE = _ASCII_SPACE | _SPACE_LAST_BYTE
+
+
+def _read_plain(
+    raw: bytes, csv_file: Path, filename_column: str, label_column: str
+) -> LabelsTable | None:
+    """`_read_with_csv`, vectorised, for files without quotes; None for any other file.
+
+    Each line's fields lie between consecutive delimiters (commas and newlines), so field j of a
+    row starts after its line's j-th delimiter: a row's spans come from one index into them.
+    """
+    # Why: the csv module makes a Python list per row, 2.5-4.3 s for a million rows; split with
+    # numpy on the positions of commas and newlines they take 3-9x less CPU time
+    # (benchmarks/index_scale.py). np.loadtxt alone takes 0.6 s, and pandas or pyarrow would be
+    # new dependencies. What this does not handle goes to the csv module, which defines the
+    # behaviour: quotes, NUL bytes, lone CRs, lines longer than the csv field limit.
+    if b'"' in raw or b"\0" in raw:
+        return None
+    if not raw.endswith(b"\n"):
+        raw += b"\n"
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    step = 1 << 22  # bytes at a time: small masks, reused, not three the size of the file
+    delims = np.concatenate([_delimiters(buf[i : i + step]) + i for i in range(0, len(buf), step)])
+    line_ends = np.flatnonzero(buf[delims] == ord("\n"))  # index in `delims` of each "\n"
+    newlines = delims[line_ends]
+    starts = np.concatenate(([0], newlines[:-1] + 1))
+    crlf = (buf[newlines - 1] == ord("\r")) & (newlines > starts)
+    lengths = newlines - starts - crlf
+    if lengths.max() > csv.field_size_limit():
+        return None
+    if b"\r" in raw and raw.count(b"\r") > crlf.sum():
+        return None
+    header = raw[: lengths[0]].decode()
+    columns = [name.strip() for name in header.split(",")] if header else []
+    file_at = _column(columns, filename_column, "filename_column", csv_file)
+    label_at = _column(columns, label_column, "label_column", csv_file)
+    needed = max(file_at, label_at) + 1
+    counts = np.diff(line_ends) * (lengths[1:] > 0)  # the fields of each row; blank lines: 0
+    keep = counts >= needed
+    for i in np.flatnonzero(~keep & (counts > 0)).tolist():  # short rows: blank, or an error
+        text = raw[starts[i + 1] : starts[i + 1] + lengths[i + 1]].decode()
+        if text.replace(",", "").strip():
+            raise DataError(
+                f"{csv_file} line {i + 2} has {counts[i]} columns, expected "
+                f"{len(columns)} ({','.join(columns)}): {text!r}"
+            )
+    first = line_ends[:-1][keep]  # each kept row's first delimiter: the previous line's "\n"
+    lines = np.flatnonzero(keep) + 2
+    file_starts, file_ends = _field(buf, delims, first, file_at)
+    label_starts, label_ends = _field(buf, delims, first, label_at)
+    del delims, line_ends, newlines, starts, lengths, counts, keep, first  # room for what follows
+    _strip(raw, buf, file_starts, file_ends)
+    paths = gather_strings(buf, file_starts, file_ends)
+    firsts, raw_codes = _distinct(gather_strings(buf, label_starts, label_ends))
+    index: dict[str, int] = {}
+    recode = [
+        index.setdefault(raw[s:e].decode().strip(), len(index))
+        for s, e in zip(label_starts[firsts].tolist(), label_ends[firsts].tolist(), strict=True)
+    ]
+    codes = np.array(recode, dtype=np.int64)[raw_codes]
+    return _checked(LabelsTable(csv_file, paths, list(index), codes, lines))
+
+
+def _delimiters(buf: np.ndarray) -> np.ndarray:
+    return np.flatnonzero((buf == ord(",")) | (buf == ord("\n")))
+
+
+def _field(
+    buf: np.ndarray, delims: np.ndarray, first: np.ndarray, at: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of field `at` of each row: after delimiter `first + at`, before the next."""
+    starts = delims[first + at] + 1
+    ends = delims[first + at + 1]
+    ends -= buf[ends - 1] == ord("\r")  # only before a "\n": lone CRs take the csv module
+    return starts, ends
+
+
+def _strip(raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+    """Narrow the spans past surrounding whitespace in place, exactly as `str.strip` would."""
+    rows = np.flatnonzero(_FIRST_BYTE[buf[starts]] | _LAST_BYTE[buf[np.maximum(ends - 1, 0)]])
+    for step, edge in ((1, starts), (-1, ends)):
+        active = rows
+        while len(active):
+            active = active[starts[active] < ends[active]]
+            active = active[_ASCII_SPACE[buf[edge[active] - (step < 0)]]]
+            edge[active] += step
+    # A non-ASCII space (U+00A0, U+3000, ...) at either end: those few rows strip in Python.
+    rows = rows[starts[rows] < ends[rows]]
+    odd = _SPACE_FIRST_BYTE[buf[starts[rows]]] | _SPACE_LAST_BYTE[buf[ends[rows] - 1]]
+    for i in rows[odd].tolist():
+        text = raw[starts[i] : ends[i]].decode()
+        starts[i] = ends[i] - len(text.lstrip().encode())
+        ends[i] = starts[i] + len(text.strip().encode())
+
+
+def _distinct(strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first of each distinct item, in order of appearance, and each item's index into them."""
+    keys = string_keys(strings)
+    if len(np.unique(keys[: 1 << 16])) > 4096:  # many labels: sort the rows
+        _, firsts, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    else:  # few labels, many rows: look each row's label up, and sort only the labels
+        distinct = np.unique(keys)
+        inverse = _lookup(keys, distinct)
+        firsts = _first_rows(inverse, len(distinct))
+    if strings.dtype.itemsize > 8 and not (strings == strings[firsts[inverse]]).all():
+        _, firsts, inverse = np.unique(strings, return_index=True, return_inverse=True)
+    order = np.argsort(firsts)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return firsts[order], rank[inverse.ravel()]
+
+
+def _lookup(keys: np.ndarray, distinct: np.ndarray) -> np.ndarray:
+    """The index of each key in `distinct`, from a table by its top 20 bits where they differ."""
+    slots = distinct >> np.uint64(44)
+    if len(np.unique(slots)) < len(distinct):
+        return np.searchsorted(distinct, keys)
+    table = np.zeros(1 << 20, dtype=np.intp)
+    table[slots] = np.arange(len(distinct))
+    return table[keys >> np.uint64(44)]
+
+
+def _first_rows(inverse: np.ndarray, count: int) -> np.ndarray:
+    """The first i with `inverse[i] == k`, for each k < count: looked for a chunk at a time."""
+    firsts = np.full(count, len(inverse))
+    for start in range(0, len(inverse), 1 << 16):
+        codes, at = np.unique(inverse[start : start + (1 << 16)], return_index=True)
+        firsts[codes] = np.minimum(firsts[codes], at + start)
+        if (firsts < len(inverse)).all():
+            break
+    return firsts
+
+
+def _read_with_csv(
+    raw: bytes, csv_file: Path, filename_column: str, label_column: str
+) -> LabelsTable:
+    """Read the labels CSV `raw` (UTF-8 without BOM) with the csv module: quotes, any line ends."""
+    text = raw.decode()
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader, [])
+        records = list(reader)  # one C-level pass; per-row Python work below is list comprehensions
+    except csv.Error as err:
+        raise DataError(f"{csv_file} line {reader.line_num} is malformed CSV: {err}") from err
+    if reader.line_num == len(records) + 1:  # no quoted field spans lines: record i is on line i+2
+        lines = np.arange(2, len(records) + 2)
+    else:
+        lines = _record_lines(text)
+    columns = [name.strip() for name in header]
+    file_at = _column(columns, filename_column, "filename_column", csv_file)
+    label_at = _column(columns, label_column, "label_column", csv_file)
+    needed = max(file_at, label_at) + 1
+    try:
+        names = [row[file_at].strip().encode() for row in records]
+        labels = [row[label_at].strip() for row in records]
+    except IndexError:  # a short row: blank lines are skipped, anything else is an error
+        keep = np.array([len(row) >= needed for row in records], dtype=bool)
+        for i in np.flatnonzero(~keep).tolist():
+            if "".join(records[i]).strip():
+                raise DataError(
+                    f"{csv_file} line {lines[i]} has {len(records[i])} columns, expected "
+                    f"{len(columns)} ({','.join(columns)}): {','.join(records[i])!r}"
+                ) from None
+        records = [row for row, kept in zip(records, keep.tolist(), strict=True) if kept]
+        lines = lines[keep]
+        names = [row[file_at].strip().encode() for row in records]
+        labels = [row[label_at].strip() for row in records]
+    index: dict[str, int] = {}
+    codes = np.array([index.setdefault(label, len(index)) for label in labels], dtype=np.int64)
+    paths = np.array(names, dtype=np.bytes_) if names else np.empty(0, "S1")
+    return _checked(LabelsTable(csv_file, paths, list(index), codes, lines))
+
+
+def _checked(table: LabelsTable) -> LabelsTable:
+    """Refuse a table without rows, with an empty file name or label, or naming a file twice."""
+    if not len(table):
+        raise DataError(f"{table.source} has a header but no rows")
+    empty = np.flatnonzero(table.paths == b"")
+    if len(empty):
+        raise DataError(f"{table.where(empty[0])} has an empty file name")
+    if "" in table.values:
+        row = table.first_row(table.values.index(""))
+        raise DataError(f"{table.where(row)} has an empty label")
+    keys = np.sort(string_keys(table.paths))
+    if (keys[1:] == keys[:-1]).any():  # equal paths or, rarely, equal hashes: compare the paths
+        _refuse_duplicates(table)
+    return table
+
+
+def _record_lines(text: str) -> np.ndarray:
+    """The line on which each record after the header ends, for CSVs with multi-line fields."""
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    next(reader)
+    return np.array([reader.line_num for _ in reader], dtype=np.int64)
+
+
+def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
+    if name in columns:
+        return columns.index(name)
+    folded = [c.casefold() for c in columns]
+    if name.casefold() in folded:
+        return folded.index(name.casefold())
+    raise DataError(
+        f"{csv_file} has no column {name!r} (its header: {','.join(columns)}); "
+        f"name the column with --data.{option}"
+    )
+
+
+def _refuse_duplicates(table: LabelsTable) -> None:
+    order = np.argsort(table.paths, kind="stable")
+    ordered = table.paths[order]
+    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if len(repeated):
+        first, second = order[repeated[0]], order[repeated[0] + 1]
+        raise DataError(
+            f"{table.source} lists {os.fsdecode(table.paths[first])!r} twice, on lines "
+            f"{table.lines[first]} and {table.lines[second]} ({len(repeated)} repeated rows in all)"
+        )
+
+
+def classes_from_labels(table: LabelsTable) -> list[str]:
+    """Class names for a CSV without given class names: the sorted label names, or "0".."K-1"."""
+    numbers = [_as_int(v) for v in table.values]
+    if any(n is None for n in numbers):
+        return sorted(table.values)
+    if min(numbers) < 0:
+        row = table.first_row(numbers.index(min(numbers)))
+        raise DataError(f"{table.where(row)}: label {min(numbers)} is negative")
+    return [str(i) for i in range(max(numbers) + 1)]
+
+
+def encode_labels(
+    table: LabelsTable, class_names: list[str], split: str = "training"
+) -> np.ndarray:
+    """The int64 targets of a table's labels; a label is a class name or an integer index."""
+    class_to_idx = {name: i for i, name in enumerate(class_names)}
+    targets = np.empty(len(table.values), dtype=np.int64)
+    for code, value in enumerate(table.values):
+        index = class_to_idx.get(value, _as_int(value))
+        if index is None or not 0 <= index < len(class_names):
+            row = table.first_row(code)
+            known = f"classes: {preview(class_names)}; integer labels 0..{len(class_names) - 1}"
+            if split == "training":
+                raise DataError(f"{table.where(row)}: unknown label {value!r} ({known})")
+            raise DataError(
+                f"{table.where(row)}: {split} class {value!r} is not present in training ({known})"
+            )
+        targets[code] = index
+    return targets[table.codes]
+
+
+def _as_int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def find_missing(table: LabelsTable, root: Path) -> None:
+    """Refuse a table that names files not under `root`, listing the first few and counting all.
+
+    One directory listing answers for most rows; only the rows it does not match (absolute paths,
+    `./` prefixes, links) cost a `stat` each.
+    """
+    check_dir(root, "data.root")
+    present = encode_paths(list_files(root, images_only=False))
+    unmatched = np.flatnonzero(~_isin(table.paths, present))
+    missing = [
+        row
+        for row in unmatched
+        if not os.path.isfile(os.path.join(root, os.fsdecode(table.paths[row])))
+    ]
+    if missing:
+        shown = ", ".join(
+            f"line {table.lines[row]} {os.fsdecode(table.paths[row])!r}" for row in missing[:_SHOWN]
+        )
+        raise DataError(
+            f"{table.source}: {len(missing)} of {len(table)} rows name files that are not in "
+            f"{root}: {shown}" + (" ..." if len(missing) > _SHOWN else "")
+        )
+
+
+def _isin(strings: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """`np.isin` for bytes arrays, matched on hashes and each match confirmed on the bytes.
+
+    `np.isin` sorts the strings themselves: for a million paths ~5x slower.
+    """
+    if not len(among):
+        return np.zeros(len(strings), dtype=bool)
+    keys, known = string_keys(strings), string_keys(among)
+    order = np.argsort(known)
+    at = order[np.searchsorted(known[order], keys).clip(max=len(among) - 1)]
+    found = known[at] == keys
+    found[found] = strings[found] == among[at[found]]  # a hash collision reads as not found
+    return found
