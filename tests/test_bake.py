@@ -144,12 +144,20 @@ def test_combination_renders_clean(cookies, options: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "options", [COMBINATIONS[0], COMBINATIONS[-1]], ids=["first-values", "last-values"]
+    ("name", "options"),
+    [
+        ("Satellite Crop Inspector", COMBINATIONS[0]),
+        ("Satellite Crop Inspector", COMBINATIONS[-1]),
+        ("Ab", COMBINATIONS[0]),
+        ("Ab", COMBINATIONS[-1]),
+    ],
+    ids=["long-first-values", "long-last-values", "short-first-values", "short-last-values"],
 )
-def test_long_package_name_stays_ruff_clean(cookies, options: dict[str, str]) -> None:
-    # The package name lands in imports, commands and docstrings: 24 characters must still fit.
-    project = bake(cookies, project_name="Satellite Crop Inspector", **options)
-    assert (project / "src/satellite_crop_inspector").is_dir()
+def test_package_name_length_keeps_ruff_clean(cookies, name: str, options: dict[str, str]) -> None:
+    # The package name lands in imports, commands and docstrings: a 24-character one must still
+    # fit, and a 2-character one must not leave lines that ruff format would join.
+    project = bake(cookies, project_name=name, **options)
+    assert (project / "src" / name.lower().replace(" ", "_")).is_dir()
     run(sys.executable, "-m", "ruff", "check", "--no-cache", ".", cwd=project)
     run(sys.executable, "-m", "ruff", "format", "--no-cache", "--check", ".", cwd=project)
 

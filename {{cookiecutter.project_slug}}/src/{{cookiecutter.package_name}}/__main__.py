@@ -13,7 +13,7 @@ from {{ cookiecutter.package_name }}.commands import COMMANDS
 from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
 from {{ cookiecutter.package_name }}.errors import DataError
 
-USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]   (<command> --help for its options)"
+USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]"
 
 
 # What gloo says on the other ranks when one rank of a DDP job exits.
@@ -22,7 +22,7 @@ _PEER_GONE = "Connection closed by peer"
 
 def usage() -> str:
     width = max(len(name) for name in COMMANDS)
-    lines = [USAGE, "", "commands:"]
+    lines = [USAGE, "", "commands (each with its own --help):"]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
 

@@ -1,4 +1,6 @@
-"""`python -m {{ cookiecutter.package_name }}.bench`: the older spelling of `python -m {{ cookiecutter.package_name }} bench`."""
+"""The older spelling of the `bench` command:
+`python -m {{ cookiecutter.package_name }}.bench`, now `python -m {{ cookiecutter.package_name }} bench`.
+"""
 
 from {{ cookiecutter.package_name }}.commands.bench import main
 

@@ -1,4 +1,6 @@
-"""`python -m {{ cookiecutter.package_name }}.scan`: the older spelling of `python -m {{ cookiecutter.package_name }} scan`."""
+"""The older spelling of the `scan` command:
+`python -m {{ cookiecutter.package_name }}.scan`, now `python -m {{ cookiecutter.package_name }} scan`.
+"""
 
 import sys
 

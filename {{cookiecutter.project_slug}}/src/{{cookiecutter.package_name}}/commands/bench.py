@@ -27,6 +27,8 @@ from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError
 
+PROG = "python -m {{ cookiecutter.package_name }} bench"
+
 
 class NaiveDataset(Dataset):
     """The tutorial pipeline, as the baseline: a dict of file -> label, PIL, float transforms."""
@@ -214,9 +216,7 @@ def report(results: list[Result], pipeline: str) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    parser = ArgumentParser(
-        prog="python -m {{ cookiecutter.package_name }} bench", description=__doc__.splitlines()[0]
-    )
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_class_arguments(ImageDataModule, "data")
     parser.add_argument(
         "--workers",

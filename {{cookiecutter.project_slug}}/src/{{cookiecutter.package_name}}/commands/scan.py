@@ -18,11 +18,11 @@ from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.errors import DataError
 
+PROG = "python -m {{ cookiecutter.package_name }} scan"
+
 
 def main(args: list[str] | None = None) -> int:
-    parser = ArgumentParser(
-        prog="python -m {{ cookiecutter.package_name }} scan", description=__doc__.splitlines()[0]
-    )
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_class_arguments(ImageDataModule, "data", skip={"skip_bad_images"})
     args = sys.argv[1:] if args is None else list(args)
     try:
