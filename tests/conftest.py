@@ -60,13 +60,13 @@ def cookiecutter_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def fresh_venv(project: Path, folder: Path) -> Path:
+def fresh_venv(project: Path, folder: Path, extras: str = "dev") -> Path:
     """A new virtual environment in `folder` holding only the bake and what its pyproject.toml
-    declares (with the dev extra): an import the bake does not declare fails there. Returns its
+    declares (with `extras`): an import the bake does not declare fails there. Returns its
     Python. pip takes torch from this machine's wheel cache, as a user's pip would."""
     run(sys.executable, "-m", "venv", str(folder), cwd=project)
     python = folder / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
-    run(str(python), "-m", "pip", "install", "--quiet", "-e", f"{project}[dev]", cwd=project)
+    run(str(python), "-m", "pip", "install", "--quiet", "-e", f"{project}[{extras}]", cwd=project)
     return python
 
 

@@ -136,7 +136,7 @@ SHORT_LIST = ("misfit_weights", "pickled_code")
 def command_line(command: str, ckpt: Path, images: Path, tmp_path: Path) -> list[str]:
     """`command` on `ckpt`, with the options a good checkpoint would need to run it quickly."""
     if command == "export":
-        return ["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "m.pt"), "--no-onnx"]
+        return ["export", "--ckpt_path", str(ckpt), "--output", str(tmp_path / "m.pt2")]
     options = ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
     if command == "predict":
         options += ["--data.predict_root", str(images / "bee"), "--data.num_workers", "0"]

@@ -9,10 +9,12 @@ from pathlib import Path
 
 from conftest import tiny_run_options, write_image
 
+PACKAGE = "{{ cookiecutter.package_name }}"
+
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
+        [sys.executable, "-m", PACKAGE, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -83,7 +85,7 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
-    assert listed == ["fit", "validate", "test", "predict", "export", "scan", "bench"]
+    assert listed == ["fit", "validate", "test", "predict", "export", "infer", "scan", "bench"]
 
 
 def test_each_command_has_its_own_help(tmp_path: Path) -> None:
@@ -91,6 +93,7 @@ def test_each_command_has_its_own_help(tmp_path: Path) -> None:
         ("fit", "--data.root"),
         ("predict", "--data.predict_root"),
         ("export", "--ckpt_path"),
+        ("infer", "--model"),
         ("scan", "--data.root"),
         ("bench", "--workers"),
     ]:
@@ -110,8 +113,7 @@ def test_old_module_spellings_still_run(image_root: Path, tmp_path: Path) -> Non
     # `python -m <pkg>.scan` and `.bench` were the commands before `python -m <pkg> <command>`.
     for module in ("scan", "bench"):
         result = subprocess.run(
-            [sys.executable, "-W", "error::RuntimeWarning"]
-            + ["-m", f"{{ cookiecutter.package_name }}.{module}", "--help"],
+            [sys.executable, "-W", "error::RuntimeWarning", "-m", f"{PACKAGE}.{module}", "--help"],
             cwd=tmp_path,
             capture_output=True,
             text=True,

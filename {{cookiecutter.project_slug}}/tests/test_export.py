@@ -1,19 +1,23 @@
-"""Export: artifacts that plain PyTorch loads, uint8 in and logits out, as the checkpoint gives."""
+"""Export: one file per format, served without the project: uint8 in, the checkpoint's logits."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.__main__ import main
-from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
+from {{ cookiecutter.package_name }}.commands.export import export_checkpoint, git_commit
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 
@@ -22,91 +26,173 @@ LOAD_AND_RUN = """
 import json, sys, torch
 artifact, batch_file, out_file = sys.argv[1:]
 metadata = {"metadata.json": ""}
-if artifact.endswith(".pt2"):
-    module = torch.export.load(artifact, extra_files=metadata).module()
-else:
-    module = torch.jit.load(artifact, _extra_files=metadata)
+module = torch.export.load(artifact, extra_files=metadata).module()
 assert "{{ cookiecutter.package_name }}" not in sys.modules
 torch.save({"logits": module(torch.load(batch_file)), "metadata": metadata["metadata.json"]},
            out_file)
 """
 
 
+@pytest.fixture(scope="module")
+def validation_batch(trained_checkpoint: Path) -> torch.Tensor:
+    """The fixture's images as validation reads them: decoded, resized and centre-cropped, uint8."""
+    paths = sorted((trained_checkpoint.parent / "images").rglob("*.jpg"))
+    transform = eval_transform(16)
+    return torch.stack([transform(read_image(str(path), 16)) for path in paths])
+
+
 def checkpoint_logits(ckpt: Path, images: torch.Tensor) -> torch.Tensor:
-    """What the checkpoint predicts for a uint8 batch, normalised as in training."""
+    """The checkpoint's model in eval mode on a uint8 batch, normalised as validation does."""
     model = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
-    data = ImageDataModule(
-        root=None,
-        image_size=model.hparams.image_size,
-        mean=model.hparams.mean,
-        std=model.hparams.std,
-    )
+    data = ImageDataModule(root=None, image_size=16, mean=model.hparams.mean, std=model.hparams.std)
     with torch.no_grad():
         return model(data.on_after_batch_transfer((images, None), 0)[0])
 
 
-@pytest.mark.parametrize("suffix", [".pt", ".pt2"])
-def test_artifact_runs_in_plain_torch_and_matches_the_checkpoint(
-    trained_checkpoint: Path, tmp_path: Path, suffix: str
+@pytest.fixture(scope="module")
+def expected_logits(trained_checkpoint: Path, validation_batch: torch.Tensor) -> torch.Tensor:
+    return checkpoint_logits(trained_checkpoint, validation_batch)
+
+
+@pytest.fixture(scope="module")
+def pt2_export(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """`model.pt2` and `model.json`, exported once for the tests that only read them."""
+    return export_checkpoint(trained_checkpoint, tmp_path_factory.mktemp("pt2") / "model.pt2")
+
+
+def assert_same_predictions(logits: torch.Tensor, expected: torch.Tensor) -> None:
+    """Logits within 1e-4 of the checkpoint's, and the same class first for every image."""
+    assert logits.shape == expected.shape
+    assert (logits - expected).abs().max().item() < 1e-4
+    assert torch.equal(logits.argmax(dim=1), expected.argmax(dim=1))
+
+
+def test_pt2_gives_the_checkpoint_logits_on_validation_images(
+    pt2_export: list[Path], validation_batch: torch.Tensor, expected_logits: torch.Tensor
 ) -> None:
-    artifact = tmp_path / f"model{suffix}"
-    written = export_checkpoint(trained_checkpoint, artifact, onnx=False)
-    assert written == [artifact, artifact.with_suffix(".json")]
-    images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)  # not the traced batch size
-    torch.save(images, tmp_path / "batch.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            LOAD_AND_RUN,
-            str(artifact),
-            str(tmp_path / "batch.pt"),
-            str(tmp_path / "out.pt"),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    out = torch.load(tmp_path / "out.pt")
-    torch.testing.assert_close(
-        out["logits"], checkpoint_logits(trained_checkpoint, images), atol=1e-4, rtol=1e-4
-    )
-    metadata = json.loads(out["metadata"])
-    assert metadata == json.loads(artifact.with_suffix(".json").read_text())
-    assert metadata["class_names"] == ["ant", "bee", "cat"] and metadata["image_size"] == 16
-
-
-def test_export_command_line(trained_checkpoint: Path, tmp_path: Path, capsys) -> None:
-    output = tmp_path / "out" / "model.pt"
-    main(["export", "--ckpt_path", str(trained_checkpoint), "--output", str(output), "--no-onnx"])
-    assert f"wrote {output}" in capsys.readouterr().out
-    logits = torch.jit.load(output)(torch.zeros(1, 3, 16, 16, dtype=torch.uint8))
-    assert logits.shape == (1, 3)
-
-
-def test_export_without_output_exits_with_usage(trained_checkpoint: Path, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["export", "--ckpt_path", str(trained_checkpoint)])
-    assert exit_info.value.code == 2
-    assert "the following arguments are required: --output" in capsys.readouterr().err
+    artifact, sidecar = pt2_export
+    assert sidecar == artifact.with_suffix(".json")
+    files = {"metadata.json": ""}
+    with torch.no_grad():  # 24 images; exported with a batch of 2
+        logits = torch.export.load(artifact, extra_files=files).module()(validation_batch)
+    assert_same_predictions(logits, expected_logits)
+    metadata = json.loads(files["metadata.json"])
+    assert metadata == json.loads(sidecar.read_text()) and metadata["format"] == "torch.export"
 
 
 @pytest.mark.slow
-def test_onnx_export_when_the_extra_is_installed(trained_checkpoint: Path, tmp_path: Path) -> None:
+def test_onnx_takes_uint8_any_batch_and_gives_the_checkpoint_logits(
+    trained_checkpoint: Path,
+    validation_batch: torch.Tensor,
+    expected_logits: torch.Tensor,
+    tmp_path: Path,
+) -> None:
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")
-    written = export_checkpoint(trained_checkpoint, tmp_path / "model.pt", onnx=True)
-    assert written[-1] == tmp_path / "model.onnx"
-    graph = onnx.load(str(written[-1])).graph
-    onnx.checker.check_model(onnx.load(str(written[-1])))
-    assert [i.name for i in graph.input] == ["images"]
-    assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    onnxruntime = pytest.importorskip("onnxruntime")
+    path, sidecar = export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    (images,) = model.graph.input
+    assert images.name == "images"
+    assert images.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    assert images.type.tensor_type.shape.dim[0].dim_param  # a named, dynamic batch size
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"images": validation_batch.numpy()})[0]
+    assert_same_predictions(torch.from_numpy(logits), expected_logits)
+    text = session.get_modelmeta().custom_metadata_map["metadata.json"]  # metadata_props
+    metadata = json.loads(text)
+    assert metadata == json.loads(sidecar.read_text()) and metadata["format"] == "onnx"
 
 
-def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+def test_torchscript_only_on_request_with_a_deprecation_note(
+    trained_checkpoint: Path,
+    validation_batch: torch.Tensor,
+    expected_logits: torch.Tensor,
+    tmp_path: Path,
+    capsys,
+) -> None:
+    output = tmp_path / "model.pt"
+    options = ["--format", "torchscript", "--output", str(output)]
+    main(["export", "--ckpt_path", str(trained_checkpoint), *options])
+    assert "TorchScript is deprecated" in capsys.readouterr().err
+    files = {"metadata.json": ""}
+    with warnings.catch_warnings():  # torch.jit.load says it is deprecated: known
+        warnings.filterwarnings("ignore", "`torch.jit.load` is deprecated", FutureWarning)
+        module = torch.jit.load(output, _extra_files=files)
+    with torch.no_grad():
+        assert_same_predictions(module(validation_batch), expected_logits)
+    metadata = json.loads(files["metadata.json"])
+    assert metadata == json.loads(output.with_suffix(".json").read_text())
+    assert metadata["format"] == "torchscript"
+
+
+def test_pt2_loads_with_torch_alone_and_says_how_to_preprocess(
+    pt2_export: list[Path],
+    validation_batch: torch.Tensor,
+    expected_logits: torch.Tensor,
+    trained_checkpoint: Path,
+    tmp_path: Path,
+) -> None:
+    torch.save(validation_batch[::5], tmp_path / "batch.pt")  # 5 images
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = [sys.executable, "-c", LOAD_AND_RUN, str(pt2_export[0]), "batch.pt", "out.pt"]
+    result = subprocess.run(
+        script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    out = torch.load(tmp_path / "out.pt")
+    assert_same_predictions(out["logits"], expected_logits[::5])
+    metadata = json.loads(out["metadata"])
+    assert metadata["class_names"] == ["ant", "bee", "cat"] and metadata["image_size"] == 16
+    rule = metadata["preprocessing"]
+    assert rule["resize_short_side"] == 16 and rule["center_crop"] == [16, 16]
+    assert rule["interpolation"] == "bilinear" and rule["antialias"] is True
+    assert "short side is 16" in rule["rule"] and "centre-crop 16x16" in rule["rule"]
+    training = metadata["training"]
+    assert training["model"]["width"] == 8 and training["data"]["batch_size"] == 8
+    assert training["checkpoint"] == trained_checkpoint.name and "git_commit" in training
+
+
+def test_git_commit_of_the_working_directory_or_none(tmp_path: Path) -> None:
+    assert git_commit(tmp_path) is None  # not a repository
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=tmp_path, check=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert git_commit(tmp_path) == head.stdout.strip()
+
+
+def test_pt2_is_the_default_and_the_name_does_not_choose_the_format(
+    trained_checkpoint: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    main(["export", "--ckpt_path", str(trained_checkpoint)])
+    assert capsys.readouterr().out.splitlines() == ["wrote model.pt2", "wrote model.json"]
+    main(["export", "--ckpt_path", str(trained_checkpoint), "--output", "old/model.pt"])
+    captured = capsys.readouterr()
+    assert "note: writing pt2 to old/model.pt: --format decides the format" in captured.err
+    program = torch.export.load(tmp_path / "old" / "model.pt")  # a program, not TorchScript
+    assert program.module()(torch.zeros(1, 3, 16, 16, dtype=torch.uint8)).shape == (1, 3)
+
+
+def test_onnx_without_the_extra_is_a_clear_error(
+    trained_checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    for name in ("onnx", "onnxscript"):  # None in sys.modules: as if not installed
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(DataError, match=r"--format onnx needs onnx and onnxscript: .*\[onnx\]"):
+        export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")
+
+
+def test_bad_checkpoint_or_output_is_a_clear_error(
+    trained_checkpoint: Path, tmp_path: Path
+) -> None:
     with pytest.raises(DataError, match="--ckpt_path .*nothing.ckpt is not a file"):
-        export_checkpoint(tmp_path / "nothing.ckpt", tmp_path / "model.pt")
+        export_checkpoint(tmp_path / "nothing.ckpt", tmp_path / "model.pt2")
+    with pytest.raises(DataError, match="--output .*model.json: .json is the name of the metadata"):
+        export_checkpoint(trained_checkpoint, tmp_path / "model.json")

@@ -1,4 +1,4 @@
-"""The commands of `python -m {{ cookiecutter.package_name }} <command>`, each a thin `main()` over the library.
+"""The commands of `python -m {{ cookiecutter.package_name }} <command>`, each a thin `main()`.
 
 `COMMANDS` maps each name to the module that runs it and one line of help; `__main__` dispatches.
 """
@@ -9,7 +9,8 @@ COMMANDS = {
     "validate": ("cli", "score a checkpoint on the validation images"),
     "test": ("cli", "score a checkpoint on held-out test images"),
     "predict": ("cli", "write the predicted class of every image of a folder to CSV"),
-    "export": ("export", "write a checkpoint as a file plain PyTorch loads (uint8 in, logits out)"),
+    "export": ("export", "write a checkpoint as one file to serve: .pt2, ONNX or TorchScript"),
+    "infer": ("infer", "classify images with an exported model, without Lightning"),
     "scan": ("scan", "list the images of a dataset that cannot be read"),
     "bench": ("bench", "time the data loader against a naive baseline, per num_workers"),
 }

@@ -1,14 +1,15 @@
-"""Export a checkpoint to a file that plain PyTorch loads: uint8 images in, logits out.
+"""Export a checkpoint to one file that serves without this project: uint8 images in, logits out.
 
-`python -m {{ cookiecutter.package_name }} export --ckpt_path best.ckpt --output model.pt`
+`python -m {{ cookiecutter.package_name }} export --ckpt_path best.ckpt [--format FORMAT] [--output PATH]`
 
-- `model.pt`: TorchScript (`torch.jit.load`); or `model.pt2`: `torch.export` (`torch.export.load`);
-- `model.json`: the class names, image size and normalisation (also inside the artifact as
-  `metadata.json`);
-- `model.onnx` as well when the `onnx` extra is installed (`pip install ".[onnx]"`).
+- `pt2` (the default, `model.pt2`): a `torch.export` program, loaded with `torch.export.load`;
+- `onnx` (`model.onnx`): `torch.onnx.export(dynamo=True)`, for onnxruntime; needs the `onnx` extra;
+- `torchscript` (`model.pt`): `torch.jit`, deprecated since PyTorch 2.11, on request only.
 
-The artifact takes a uint8 RGB batch `(N, 3, image_size, image_size)`, normalises it itself and
-returns logits; `softmax` of them gives the class probabilities.
+The model takes a uint8 RGB batch `(N, 3, image_size, image_size)` of any `N`, normalises it as
+training did and returns logits. What a server needs to know besides (class names, the
+preprocessing rule, where the model came from) is inside the file, as `metadata.json` (extra files
+for pt2 and TorchScript, `metadata_props` for ONNX), and beside it in `model.json`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,29 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
+from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
+
+# --format -> (what metadata["format"] says, the suffix of the default --output)
+FORMATS = {
+    "pt2": ("torch.export", ".pt2"),
+    "onnx": ("onnx", ".onnx"),
+    "torchscript": ("torchscript", ".pt"),
+}
+METADATA_FILE = "metadata.json"  # its name inside the artifact
+TORCHSCRIPT_NOTE = (
+    "note: TorchScript is deprecated since PyTorch 2.11 and may stop working in a later release; "
+    "--format pt2 (the default) or onnx serve the same model"
+)
 
 
 class ExportedClassifier(nn.Module):
@@ -30,14 +48,57 @@ class ExportedClassifier(nn.Module):
     def __init__(self, net: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
         self.net = net
-        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255)
-        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1) * 255)
+        # The DataModule's own constants, so that the network sees the very floats it trained on.
+        scale, bias = BatchNormalizer(mean, std).constants(torch.device("cpu"))
+        self.register_buffer("scale", scale.clone())
+        self.register_buffer("bias", bias.clone())
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net((images.float() - self.mean) / self.std)
+        return self.net(images.float() * self.scale + self.bias)
 
 
-def load_for_export(ckpt_path: str | Path) -> tuple[ExportedClassifier, dict]:
+def preprocessing_rule(image_size: int) -> dict:
+    """How validation turns a file into the model's input (`read_image`, then `eval_transform`).
+
+    A server must do the same: squashing the whole image to S x S, or cropping without the
+    resize, gives other pixels and other predictions, silently.
+    """
+    size = image_size
+    return {
+        "rule": (
+            f"decode to 8-bit RGB with the Exif orientation applied; resize so that the short "
+            f"side is {size} (bilinear, antialiased, aspect ratio kept); centre-crop "
+            f"{size}x{size}; pass as uint8 (N, 3, {size}, {size}): the model normalises"
+        ),
+        "decode": (
+            f"RGB, 8 bits per channel, alpha dropped, Exif orientation applied; a JPEG whose "
+            f"short side is at least {2 * size} may be decoded at 1/2, 1/4 or 1/8 scale by "
+            f"libjpeg (short side kept >= {size}) before the resize"
+        ),
+        "resize_short_side": size,
+        "interpolation": "bilinear",
+        "antialias": True,
+        "center_crop": [size, size],
+        "torchvision": f"v2.Compose([v2.Resize({size}, antialias=True), v2.CenterCrop({size})])",
+    }
+
+
+def git_commit(folder: str | Path | None = None) -> str | None:
+    """The commit checked out in `folder` (default: the working directory); None outside git."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", "HEAD"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung
+        return None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedClassifier, dict]:
     """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata.
 
     Raises:
@@ -45,71 +106,137 @@ def load_for_export(ckpt_path: str | Path) -> tuple[ExportedClassifier, dict]:
             `model/checkpoint.py`).
     """
     model = load_classifier(ckpt_path)
+    # Checked and built above; read again (as data only, mapped) for what the model does not keep.
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
     hp = model.hparams
     metadata = {
+        "format": FORMATS[fmt][0],
         "class_names": list(hp.class_names),
         "image_size": int(hp.image_size),
         "mean": list(hp.mean),
         "std": list(hp.std),
-        "input": "uint8 RGB tensor (N, 3, image_size, image_size)",
-        "output": "logits (N, len(class_names))",
+        "input": "uint8 RGB tensor (N, 3, image_size, image_size), any N",
+        "output": "logits (N, len(class_names)); their softmax gives the class probabilities",
+        "preprocessing": preprocessing_rule(int(hp.image_size)),
+        "training": {
+            "checkpoint": Path(ckpt_path).name,
+            "epoch": checkpoint.get("epoch"),
+            "global_step": checkpoint.get("global_step"),
+            "model": _without_instantiator(checkpoint["hyper_parameters"]),
+            "data": _without_instantiator(checkpoint.get("datamodule_hyper_parameters")),
+            "git_commit": git_commit(),
+        },
+        "torch_version": torch.__version__,
     }
+    # Plain JSON values (paths and tuples as the sidecar will hold them), inside and beside.
+    metadata = json.loads(json.dumps(metadata, default=str))
     return ExportedClassifier(model.net, hp.mean, hp.std).eval(), metadata
 
 
 def export_checkpoint(
-    ckpt_path: str | Path, output: str | Path, onnx: bool | None = None
+    ckpt_path: str | Path, output: str | Path | None = None, fmt: str = "pt2"
 ) -> list[Path]:
-    """Write the artifact, its JSON sidecar and (with `onnx`, default: if installed) ONNX."""
-    module, metadata = load_for_export(ckpt_path)
-    output = Path(output)
+    """Write the checkpoint as `fmt` to `output` (default: `model.pt2`, `.onnx` or `.pt`) and
+    its metadata beside it (`model.json`); return both paths."""
+    if fmt not in FORMATS:
+        raise DataError(f"--format {fmt} is not one of {', '.join(FORMATS)}")
+    output = Path(output if output is not None else "model" + FORMATS[fmt][1])
+    if output.suffix == ".json":
+        raise DataError(f"--output {output}: .json is the name of the metadata file beside it")
+    if fmt == "onnx":
+        _check_onnx_installed()
+    module, metadata = load_for_export(ckpt_path, fmt)
     output.parent.mkdir(parents=True, exist_ok=True)
     size = metadata["image_size"]
-    example = torch.randint(0, 256, (2, 3, size, size), dtype=torch.uint8)
-    extra = {"metadata.json": json.dumps(metadata)}
-    batch = {"images": {0: torch.export.Dim.DYNAMIC}}
+    example = (torch.randint(0, 256, (2, 3, size, size), dtype=torch.uint8),)
+    text = json.dumps(metadata)
     with torch.no_grad():
-        if output.suffix == ".pt2":
-            program = torch.export.export(module, (example,), dynamic_shapes=batch)
-            torch.export.save(program, output, extra_files=extra)
+        if fmt == "pt2":
+            program = torch.export.export(module, example, dynamic_shapes=_DYNAMIC_BATCH)
+            # Through an open file: torch warns about a path that does not end in .pt2.
+            with open(output, "wb") as file:
+                torch.export.save(program, file, extra_files={METADATA_FILE: text})
+        elif fmt == "onnx":
+            _write_onnx(module, example, output, text)
         else:
-            torch.jit.save(torch.jit.trace(module, example), output, _extra_files=extra)
+            _write_torchscript(module, example, output, text)
     sidecar = output.with_suffix(".json")
     sidecar.write_text(json.dumps(metadata, indent=2) + "\n")
-    written = [output, sidecar]
-    if onnx is None:
-        onnx = all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript"))
-    if onnx:
-        onnx_path = output.with_suffix(".onnx")
-        torch.onnx.export(
-            module,
-            (example,),
-            onnx_path,
-            input_names=["images"],
-            output_names=["logits"],
-            dynamic_shapes=batch,
-            dynamo=True,
-            external_data=False,
+    return [output, sidecar]
+
+
+_DYNAMIC_BATCH = {"images": {0: torch.export.Dim.DYNAMIC}}
+
+
+def _write_onnx(module: nn.Module, example: tuple[Tensor], output: Path, metadata: str) -> None:
+    program = torch.onnx.export(
+        module,
+        example,
+        input_names=["images"],
+        output_names=["logits"],
+        dynamic_shapes=_DYNAMIC_BATCH,
+        dynamo=True,
+        verbose=False,
+    )
+    # onnxruntime reads it back as `session.get_modelmeta().custom_metadata_map`
+    program.model.metadata_props[METADATA_FILE] = metadata
+    program.save(output, external_data=False)
+
+
+def _write_torchscript(
+    module: nn.Module, example: tuple[Tensor], output: Path, metadata: str
+) -> None:
+    with warnings.catch_warnings():
+        # torch.jit says it is deprecated at each call; `main` says it once (TORCHSCRIPT_NOTE)
+        warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
+        traced = torch.jit.trace(module, example)
+        torch.jit.save(traced, output, _extra_files={METADATA_FILE: metadata})
+
+
+def _check_onnx_installed() -> None:
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DataError(
+            f"--format onnx needs {' and '.join(missing)}: install the onnx extra "
+            f"(pip install '.[onnx]')"
         )
-        written.append(onnx_path)
-    return written
+
+
+def _without_instantiator(section: object) -> dict:
+    # LightningCLI's `_instantiator` names a function, not a training choice
+    if not isinstance(section, dict):  # no data options saved: a DataModule-less fit
+        return {}
+    return {key: value for key, value in section.items() if key != "_instantiator"}
 
 
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} export",
-        description="Export a checkpoint for inference with plain PyTorch (uint8 in, logits out).",
+        description="Export a checkpoint for serving without this project (uint8 in, logits out).",
     )
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by fit")
     parser.add_argument(
-        "--output", required=True, help="model.pt (TorchScript) or model.pt2 (torch.export)"
+        "--format",
+        choices=list(FORMATS),
+        default="pt2",
+        help="pt2: torch.export (default); onnx: for onnxruntime (the onnx extra); "
+        "torchscript: deprecated",
     )
     parser.add_argument(
-        "--onnx",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also write model.onnx (default: when the onnx extra is installed)",
+        "--output",
+        metavar="PATH",
+        help="where to write it (default: model.pt2, model.onnx or model.pt); --format alone "
+        "decides the format; the metadata also goes beside it, as .json",
     )
     options = parser.parse_args(args)
-    for path in export_checkpoint(options.ckpt_path, options.output, options.onnx):
+    suffix = FORMATS[options.format][1]
+    if options.output is not None and Path(options.output).suffix != suffix:
+        print(
+            f"note: writing {options.format} to {options.output}: --format decides the format, "
+            f"not the name ({suffix} is the usual suffix)",
+            file=sys.stderr,
+        )
+    if options.format == "torchscript":
+        print(TORCHSCRIPT_NOTE, file=sys.stderr)
+    for path in export_checkpoint(options.ckpt_path, options.output, options.format):
         print(f"wrote {path}")

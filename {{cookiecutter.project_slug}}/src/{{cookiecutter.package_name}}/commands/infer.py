@@ -1,0 +1,267 @@
+"""Classify images with an exported model, without Lightning: what a server or a script runs.
+
+`python -m {{ cookiecutter.package_name }} infer --model model.pt2 IMAGES... [--csv FILE] [--batch-size N]`
+
+IMAGES are image files or folders (every image below them, as `predict` lists them).
+
+The model is a file `export` wrote: `.pt2` (`torch.export`), `.onnx` (run by onnxruntime, the
+`onnx` extra) or TorchScript. Its metadata gives the class names and the image size. Images are
+decoded and resized exactly as validation and `predict` do (`read_image`, then `eval_transform`),
+so the predictions are `predict`'s. Besides torch, this needs only the decoders (PIL, numpy,
+simplejpeg) and torchvision's transforms: neither Lightning nor the training code is imported.
+
+Output: one line per image, `path<TAB>label<TAB>probability<TAB>top_k`, or with `--csv` a file
+with the columns of `predict`'s CSV. An image that is missing or cannot be read is named on
+stderr, one line each, and the others are still classified; the exit code is then 1.
+
+Load only models you trust: like any PyTorch model file, a `.pt2` or TorchScript file is
+unpickled in part when loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS, read_image
+from {{ cookiecutter.package_name }}.data.index import list_images
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
+from {{ cookiecutter.package_name }}.errors import DataError
+
+HEADER = ["path", "label", "probability", "top_k"]  # predict's columns (training/predictions.py)
+TOP_K = 5
+METADATA_FILE = "metadata.json"  # as `export` names it inside the model file
+
+
+class ExportedModel:
+    """An exported classifier and its metadata: uint8 `(N, 3, S, S)` in, probabilities out."""
+
+    def __init__(self, run: Callable[[Tensor], Tensor], metadata: dict) -> None:
+        self.run = run
+        self.metadata = metadata
+        self.class_names: list[str] = list(metadata["class_names"])
+        self.image_size: int = int(metadata["image_size"])
+
+    def probabilities(self, images: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self.run(images).float().softmax(dim=1)
+
+
+def load_exported(path: str | Path) -> ExportedModel:
+    """The model `export` wrote to `path`, whichever of its formats.
+
+    Raises:
+        DataError: one line naming the file, when it is missing or not a model `export` wrote
+            (a checkpoint, a text file, an archive of another kind).
+    """
+    path = Path(path)
+    where = f"--model {path}"
+    if not path.is_file():
+        raise DataError(f"{where} is not a file: {'a directory' if path.is_dir() else 'missing'}")
+    if zipfile.is_zipfile(path):
+        kind = _archive_kind(path)
+        if kind == "pt2":
+            return _load_pt2(path, where)
+        if kind == "torchscript":
+            return _load_torchscript(path, where)
+        if kind == "checkpoint":
+            raise DataError(
+                f"{where} is a checkpoint, not an exported model: export it first with "
+                f"`python -m {{ cookiecutter.package_name }} export --ckpt_path {path}`"
+            )
+        raise DataError(f"{where} is a zip archive, but not a .pt2 or TorchScript model")
+    if path.suffix.lower() == ".onnx":
+        return _load_onnx(path, where)
+    raise DataError(
+        f"{where} is not an exported model: export writes .pt2 and TorchScript models as zip "
+        f"archives, and ONNX models to a name ending in .onnx"
+    )
+
+
+def _archive_kind(path: Path) -> str | None:
+    """What the archive's entries say it is: pt2, torchscript, checkpoint (torch.save) or None."""
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        inside = {name.split("/", 1)[-1] for name in names}  # without the top folder
+        if "archive_format" in inside:
+            root = names[0].split("/", 1)[0]
+            return "pt2" if archive.read(f"{root}/archive_format") == b"pt2" else None
+    if any(name.startswith("code/") for name in inside) and "constants.pkl" in inside:
+        return "torchscript"
+    return "checkpoint" if "data.pkl" in inside else None
+
+
+def _load_pt2(path: Path, where: str) -> ExportedModel:
+    extra = {METADATA_FILE: ""}
+    try:
+        with open(path, "rb") as file:  # a file, not a name: torch warns about other suffixes
+            program = torch.export.load(file, extra_files=extra)
+    except Exception as err:  # whatever torch.export makes of a damaged archive
+        raise DataError(f"{where} could not be loaded by torch.export: {_one_line(err)}") from err
+    return ExportedModel(program.module(), _metadata(extra[METADATA_FILE], where))
+
+
+def _load_torchscript(path: Path, where: str) -> ExportedModel:
+    extra = {METADATA_FILE: ""}
+    try:
+        module = torch.jit.load(path, map_location="cpu", _extra_files=extra)
+    except Exception as err:
+        raise DataError(f"{where} could not be loaded as TorchScript: {_one_line(err)}") from err
+    return ExportedModel(module, _metadata(extra[METADATA_FILE], where))
+
+
+def _load_onnx(path: Path, where: str) -> ExportedModel:
+    try:
+        import onnxruntime
+    except ImportError as err:
+        raise DataError(
+            f"{where} needs onnxruntime: install the onnx extra (pip install '.[onnx]')"
+        ) from err
+    try:
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own error types, one per kind of damage
+        raise DataError(f"{where} could not be loaded by onnxruntime: {_one_line(err)}") from err
+    text = session.get_modelmeta().custom_metadata_map.get(METADATA_FILE, "")
+    input_name = session.get_inputs()[0].name
+
+    def run(images: Tensor) -> Tensor:
+        return torch.from_numpy(session.run(None, {input_name: images.numpy()})[0])
+
+    return ExportedModel(run, _metadata(text, where))
+
+
+def _metadata(text: str, where: str) -> dict:
+    try:
+        metadata = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        metadata = None
+    if not (
+        isinstance(metadata, dict)
+        and isinstance(metadata.get("class_names"), list)
+        and isinstance(metadata.get("image_size"), int)
+    ):
+        raise DataError(
+            f"{where} has no {METADATA_FILE} with class_names and image_size: not written by "
+            f"`python -m {{ cookiecutter.package_name }} export`"
+        )
+    return metadata
+
+
+def find_images(inputs: list[str]) -> tuple[list[str], list[str]]:
+    """The files named and every image below the folders named; and a line per input that
+    gave nothing (missing, or a folder without images)."""
+    paths, problems = [], []
+    for name in inputs:
+        path = Path(name)
+        if path.is_dir():
+            found = list_images(path)
+            if not found:
+                accepted = " ".join(IMG_EXTENSIONS)
+                problems.append(f"{name}: a folder with no images (accepted: {accepted})")
+            # joined as predict's Dataset joins them, so that the two name a file alike
+            paths += [os.path.join(path, relative) for relative in found]
+        elif path.exists():
+            paths.append(name)  # named explicitly: tried whatever its extension
+        else:
+            problems.append(f"cannot read image {name}: no such file or folder")
+    return paths, problems
+
+
+def classify(
+    model: ExportedModel, paths: list[str], batch_size: int, report: Callable[[str], None]
+) -> Iterator[tuple[str, Tensor]]:
+    """(path, class probabilities) for each image that can be read, `batch_size` at a time;
+    `report` is told, in one line, about each image that cannot."""
+    transform = eval_transform(model.image_size)
+    batch: list[str] = []
+    images: list[Tensor] = []
+    for number, path in enumerate(paths, 1):
+        try:
+            # as validation reads it: exact decode, large JPEGs reduced no lower than the size
+            images.append(transform(read_image(path, model.image_size)))
+            batch.append(path)
+        except DataError as err:
+            report(str(err))
+        if images and (len(images) == batch_size or number == len(paths)):
+            yield from zip(batch, model.probabilities(torch.stack(images)), strict=True)
+            batch, images = [], []
+
+
+def prediction_row(path: str, probabilities: Tensor, class_names: list[str]) -> list[str]:
+    """`path, label, probability, top_k`, formatted as predict's CSV writer does."""
+    top_probs, top_labels = probabilities.topk(min(TOP_K, len(class_names)))
+    probs, labels = top_probs.tolist(), top_labels.tolist()
+    top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(labels, probs, strict=True))
+    return [path, class_names[labels[0]], f"{probs[0]:.4f}", top]
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m {{ cookiecutter.package_name }} infer",
+        description="Classify images with a model written by export, without Lightning.",
+    )
+    parser.add_argument(
+        "--model", required=True, metavar="FILE", help="model.pt2, model.onnx or TorchScript"
+    )
+    parser.add_argument(
+        "images", nargs="+", metavar="IMAGE", help="image files, or folders: every image below"
+    )
+    parser.add_argument(
+        "--csv",
+        metavar="FILE",
+        help="write the rows to this CSV file, as predict does, instead of printing them",
+    )
+    parser.add_argument(
+        "--batch-size", type=_positive, default=32, metavar="N", help="images per batch (32)"
+    )
+    options = parser.parse_args(args)
+
+    model = load_exported(options.model)
+    paths, problems = find_images(options.images)
+    failed = len(problems)
+    for line in problems:
+        print(line, file=sys.stderr)
+
+    def report(line: str) -> None:
+        nonlocal failed
+        failed += 1
+        print(line, file=sys.stderr)
+
+    predictions = classify(model, paths, options.batch_size, report)
+    rows = (prediction_row(path, probs, model.class_names) for path, probs in predictions)
+    if options.csv is None:
+        try:
+            for row in rows:
+                print("\t".join(row), flush=True)
+        except BrokenPipeError:  # `infer ... | head`: the reader has all it wants
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    else:
+        output = Path(options.csv)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with open(output, "w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(HEADER)
+            writer.writerows(rows)
+        print(f"predictions: {output}")
+    return 1 if failed else 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 200 else text[:197] + "..."
