@@ -4,7 +4,8 @@
         [--count 400] [--rounds 5] [--min-size 334]
 
 DIR: a folder of JPEGs (searched recursively), e.g. one written by make_images.py. The decoders
-are the baked package's own (`<package>.images`), plus simplejpeg's exact decode for reference.
+are the baked package's own (`<package>.data.images`): simplejpeg exact (validation), simplejpeg
+with the fast IDCT and upsampling (training), and PIL (the fallback).
 Prints the median milliseconds per file over the rounds, and how far the training decode's pixels
 are from the exact decode's (mean and largest absolute difference, in levels of 0-255). With
 `--min-size`, for large files, it compares the reductions in libjpeg's DCT domain instead: PIL's
@@ -20,7 +21,6 @@ import statistics
 import time
 from pathlib import Path
 
-import simplejpeg
 import torch
 
 
@@ -32,7 +32,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-size", type=int, default=None)
     args = parser.parse_args()
-    images = importlib.import_module(f"{args.package}.images")
+    images = importlib.import_module(f"{args.package}.data.images")
+
+    def exact(data):
+        return images._as_tensor(images._decode_jpeg(data, False))
+
+    def fast(data, size=0):
+        return images._as_tensor(images._decode_jpeg(data, True, size))
+
     torch.set_num_threads(1)  # as in a DataLoader worker
     files = sorted(args.folder.rglob("*.jpg"))[: args.count]
     if not files:
@@ -44,14 +51,13 @@ def main() -> None:
             f"PIL draft to >= {size} (exact)": lambda d: images._decode_jpeg_reduced(
                 d, min(images._jpeg_header(d)[:2]) / size
             ),
-            f"simplejpeg n/8 to >= {size} (training)": lambda d: images._decode_jpeg_fast(d, size),
+            f"simplejpeg n/8 to >= {size} (training)": lambda d: fast(d, size),
         }
     else:
         decoders = {
-            "torchvision decode_image (exact; validation)": images._decode_with_torchvision,
-            "simplejpeg (exact)": lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB"),
-            "simplejpeg fastdct+fastupsample (training)": images._decode_jpeg_fast,
-            "PIL (exact)": images._decode_with_pil,
+            "simplejpeg exact (validation, the bake's exact path)": exact,
+            "simplejpeg fastdct+fastupsample (training)": fast,
+            "PIL (exact, the fallback)": images._decode_with_pil,
         }
     times: dict[str, list[float]] = {name: [] for name in decoders}
     for _ in range(args.rounds):  # decoders interleaved, so that a slow minute hits them all
@@ -68,10 +74,7 @@ def main() -> None:
         shapes = {name: tuple(decode(blobs[0]).shape) for name, decode in decoders.items()}
         print(f"first file decoded to: {shapes}")
         return
-    differences = [
-        (images._decode_jpeg_fast(d).int() - images._decode_with_torchvision(d).int()).abs()
-        for d in blobs
-    ]
+    differences = [(fast(d).int() - exact(d).int()).abs() for d in blobs]
     mean = sum(d.float().mean().item() for d in differences) / len(differences)
     largest = max(int(d.max()) for d in differences)
     print(f"training vs exact pixels: mean |difference| {mean:.2f}, largest {largest}")

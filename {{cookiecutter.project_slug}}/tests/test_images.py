@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import write_corrupt
-from PIL import Image
+from PIL import Image, ImageOps
 
 from {{ cookiecutter.package_name }}.data import images
 from {{ cookiecutter.package_name }}.data.images import read_image
@@ -92,21 +92,63 @@ def test_exif_orientation_is_applied(tmp_path: Path, suffix: str, approximate: b
     assert read[0, 35, 15] > 150
 
 
-def test_without_torchvision_decoders_pil_gives_the_same_pixels(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # torchvision.io's decoders are deprecated and due to be removed: PIL must stand in for them
+def torchvision_decode(path: Path) -> torch.Tensor | None:
+    """What `read_image` gave before for a JPEG or PNG: torchvision's decoders, deprecated since
+    0.29 and no longer used (a damaged PNG could kill them); None once they are gone."""
+    try:
+        from torchvision.io import ImageReadMode, decode_image
+    except ImportError:  # pragma: no cover
+        return None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The image decoding", DeprecationWarning)
+        image = decode_image(str(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    return image if image.dtype == torch.uint8 else (image.float() / 257).round().byte()
+
+
+def pil_decode(path: Path) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Corrupt EXIF data", UserWarning)
+        with Image.open(path) as image:
+            rgb = np.array(ImageOps.exif_transpose(image).convert("RGB"))
+    return torch.from_numpy(rgb).permute(2, 0, 1)
+
+
+def save_photo(path: Path, **options) -> None:
     rng = np.random.default_rng(0)
     photo = np.clip(rng.normal(120, 40, size=(48, 64, 3)), 0, 255).astype(np.uint8)
-    exif = Image.new("RGB", (1, 1)).getexif()
-    exif[0x0112] = 6
-    files = {"photo.jpg": {"quality": 90}, "rotated.jpg": {"exif": exif}, "photo.png": {}}
-    for name, options in files.items():
-        Image.fromarray(photo).save(tmp_path / name, **options)
-    with_torchvision = {name: read_image(str(tmp_path / name)) for name in files}
-    monkeypatch.setattr(images, "decode_image", None)
-    for name in files:
-        assert torch.equal(read_image(str(tmp_path / name)), with_torchvision[name]), name
+    Image.fromarray(photo).save(path, **options)
+
+
+ROTATED_EXIF = Image.Exif()
+ROTATED_EXIF[0x0112] = 6
+
+EXACT = {
+    "photo.jpg": {"quality": 90},
+    "444.jpg": {"quality": 95, "subsampling": 0},
+    "progressive.jpg": {"quality": 90, "progressive": True},
+    "rotated.jpg": {"exif": ROTATED_EXIF},
+    "photo.png": {},
+}
+
+
+@pytest.mark.parametrize("name", [*EXACT, "gray.jpg", "gray16.png"])
+def test_exact_pixels_are_what_torchvision_and_pil_give(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / name
+    if name == "gray.jpg":
+        solid("L", 128, (64, 48)).save(path)
+    elif name == "gray16.png":
+        save_gray16(path)
+    else:
+        save_photo(path, **EXACT[name])
+    image = read_image(str(path))
+    before = torchvision_decode(path)
+    assert before is None or torch.equal(image, before)
+    if name != "gray16.png":  # PIL's own 16-to-8-bit conversion truncates
+        assert torch.equal(image, pil_decode(path))
+    monkeypatch.setattr(images, "simplejpeg", None)  # JPEGs through PIL: the same pixels
+    assert torch.equal(read_image(str(path)), image)
 
 
 @pytest.mark.parametrize("approximate", [False, True], ids=["exact", "approximate"])
@@ -151,23 +193,52 @@ def test_approximate_decode_without_simplejpeg_is_the_exact_one(
 
 CAMERA_EXIF = Image.Exif()
 CAMERA_EXIF[0x010F] = "Camera maker"
+BIG_ENDIAN_EXIF = b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01" + (
+    b"\x01\x12\x00\x03\x00\x00\x00\x01\x00\x08\x00\x00" + b"\x00" * 4  # Orientation 8
+)
+
+
+def xmp(orientation: str) -> bytes:
+    return f"<x:xmpmeta xmlns:x='adobe:ns:meta/'>{orientation}</x:xmpmeta>".encode()
 
 
 @pytest.mark.parametrize(
-    ("save", "exif"),
+    ("save", "orientation"),
     [
-        ({}, False),
-        ({"exif": CAMERA_EXIF}, True),  # Exif data without an orientation: still exact
-        ({"xmp": b"<x:xmpmeta xmlns:x='adobe:ns:meta/'/>"}, False),  # APP1, but not Exif
+        ({}, 1),
+        ({"exif": CAMERA_EXIF}, 1),  # Exif data without an orientation
+        ({"exif": ROTATED_EXIF}, 6),
+        ({"exif": BIG_ENDIAN_EXIF}, 8),
+        ({"exif": b"Exif\x00\x00II*\x00\xff\xff\xff\x7f"}, 1),  # directory beyond the data
+        ({"xmp": xmp("")}, 1),  # APP1, but not Exif
+        ({"xmp": xmp('<r tiff:Orientation="3"/>')}, 3),  # PIL reads XMP's when Exif has none
+        ({"xmp": xmp("<tiff:Orientation>8</tiff:Orientation>"), "exif": ROTATED_EXIF}, 6),
     ],
 )
-def test_jpeg_header_tells_exif_apart(tmp_path: Path, save: dict, exif: bool) -> None:
+def test_jpeg_header_reads_the_orientation(tmp_path: Path, save: dict, orientation: int) -> None:
     path = tmp_path / "photo.jpg"
     noisy_photo(path, **save)
-    data = bytearray(path.read_bytes())
-    assert images._jpeg_header(data) == (64, 48, exif)
+    assert images._jpeg_header(bytearray(path.read_bytes())) == (64, 48, orientation)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # damaged Exif data too: nothing to say, the pixels read
+        exact = read_image(str(path))
+        approximate = read_image(str(path), approximate=True)  # Exif or not: the fast decode
+    assert torch.equal(exact, pil_decode(path))
+    assert approximate.shape == exact.shape and not torch.equal(approximate, exact)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_orientation_turns_as_pil_turns_it(tmp_path: Path, orientation: int) -> None:
+    path = tmp_path / "photo.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    noisy_photo(path, exif=exif)
+    exact = read_image(str(path))
+    assert torch.equal(exact, pil_decode(path))
     approximate = read_image(str(path), approximate=True)
-    assert torch.equal(approximate, read_image(str(path))) == exif
+    assert (approximate.int() - exact.int()).abs().float().mean() < 3
+    turned = (3, 16, 12) if orientation >= 5 else (3, 12, 16)  # a quarter turn swaps the sides
+    assert read_image(str(path), 8).shape == read_image(str(path), 8, True).shape == turned
 
 
 @pytest.mark.parametrize(
@@ -183,6 +254,17 @@ def test_unreadable_files_name_the_file(tmp_path: Path, name: str, content: byte
     path.write_bytes(content)
     with pytest.raises(DataError, match=rf"{name}.*{reason}|{reason}.*{name}"):
         read_image(str(path))
+
+
+def test_libtiff_output_is_told_in_the_error_not_printed(tmp_path: Path, capfd) -> None:
+    path = tmp_path / "damaged.tiff"
+    solid("RGB", RED, (48, 32)).save(path, compression="tiff_lzw")  # read through libtiff
+    data = bytearray(path.read_bytes())
+    data[8:24] = bytes(16)  # the start of the compressed pixels: an LZW code libtiff refuses
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"cannot read image .*damaged\.tiff: .*\(libtiff: .+\)"):
+        read_image(str(path))
+    assert capfd.readouterr().err == ""
 
 
 def bomb_png(path: Path, width: int, height: int) -> None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import math
 import os
+import re
 import struct
+import tempfile
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -15,73 +20,100 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from {{ cookiecutter.package_name }}.errors import DataError
 
 try:
-    # Deprecated since torchvision 0.29 in favour of TorchCodec, and due to be removed. Without
-    # it every file goes through PIL: the same pixels, a slower decode (BENCHMARKS.md).
-    from torchvision.io import ImageReadMode, decode_image
-except ImportError:  # pragma: no cover - a torchvision without its image decoders
-    decode_image = None
-try:
     import simplejpeg  # libjpeg-turbo, with its fast IDCT and chroma upsampling selectable
-except ImportError:  # pragma: no cover - a dependency, but training works without it
+except ImportError:  # pragma: no cover - a dependency, but PIL reads JPEGs without it
     simplejpeg = None
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-# torchvision's decoders (libjpeg-turbo, libpng, libwebp) are faster than PIL for these; the rest
-# (BMP, TIFF) are only readable through PIL.
-_TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif")
 # PIL's own hard limit (twice its warning threshold): about 13k x 13k pixels, 0.5 GB as RGB.
 MAX_IMAGE_PIXELS = 2 * 89_478_485
+
+# PIL logs an error naming no file before it raises on some damaged TIFFs; the DataError says it
+# with the file's name. Without a handler of PIL's own, Python would print such records to
+# stderr when the application has configured no logging; with one, they go where it says.
+logging.getLogger("PIL").addHandler(logging.NullHandler())
+
+# Which decoder reads what was chosen by fuzzing first, speed second (issue 14): no file may kill
+# the process that reads it. benchmarks/fuzz_decoders.py (--per-kind 40 --seed 14) gave each
+# decoder every mutant of the formats it reads (3091 files from the bake's tests/test_fuzz.py:
+# 843 JPEG, 562 PNG of which 281 16-bit, 281 GIF, 562 WebP, 281 BMP, 562 TIFF), each in a child:
+#   decoder                        files  crashed  printed to stderr
+#   torchvision decode_image        2248      211        580
+#   torchvision decode_png           562      211        423  (SIGSEGV: every bit flip or zeroed
+#                                                             run in the compressed data)
+#   torchvision decode_jpeg          843        0        163  ("Corrupt JPEG data: ...")
+#   torchvision decode_webp, _gif    562, 281   0          0
+#   PIL (all formats; JPEG draft)   3091, 843   0        103  (libtiff, PIL's log; 150 warned)
+#   simplejpeg exact, fast, scaled   843 each   0          0
+# So:
+# - JPEG: simplejpeg (libjpeg-turbo), exact (islow IDCT, fancy upsampling) or, for training,
+#   fast. Its `strict` mode refuses any file libjpeg warns about; PIL then decides, decoding
+#   through recoverable damage quietly (as torchvision did, noisily) or raising. The exact pixels
+#   are torchvision's and PIL's, bit for bit; the Exif orientation is applied here, from
+#   `_jpeg_header`, so Exif JPEGs take the fast path in training too. A 500x375 photo: 0.93x
+#   torchvision's time exact, 0.80x approximate (`fuzz_decoders.py --speed`, median of 500).
+#   Large JPEGs reduced exactly: PIL's `draft`, as before.
+# - PNG (8- and 16-bit), GIF, WebP, BMP, TIFF: PIL, which nothing crashed. A 500x375 PNG takes
+#   1.2x torchvision's time (3.4 ms against 2.8; its zlib inflate alone is as slow): the price of
+#   not crashing. torchvision.io is no longer used (its decoders are deprecated since 0.29).
+# What decoders print names no file. simplejpeg and PIL's JPEG, PNG, WebP, GIF and BMP readers
+# print nothing; libtiff (PIL's decoder for compressed TIFFs) does, and is kept quiet
+# (`_libtiff_quiet`): its words are added to the DataError of a file that cannot be read, and
+# dropped for one that reads. PIL's warnings (damaged metadata) and log records are not printed
+# either: when they matter, PIL raises, and the DataError says what and where.
 
 
 def read_image(path: str, min_size: int | None = None, approximate: bool = False) -> torch.Tensor:
     """Read an image file as a uint8 RGB tensor of shape (3, H, W), EXIF orientation applied.
 
     Grayscale, palette, RGBA (alpha dropped), CMYK and 16-bit images are all converted to 8-bit RGB;
-    an animated GIF or WebP gives its first frame.
+    an animated GIF or WebP gives its first frame. No decoder prints to the terminal.
 
     `min_size`: the short side the caller needs. A JPEG at least twice that is decoded at 1/2, 1/4
     or 1/8 scale in libjpeg's DCT domain (`PIL.Image.draft`), keeping the short side >= `min_size`:
     2000x1500 photos to a 256 short side took 90 ms against 130-197 ms for a full decode and resize
-    (BENCHMARKS.md). Below twice `min_size` nothing can be reduced, and torchvision's decoder
-    (libjpeg-turbo, into a tensor) is faster than PIL's: 1.5 ms against 1.9 ms for a 500x375 photo.
+    (BENCHMARKS.md).
 
     `approximate`: for training. A JPEG is decoded with libjpeg-turbo's fast integer IDCT and fast
     chroma upsampling (`simplejpeg`, which also does the reduction above, at any n/8 scale): 0.53
-    ms against 0.61 ms for a noisy 500x375 photo, and cold training epochs about 10% faster on 2
-    CPUs (BENCHMARKS.md). Pixels differ from the exact decode by 1.2-1.3 levels on average, up to
-    ~60 at a few sharp colour edges: far less than random crops change, but not what a model
-    should be evaluated or served on, so validation, prediction and the pixel cache decode
-    exactly. JPEGs with Exif data take the exact path too, which applies their orientation.
+    ms against 0.58 ms exactly for a noisy 500x375 photo, and cold training epochs about 10%
+    faster on 2 CPUs (BENCHMARKS.md). Pixels differ from the exact decode by 1.2-1.3 levels on
+    average, up to ~60 at a few sharp colour edges: far less than random crops change, but not
+    what a model should be evaluated or served on, so validation, prediction and the pixel cache
+    decode exactly.
 
     Raises:
         DataError: naming the file, when it cannot be decoded or declares more than
             `MAX_IMAGE_PIXELS` pixels.
     """
-    try:
-        data = _read_bytes(path)
-        width, height, exif = _check_header(data, path)
-        jpeg = data[:2] == b"\xff\xd8"
-        reducible = jpeg and bool(min_size) and min(width, height) >= 2 * min_size
-        if approximate and jpeg and not exif and simplejpeg is not None:
-            try:
-                return _decode_jpeg_fast(data, min_size if reducible else 0)
-            except ValueError:
-                pass  # damaged, or a recoverable flaw that `strict` refuses: the exact path decides
-        if reducible:
-            try:
-                return _decode_jpeg_reduced(data, min(width, height) / min_size)
-            except (OSError, ValueError, SyntaxError):
-                pass  # the full decode below reports what is wrong with the file
-        if decode_image is not None and path.lower().endswith(_TORCHVISION_EXTENSIONS):
-            try:
-                return _decode_with_torchvision(data)
-            except RuntimeError:
-                pass  # PIL reads some files libjpeg/libpng refuse, and words its errors better
-        return _decode_with_pil(data)
-    except DataError:
-        raise
-    except (RuntimeError, OSError, ValueError, SyntaxError) as err:
-        raise DataError(f"cannot read image {path}: {err}") from err
+    with warnings.catch_warnings():
+        # PIL's warnings about damaged metadata (Exif, TIFF tags) name no file, and the pixels
+        # decode regardless; one that matters is an exception, which DataError reports.
+        warnings.filterwarnings("ignore", module=r"PIL\.")
+        try:
+            data = _read_bytes(path)
+            width, height, orientation = _check_header(data, path)
+            if data[:2] == b"\xff\xd8":
+                reducible = bool(min_size) and min(width, height) >= 2 * min_size
+                if simplejpeg is not None and (approximate or not reducible):
+                    try:
+                        rgb = _decode_jpeg(data, approximate, min_size if reducible else 0)
+                        return _as_tensor(_ORIENT[orientation](rgb))
+                    except ValueError:
+                        pass  # damaged, or a flaw libjpeg decodes through: PIL decides, quietly
+                if reducible:
+                    return _decode_jpeg_reduced(data, min(width, height) / min_size)
+            with _libtiff_quiet(data, path):
+                return _decode_with_pil(data)
+        except DataError:
+            raise
+        except _UNREADABLE as err:
+            raise DataError(f"cannot read image {path}: {err}") from err
+
+
+# What PIL raises on damaged files, found by fuzzing (tests/test_fuzz.py): besides OSError, for
+# example a TypeError from a TIFF tag of the wrong type.
+_UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
 
 
 def _read_bytes(path: str) -> bytearray:
@@ -91,43 +123,46 @@ def _read_bytes(path: str) -> bytearray:
     return data
 
 
-def _check_header(data: bytearray, path: str) -> tuple[int, int, bool]:
-    """(width, height, whether it is a JPEG with Exif data), refusing empty files, unknown formats
-    and decompression bombs first."""
+def _check_header(data: bytearray, path: str) -> tuple[int, int, int]:
+    """(width, height, a JPEG's Exif orientation), refusing empty files, unknown formats and
+    decompression bombs first."""
     if not data:
         raise DataError(f"cannot read image {path}: the file is empty")
     jpeg = _jpeg_header(data)
     if jpeg:
-        width, height, exif = jpeg
+        width, height, orientation = jpeg
     else:
         width, height = _png_size(data) or _pil_size(data, path)
-        exif = False
+        orientation = 1
     if width * height > MAX_IMAGE_PIXELS:
         raise DataError(
             f"refusing image {path}: {width}x{height} pixels is more than MAX_IMAGE_PIXELS "
             f"({MAX_IMAGE_PIXELS}): a decompression bomb, or far larger than training needs"
         )
-    return width, height, exif
+    return width, height, orientation
 
 
 # JPEG start-of-frame markers (the frame header holds the size): 0xC0-0xCF but for DHT (0xC4),
 # JPG (0xC8) and DAC (0xCC). Markers without a length field: TEM, RST0-7, SOI, EOI.
 _JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _JPEG_BARE_MARKERS = frozenset({0x01, *range(0xD0, 0xDA)})
+_XMP = b"http://ns.adobe.com/xap/1.0/\x00"
+_XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([1-8])')
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _jpeg_header(data: bytearray) -> tuple[int, int, bool] | None:
-    """(width, height, has Exif) from a JPEG's header; None if not a JPEG or no frame header.
+def _jpeg_header(data: bytearray) -> tuple[int, int, int] | None:
+    """(width, height, orientation) from a JPEG's header; None if not a JPEG or no frame header.
 
     Our own marker walk rather than `PIL.Image.open`, which parses every header segment in
-    Python: 0.25-0.3 ms of the ~1.9 ms it takes to read a 500x375 photo, for three facts. Exif
-    data, in an APP1 segment, comes before the frame header.
+    Python: 0.25-0.3 ms of the ~1.9 ms it takes to read a 500x375 photo, for three facts. The
+    orientation (1-8; 1 is upright) is the Exif one, or else XMP's, as PIL's `exif_transpose`
+    reads it: both come before the frame header.
     """
     if data[:2] != b"\xff\xd8":
         return None
     pos = 2
-    exif = False
+    exif = xmp = None
     while pos + 9 <= len(data):
         if data[pos] != 0xFF:
             return None  # not at a marker: damaged; PIL's parser words the error
@@ -136,15 +171,57 @@ def _jpeg_header(data: bytearray) -> tuple[int, int, bool] | None:
             pos += 1
         elif marker in _JPEG_FRAME_MARKERS:
             height, width = struct.unpack_from(">HH", data, pos + 5)
-            return (width, height, exif) if width and height else None
+            if not (width and height):
+                return None
+            orientation = exif or (_xmp_orientation(data, *xmp) if xmp else None)
+            return width, height, orientation or 1
         elif marker in _JPEG_BARE_MARKERS:
             pos += 2
         elif marker == 0xDA:  # start of scan before any frame header
             return None
         else:
-            exif = exif or (marker == 0xE1 and data[pos + 4 : pos + 10] == b"Exif\x00\x00")
-            pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+            end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+            if marker == 0xE1 and exif is None and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
+                exif = _exif_orientation(memoryview(data)[pos + 10 : end])
+            elif marker == 0xE1 and xmp is None and data.startswith(_XMP, pos + 4):
+                xmp = (pos + 4 + len(_XMP), end)
+            pos = end
     return None
+
+
+def _exif_orientation(tiff: memoryview) -> int | None:
+    """The Orientation tag of Exif data (a TIFF header and directory), if it has a valid one."""
+    order = {b"II": "<", b"MM": ">"}.get(bytes(tiff[:2]))
+    if order is None or len(tiff) < 8:
+        return None
+    directory = struct.unpack_from(order + "I", tiff, 4)[0]
+    if directory + 2 > len(tiff):
+        return None
+    count = struct.unpack_from(order + "H", tiff, directory)[0]
+    for entry in range(directory + 2, min(directory + 2 + 12 * count, len(tiff) - 11), 12):
+        tag, kind = struct.unpack_from(order + "HH", tiff, entry)
+        if tag == 0x0112 and kind in (3, 4):  # Orientation, a SHORT (or a LONG, as PIL allows)
+            value = struct.unpack_from(order + ("H" if kind == 3 else "I"), tiff, entry + 8)[0]
+            return value if 1 <= value <= 8 else None
+    return None
+
+
+def _xmp_orientation(data: bytearray, start: int, end: int) -> int | None:
+    match = _XMP_ORIENTATION.search(data, start, end)
+    return int(match[2]) if match else None
+
+
+# Exif orientation -> how to turn the stored (H, W, 3) pixels upright (as PIL's exif_transpose)
+_ORIENT = {
+    1: lambda rgb: rgb,
+    2: lambda rgb: rgb[:, ::-1],  # mirrored
+    3: lambda rgb: rgb[::-1, ::-1],  # upside down
+    4: lambda rgb: rgb[::-1],  # mirrored and upside down
+    5: lambda rgb: rgb.transpose(1, 0, 2),  # mirrored and turned
+    6: lambda rgb: rgb.transpose(1, 0, 2)[:, ::-1],  # turned 90 degrees: turn back clockwise
+    7: lambda rgb: rgb.transpose(1, 0, 2)[::-1, ::-1],
+    8: lambda rgb: rgb.transpose(1, 0, 2)[::-1],  # turn back anticlockwise
+}
 
 
 def _png_size(data: bytearray) -> tuple[int, int] | None:
@@ -176,32 +253,27 @@ def _pil_size(data: bytearray, path: str) -> tuple[int, int]:
         raise DataError(f"cannot read image {path}: not a known image format") from err
 
 
-def _decode_with_torchvision(data: bytearray) -> torch.Tensor:
-    encoded = torch.frombuffer(data, dtype=torch.uint8)
-    image = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    if image.ndim == 4:  # animated GIF: all frames
-        image = image[0]
-    if image.dtype != torch.uint8:  # 16-bit PNG
-        image = (image.float() / 257).round().to(torch.uint8)
-    return image
+def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
+    """(3, H, W) over (H, W, 3) pixels, as every decoder here returns them (channels last)."""
+    return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)
 
 
-def _decode_jpeg_fast(data: bytearray, min_size: int = 0) -> torch.Tensor:
-    """(3, H, W) over libjpeg-turbo's (H, W, 3) output, as torchvision's decoder returns it.
+def _decode_jpeg(data: bytearray, fast: bool, min_size: int = 0) -> np.ndarray:
+    """(H, W, 3) pixels from libjpeg-turbo; ValueError on any damage, even recoverable.
 
-    With `min_size`, scaled in the DCT domain to the smallest of libjpeg's n/8 sizes whose sides
-    are both at least `min_size`: 6.2 ms against 6.9 ms for `_decode_jpeg_reduced` on a 2000x1500
-    photo (BENCHMARKS.md).
+    `fast`: the fast integer IDCT and chroma upsampling, for training. With `min_size`, scaled in
+    the DCT domain to the smallest of libjpeg's n/8 sizes whose sides are both at least
+    `min_size`: 6.2 ms against 6.9 ms for `_decode_jpeg_reduced` on a 2000x1500 photo
+    (BENCHMARKS.md).
     """
-    rgb = simplejpeg.decode_jpeg(
+    return simplejpeg.decode_jpeg(
         data,
         colorspace="RGB",
-        fastdct=True,
-        fastupsample=True,
+        fastdct=fast,
+        fastupsample=fast,
         min_height=min_size,
         min_width=min_size,
     )
-    return torch.from_numpy(rgb).permute(2, 0, 1)
 
 
 def _decode_jpeg_reduced(data: bytearray, scale: float) -> torch.Tensor:
@@ -209,20 +281,57 @@ def _decode_jpeg_reduced(data: bytearray, scale: float) -> torch.Tensor:
     with _open(data) as image:
         width, height = image.size
         image.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
-        image = ImageOps.exif_transpose(image).convert("RGB")
-        return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+        return _pil_pixels(image)
 
 
 def _decode_with_pil(data: bytearray) -> torch.Tensor:
     with _open(data) as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale (TIFF, PNG)
-            pixels = np.asarray(image, dtype=np.float32)
-            if image.mode != "I" or pixels.max(initial=0) > 255:
-                pixels = pixels / 257
-            gray = np.clip(pixels.round(), 0, 255).astype(np.uint8)
-            return torch.from_numpy(np.ascontiguousarray(gray)).expand(3, -1, -1).clone()
-        if image.mode == "P":  # via RGBA, so that a transparent palette entry converts cleanly
-            image = image.convert("RGBA")
-        rgb = np.asarray(image.convert("RGB")).copy()
-        return torch.from_numpy(rgb).permute(2, 0, 1)
+        return _pil_pixels(image)
+
+
+def _pil_pixels(image: Image.Image) -> torch.Tensor:
+    """The pixels of an opened image, upright, as 8-bit RGB."""
+    ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of an upright image
+    if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale (TIFF, PNG)
+        pixels = np.asarray(image, dtype=np.float32)
+        if image.mode != "I" or pixels.max(initial=0) > 255:
+            pixels = pixels / 257
+        gray = np.clip(pixels.round(), 0, 255).astype(np.uint8)
+        return torch.from_numpy(np.ascontiguousarray(gray)).expand(3, -1, -1).clone()
+    if image.mode == "P":  # via RGBA, so that a transparent palette entry converts cleanly
+        image = image.convert("RGBA")
+    return _as_tensor(np.array(image if image.mode == "RGB" else image.convert("RGB")))
+
+
+_TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF
+
+
+@contextlib.contextmanager
+def _libtiff_quiet(data: bytearray, path: str) -> Iterator[None]:
+    """Keep what libtiff prints to stderr (PIL's decoder for compressed TIFFs; it names no file)
+    from the terminal: told in the DataError if the file cannot be read, else dropped.
+
+    stderr is the process's, so a line another thread prints meanwhile is kept too; reading
+    TIFFs is rare enough, and loader workers single-threaded, for that to be the lesser harm.
+    """
+    try:
+        saved = os.dup(2) if data.startswith(_TIFF_SIGNATURES) else None
+    except OSError:  # no stderr to keep quiet
+        saved = None
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 2)
+        try:
+            yield
+        except _UNREADABLE as err:
+            os.dup2(saved, 2)
+            kept.seek(0)
+            said = kept.read().decode(errors="replace").replace("tempfile.tif: ", "")
+            said = " ".join(said.split())  # one line, without PIL's made-up file name
+            message = f"cannot read image {path}: {err}" + (f" (libtiff: {said})" if said else "")
+            raise DataError(message) from err
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
