@@ -152,7 +152,8 @@ def cached(
     everything = list(datasets if everything is None else everything)
     served = list(datasets)
     for root in sorted({d.root for d in served if len(d)}):
-        names = np.unique(np.concatenate([d.paths for d in everything if d.root == root]))
+        covered = [np.asarray(d.paths) for d in everything if d.root == root]
+        names = np.unique(np.concatenate(covered))
         index = ImageFolderDataset(root, names, None, _identity)
         folder = Path(cache_dir) / cache_key(index, size, key)
         if not (folder / "index.npy").exists():
@@ -161,7 +162,7 @@ def cached(
         pixels = PixelCache(folder)
         for i, dataset in enumerate(served):
             if dataset.root == root and len(dataset):
-                positions = np.searchsorted(names, dataset.paths)
+                positions = np.searchsorted(names, np.asarray(dataset.paths))
                 served[i] = MemmapImageDataset(dataset, pixels, positions)
     return served
 

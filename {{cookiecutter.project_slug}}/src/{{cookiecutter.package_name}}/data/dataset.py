@@ -12,14 +12,16 @@ from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.in_hand import FilesInHand
+from {{ cookiecutter.package_name }}.data.packed import PackedPaths
 
 
 class ImageFolderDataset(Dataset):
     """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
 
     Paths and targets are numpy arrays, not Python lists: forked workers then share them instead of
-    copying them page by page as reference counts change (pytorch/pytorch#13246). Nothing is opened
-    before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
+    copying them page by page as reference counts change (pytorch/pytorch#13246). The paths are
+    kept packed end to end (`PackedPaths`), not padded to the longest. Nothing is opened before
+    `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
 
     Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
     `min_size` and `approximate_decode` are `read_image`'s `min_size` and `approximate`.
@@ -28,7 +30,7 @@ class ImageFolderDataset(Dataset):
     def __init__(
         self,
         root: Path,
-        paths: np.ndarray,
+        paths: np.ndarray | PackedPaths,
         targets: np.ndarray | None,
         transform: Callable[[torch.Tensor], torch.Tensor],
         classes: list[str] | None = None,
@@ -36,7 +38,7 @@ class ImageFolderDataset(Dataset):
         approximate_decode: bool = False,
     ) -> None:
         self.root = Path(root)
-        self.paths = paths
+        self.paths = PackedPaths.pack(paths)
         self.targets = targets
         self.transform = transform
         self.classes = classes or []
