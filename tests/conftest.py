@@ -15,7 +15,7 @@ PROJECT_TEMPLATE = TEMPLATE / "{{cookiecutter.project_slug}}"
 CHOICE_OPTIONS = {
     name: values
     for name, values in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
-    if isinstance(values, list)
+    if isinstance(values, list) and not name.startswith("_")
 }
 
 
