@@ -77,7 +77,7 @@ def test_old_checkpoint_resumes_at_its_epoch(image_root: Path, tmp_path: Path, m
 
 
 def test_old_checkpoint_exports(tmp_path: Path) -> None:
-    written = export_checkpoint(OLD, tmp_path / "model.pt2", onnx=False)
+    written = export_checkpoint(OLD, tmp_path / "model.pt2")
     program = torch.export.load(written[0]).module()
     images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
     assert program(images).shape == (3, 3)
