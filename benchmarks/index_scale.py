@@ -7,12 +7,13 @@ Writes the inputs once under DIR (default build/bench/index): labels CSVs of 100
 class folders, the 100k files that the smaller CSV names. Times, in alternating rounds so that
 both see the same machine minutes, the baseline (BASELINE below: a copy of the index code before
 it was vectorised, a csv-module reader, os.walk listing and `np.isin` on path strings) against
-the bake's `data/index.py`: `read_labels_csv` + `encode_labels`, `make_dataset` on the tree, and
-`find_missing` of the 100k CSV against the tree. Prints median wall and CPU seconds and old/new
-(CPU time is the steadier on a shared machine), the bytes of the index arrays (the same for both),
-and the peak heap of one 1M-row read (tracemalloc, which counts numpy's arrays). Where fresh
-memory is dear (a VM where numpy's huge-page advice on large arrays costs system time once the
-baseline has freed its heap), NUMPY_MADVISE_HUGEPAGE=0 shows the difference that makes.
+the bake's `data/labels_csv.py` and `data/index.py`: `read_labels_csv` + `encode_labels`,
+`make_dataset` on the tree, and `find_missing` of the 100k CSV against the tree. Prints median
+wall and CPU seconds and old/new (CPU time is the steadier on a shared machine), the bytes of the
+index arrays (the same for both), and the peak heap of one 1M-row read (tracemalloc, which
+counts numpy's arrays). Where fresh memory is dear (a VM where numpy's huge-page advice on large
+arrays costs system time once the baseline has freed its heap), NUMPY_MADVISE_HUGEPAGE=0 shows the
+difference that makes.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ TREE_FILES = 100_000
 
 
 # ---- BASELINE: the index code as it was before vectorising (commit faebfd3), kept to compare. ----
-def baseline_read_labels_csv(index, csv_file: Path) -> object:
+def baseline_read_labels_csv(module, csv_file: Path) -> object:
     """Old `read_labels_csv`: the csv module, a Python list per row, a set for duplicates."""
     raw = csv_file.read_bytes()
     text = raw.decode("utf-8-sig")
@@ -48,7 +49,8 @@ def baseline_read_labels_csv(index, csv_file: Path) -> object:
     labels = [row[label_at].strip() for row in records]
     found: dict[str, int] = {}
     codes = np.array([found.setdefault(label, len(found)) for label in labels], dtype=np.int64)
-    table = index.LabelsTable(csv_file, np.array(names, dtype=np.bytes_), list(found), codes, lines)
+    paths = np.array(names, dtype=np.bytes_)
+    table = module.LabelsTable(csv_file, paths, list(found), codes, lines)
     if (table.paths == b"").any() or "" in found or len(set(names)) < len(names):
         raise ValueError(f"{csv_file}: the benchmark's CSV should have no bad rows")
     return table
@@ -124,20 +126,21 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("build/bench/index"))
     args = parser.parse_args()
     index = importlib.import_module(f"{args.package}.data.index")
+    labels = importlib.import_module(f"{args.package}.data.labels_csv")
     extensions = importlib.import_module(f"{args.package}.data.images").IMG_EXTENSIONS
     csvs, tree = write_inputs(args.dir)
     classes = index.find_classes(tree)
     class_to_idx = {name: i for i, name in enumerate(classes)}
-    small_table = index.read_labels_csv(csvs[100_000])
+    small_table = labels.read_labels_csv(csvs[100_000])
 
     def encode(table):
-        return index.encode_labels(table, index.classes_from_labels(table))
+        return labels.encode_labels(table, labels.classes_from_labels(table))
 
     steps = {}
     for rows, path in csvs.items():
         steps[f"labels CSV, {rows // 1000}k rows: read + encode"] = (
-            lambda path=path: encode(baseline_read_labels_csv(index, path)),
-            lambda path=path: encode(index.read_labels_csv(path)),
+            lambda path=path: encode(baseline_read_labels_csv(labels, path)),
+            lambda path=path: encode(labels.read_labels_csv(path)),
         )
     steps[f"class folders, {TREE_FILES // 1000}k files: make_dataset"] = (
         lambda: baseline_make_dataset(tree, class_to_idx, extensions),
@@ -145,7 +148,7 @@ def main() -> None:
     )
     steps["CSV of 100k rows against the tree: find_missing"] = (
         lambda: baseline_find_missing(small_table, tree, extensions),
-        lambda: index.find_missing(small_table, tree),
+        lambda: labels.find_missing(small_table, tree),
     )
     times: dict[str, tuple[list, list]] = {name: ([], []) for name in steps}
     for _ in range(args.rounds):
@@ -167,7 +170,7 @@ def main() -> None:
             print(f" {old_s:11.3f} {new_s:6.3f} {old_s / new_s:6.1f}x ", end="")
         print()
 
-    table = index.read_labels_csv(csvs[1_000_000])
+    table = labels.read_labels_csv(csvs[1_000_000])
     targets = encode(table)
     paths_bytes = int(sum(len(p) for p in table.paths.tolist()))
     print(
@@ -176,8 +179,8 @@ def main() -> None:
         f"table codes {table.codes.nbytes:,} B, lines {table.lines.nbytes:,} B"
     )
     for name, read in (
-        ("old", lambda: baseline_read_labels_csv(index, csvs[1_000_000])),
-        ("new", lambda: index.read_labels_csv(csvs[1_000_000])),
+        ("old", lambda: baseline_read_labels_csv(labels, csvs[1_000_000])),
+        ("new", lambda: labels.read_labels_csv(csvs[1_000_000])),
     ):
         tracemalloc.start()
         read()
