@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU training throughput with and without the pre-decoded cache (issue 4, part 6): bakes the
+# GPU training throughput with and without the pre-decoded cache: bakes the
 # template, trains on synthetic 500x375 photos for a few epochs with bf16 mixed precision, and
 # prints images/s, data_wait_fraction (both logged by the starvation monitor, over the steps after
 # each epoch's first) and the mean GPU utilisation that nvidia-smi sampled during each run.

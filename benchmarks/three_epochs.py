@@ -1,4 +1,4 @@
-"""Issue 4's check as we read it: 3 whole epochs, worker start-up included, against the baseline.
+"""Three whole epochs, worker start-up included, against the naive baseline in the same process.
 
     PYTHONPATH=<bake>/src python benchmarks/three_epochs.py <package> <image root> \
         [--cache-dir build/bench/cache3] [--workers 2]

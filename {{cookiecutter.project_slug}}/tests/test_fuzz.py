@@ -455,7 +455,7 @@ def test_damaged_files_print_nothing(tmp_path: Path) -> None:
     photo().save(jpeg, quality=90)
     data = jpeg.read_bytes()
     jpeg.write_bytes(data[:-2] + bytes(range(1, 92)) + data[-2:])
-    png = tmp_path / "bit flip.png"  # what killed torchvision's decoder (issue 14)
+    png = tmp_path / "bit flip.png"  # what killed torchvision's PNG decoder
     photo().save(png)
     data = bytearray(png.read_bytes())
     start, end = _first_idat(data)

@@ -33,7 +33,7 @@ MAX_IMAGE_PIXELS = 2 * 89_478_485
 # stderr when the application has configured no logging; with one, they go where it says.
 logging.getLogger("PIL").addHandler(logging.NullHandler())
 
-# Which decoder reads what was chosen by fuzzing first, speed second (issue 14): no file may kill
+# Which decoder reads what was chosen by fuzzing first, speed second: no file may kill
 # the process that reads it. benchmarks/fuzz_decoders.py (--per-kind 40 --seed 14) gave each
 # decoder every mutant of the formats it reads (3091 files from the bake's tests/test_fuzz.py:
 # 843 JPEG, 562 PNG of which 281 16-bit, 281 GIF, 562 WebP, 281 BMP, 562 TIFF), each in a child:
