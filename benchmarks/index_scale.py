@@ -1,6 +1,7 @@
 """Building the index at scale: labels CSVs of 100k and 1M rows, a class-folder tree of 100k files.
 
-    PYTHONPATH=<bake>/src python benchmarks/index_scale.py <package> [--rounds 5] [--dir DIR]
+    PYTHONPATH=<bake>/src python benchmarks/index_scale.py <package> [--rounds 5] [--dir DIR] \
+        [--rows 100000 1000000]
 
 Writes the inputs once under DIR (default build/bench/index): labels CSVs of 100k and 1M rows
 (`class_042/img_00001234.jpg,class_042`, classes drawn at random) and, as empty files in 100
@@ -31,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 CLASSES = 100
-TREE_FILES = 100_000
 
 
 # ---- BASELINE: the index code as it was before vectorising (commit faebfd3), kept to compare. ----
@@ -92,20 +92,20 @@ def baseline_find_missing(table, root: Path, extensions: tuple[str, ...]) -> Non
 # ---- end of BASELINE ----
 
 
-def write_inputs(folder: Path) -> tuple[dict[int, Path], Path]:
-    """The CSVs, and the tree of the files that the 100k-row CSV names."""
+def write_inputs(folder: Path, small: int, large: int) -> tuple[dict[int, Path], Path]:
+    """The CSVs, and the tree of the files that the smaller CSV names."""
     folder.mkdir(parents=True, exist_ok=True)
     csvs = {}
-    for rows in (100_000, 1_000_000):
+    for rows in (small, large):
         csvs[rows] = folder / f"labels_{rows}.csv"
         if not csvs[rows].exists():
             classes = np.random.default_rng(rows).integers(0, CLASSES, rows)
             names = (f"class_{c:03d}/img_{i:08d}.jpg" for i, c in enumerate(classes))
             lines = (f"{name},{name.split('/')[0]}\n" for name in names)
             csvs[rows].write_text("filename,label\n" + "".join(lines))
-    tree = folder / "tree"
-    if sum(1 for _ in tree.glob("*/*.jpg")) != TREE_FILES:
-        with open(csvs[TREE_FILES]) as file:
+    tree = folder / f"tree_{small}"
+    if sum(1 for _ in tree.glob("*/*.jpg")) != small:
+        with open(csvs[small]) as file:
             for row in list(csv.reader(file))[1:]:
                 (tree / row[0]).parent.mkdir(parents=True, exist_ok=True)
                 (tree / row[0]).touch()
@@ -124,29 +124,31 @@ def main() -> None:
     parser.add_argument("package", help="the baked package, e.g. bench_proj")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=Path("build/bench/index"))
+    parser.add_argument("--rows", type=int, nargs=2, default=[100_000, 1_000_000])
     args = parser.parse_args()
     index = importlib.import_module(f"{args.package}.data.index")
     labels = importlib.import_module(f"{args.package}.data.labels_csv")
     extensions = importlib.import_module(f"{args.package}.data.images").IMG_EXTENSIONS
-    csvs, tree = write_inputs(args.dir)
+    small, large = args.rows
+    csvs, tree = write_inputs(args.dir, small, large)
     classes = index.find_classes(tree)
     class_to_idx = {name: i for i, name in enumerate(classes)}
-    small_table = labels.read_labels_csv(csvs[100_000])
+    small_table = labels.read_labels_csv(csvs[small])
 
     def encode(table):
         return labels.encode_labels(table, labels.classes_from_labels(table))
 
     steps = {}
     for rows, path in csvs.items():
-        steps[f"labels CSV, {rows // 1000}k rows: read + encode"] = (
+        steps[f"labels CSV, {rows:,} rows: read + encode"] = (
             lambda path=path: encode(baseline_read_labels_csv(labels, path)),
             lambda path=path: encode(labels.read_labels_csv(path)),
         )
-    steps[f"class folders, {TREE_FILES // 1000}k files: make_dataset"] = (
+    steps[f"class folders, {small:,} files: make_dataset"] = (
         lambda: baseline_make_dataset(tree, class_to_idx, extensions),
         lambda: index.make_dataset(tree, class_to_idx),
     )
-    steps["CSV of 100k rows against the tree: find_missing"] = (
+    steps[f"CSV of {small:,} rows against the tree: find_missing"] = (
         lambda: baseline_find_missing(small_table, tree, extensions),
         lambda: labels.find_missing(small_table, tree),
     )
@@ -170,23 +172,24 @@ def main() -> None:
             print(f" {old_s:11.3f} {new_s:6.3f} {old_s / new_s:6.1f}x ", end="")
         print()
 
-    table = labels.read_labels_csv(csvs[1_000_000])
+    table = labels.read_labels_csv(csvs[large])
     targets = encode(table)
     paths_bytes = int(sum(len(p) for p in table.paths.tolist()))
     print(
-        f"index of 1M rows: paths {table.paths.dtype} {table.paths.nbytes:,} B (as one buffer + "
-        f"int64 offsets: {paths_bytes + 8 * (len(table) + 1):,} B), targets {targets.nbytes:,} B, "
+        f"index of {large:,} rows: paths {table.paths.dtype} {table.paths.nbytes:,} B "
+        f"(as one buffer + int64 offsets: {paths_bytes + 8 * (len(table) + 1):,} B), "
+        f"targets {targets.nbytes:,} B, "
         f"table codes {table.codes.nbytes:,} B, lines {table.lines.nbytes:,} B"
     )
     for name, read in (
-        ("old", lambda: baseline_read_labels_csv(labels, csvs[1_000_000])),
-        ("new", lambda: labels.read_labels_csv(csvs[1_000_000])),
+        ("old", lambda: baseline_read_labels_csv(labels, csvs[large])),
+        ("new", lambda: labels.read_labels_csv(csvs[large])),
     ):
         tracemalloc.start()
         read()
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        print(f"peak heap while reading 1M rows, {name}: {peak / 2**20:,.0f} MiB")
+        print(f"peak heap while reading {large:,} rows, {name}: {peak / 2**20:,.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""Every script under benchmarks/ still runs against a fresh bake, on inputs small enough for CI.
+
+The numbers they print are not checked (a benchmark reports, it does not assert); what is checked
+is that each one reaches its last report line, so that BENCHMARKS.md's commands keep working as
+the baked package changes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TEMPLATE, bake
+
+pytestmark = pytest.mark.slow
+
+BENCHMARKS = TEMPLATE / "benchmarks"
+
+
+def script(name: str, *args: str, bake_dir: Path, cwd: Path) -> str:
+    """Run benchmarks/<name> with the bake's package importable; return its output."""
+    env = {**os.environ, "PYTHONPATH": str(bake_dir / "src")}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"{name} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_every_benchmark_script_runs(cookies, tmp_path: Path) -> None:
+    project = bake(cookies, project_name="Bench Smoke")
+    package = "bench_smoke"
+    photos = tmp_path / "photos"
+
+    def run(name: str, *args: str) -> str:
+        return script(name, *args, bake_dir=project, cwd=tmp_path)
+
+    run("make_images.py", str(photos), "--count", "48", "--size", "200x150")
+    assert len(list(photos.rglob("*.jpg"))) == 48
+
+    assert "same crops for the same draws: yes" in run(
+        "crop_resize.py", package, "--rounds", "1", "--calls", "3"
+    )
+    assert "training vs exact pixels" in run(
+        "jpeg_decoders.py", package, str(photos), "--count", "6", "--rounds", "1"
+    )
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    out = run("cpu_normalise.py", package, str(photos), *cache, "--rounds", "1")
+    assert all(f"{form:8s} images/s median" in out for form in ("recycled", "fresh", "plain"))
+    out = run("three_epochs.py", package, str(photos), *cache, "--workers", "1")
+    assert "x naive" in out.splitlines()[-1]
+    out = run(
+        "index_scale.py", package, "--rounds", "1", "--dir", str(tmp_path / "index"),
+        "--rows", "300", "2000",
+    )  # fmt: skip
+    assert "peak heap while reading 2,000 rows, new" in out
+    out = run("fuzz_decoders.py", str(project), "--per-kind", "1")
+    assert "simplejpeg" in out and "crashed" in out
