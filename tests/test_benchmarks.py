@@ -64,3 +64,20 @@ def test_every_benchmark_script_runs(cookies, tmp_path: Path) -> None:
     assert "peak heap while reading 2,000 rows, new" in out
     out = run("fuzz_decoders.py", str(project), "--per-kind", "1")
     assert "simplejpeg" in out and "crashed" in out
+
+
+def test_gpu_benchmark_dry_run_on_the_cpu(tmp_path: Path) -> None:
+    """benchmarks/gpu.sh end to end with its CPU settings: the plumbing, not the numbers."""
+    settings = dict(ACCELERATOR="cpu", PRECISION="32-true", COUNT="48", BATCH="4", EPOCHS="2")
+    env = {**os.environ, **settings, "WORKERS": "1", "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu.sh"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("cache=")]
+    assert [line.split()[0] for line in lines] == ["cache=none", "cache=memmap"]
+    assert all("data_wait_fraction" in line for line in lines)
