@@ -196,14 +196,37 @@ def test_balanced_sampler_draws_classes_equally(tmp_path: Path) -> None:
     dm = ImageDataModule(
         root=root, val_fraction=0, balance_classes=True, batch_size=8, num_workers=0
     )
-    loader = dm.train_dataloader()
-    drawn = np.concatenate([dm.train_dataset.targets[list(loader.sampler)] for _ in range(50)])
+    sampler = dm.train_dataloader().sampler
+    epochs = []
+    for epoch in range(50):
+        sampler.set_epoch(epoch)  # as Lightning does at the start of every epoch
+        epochs.append(list(sampler))
+    drawn = dm.train_dataset.targets[np.concatenate(epochs)]
     assert len(drawn) == 50 * 44
     assert 0.45 < drawn.mean() < 0.55  # "rare" is half of the draws, not 4 in 44
-    first = list(
-        ImageDataModule(root=root, val_fraction=0, balance_classes=True).train_dataloader().sampler
-    )
-    assert first == list(dm.train_dataloader().sampler)  # seeded: the same draws every run
+    assert len({tuple(draws) for draws in epochs}) == 50  # every epoch draws anew
+
+
+def test_balanced_draws_depend_on_seed_and_epoch_only(tmp_path: Path) -> None:
+    """A resumed run (a new sampler, told its epoch) draws what the uninterrupted run drew."""
+    root = skewed_root(tmp_path / "skewed", common=40, rare=4)
+
+    def sampler(seed: int = 0):
+        data = ImageDataModule(root=root, val_fraction=0, balance_classes=True, seed=seed)
+        return data.train_dataloader().sampler
+
+    running = sampler()
+    for epoch in range(4):
+        running.set_epoch(epoch)
+        uninterrupted = list(running)
+    resumed = sampler()
+    resumed.set_epoch(3)
+    assert list(resumed) == uninterrupted
+    resumed.set_epoch(0)
+    assert list(resumed) != uninterrupted
+    other_seed = sampler(seed=1)
+    other_seed.set_epoch(3)
+    assert list(other_seed) != uninterrupted
 
 
 DDP_SCRIPT = """
@@ -217,8 +240,11 @@ class Counter(L.LightningModule):
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.seen = []
 
+    def on_train_epoch_start(self):
+        self.seen.append([self.trainer.train_dataloader.sampler.epoch])
+
     def training_step(self, batch, batch_idx):
-        self.seen += batch[1].tolist()
+        self.seen[-1] += batch[1].tolist()
         return self.weight.sum() * 0
 
     def configure_optimizers(self):
@@ -232,7 +258,7 @@ class Counter(L.LightningModule):
 if __name__ == "__main__":
     data = ImageDataModule(root=sys.argv[1], image_size=8, batch_size=8, num_workers=0,
                            val_fraction=0, balance_classes=True)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0)
     trainer.fit(Counter(), data)
@@ -255,9 +281,14 @@ def test_balanced_sampler_under_two_process_ddp(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert all(rank["sampler"] == "DistributedSamplerWrapper" for rank in ranks)
-    assert [len(rank["seen"]) for rank in ranks] == [32, 32]  # each rank draws its own half
-    rare = sum(rank["seen"].count(1) for rank in ranks)
+    assert all(rank["sampler"] == "BalancedSampler" for rank in ranks)
+    for epoch in (0, 1):  # Lightning told the sampler its epoch; each rank drew its own half
+        shares = [rank["seen"][epoch] for rank in ranks]
+        assert [share[0] for share in shares] == [epoch, epoch]
+        assert [len(share) - 1 for share in shares] == [32, 32]
+    assert ranks[0]["seen"][0][1:] != ranks[0]["seen"][1][1:]  # epochs draw anew
+    assert ranks[0]["seen"][0][1:] != ranks[1]["seen"][0][1:]  # ranks draw different images
+    rare = sum(rank["seen"][0][1:].count(1) for rank in ranks)
     assert 20 <= rare <= 44, rare  # about half of 64, where unweighted draws give about 6
 
 

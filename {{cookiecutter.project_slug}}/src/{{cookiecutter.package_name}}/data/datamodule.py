@@ -305,7 +305,7 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(self, dataset, **kwargs) -> DataLoader:
         trainer = self.trainer
         on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
-        if trainer is not None and trainer.world_size > 1 and not kwargs.get("train"):
+        if trainer is not None and trainer.world_size > 1:
             kwargs["shard"] = (trainer.global_rank, trainer.world_size)
         workers = self.resolve_num_workers()
         return make_loader(dataset, self.batch_size, workers, pin_memory=on_cuda, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 def make_loader(
@@ -21,24 +21,18 @@ def make_loader(
     Args:
         pin_memory: page-locked batches, for a fast copy to a CUDA device (wasted elsewhere).
         balance_classes: (targets, number of classes, seed) to draw training images with a
-            weighted sampler, each class equally often.
-        shard: (rank, world size) of an evaluation loader under DDP: each process reads every
-            world-size-th image, and no image twice (`EvalShardSampler`).
+            weighted sampler, each class equally often (`BalancedSampler`).
+        shard: (rank, world size) under DDP. Evaluation: each process reads every world-size-th
+            image, and no image twice (`EvalShardSampler`). Balanced training: each process
+            keeps its share of one common sequence of draws.
     """
     # Dropping the last partial training batch keeps BatchNorm away from tiny batches; shuffling
     # means every image is still seen, just not in every epoch.
     drop_last = train and len(dataset) > batch_size
     sampler = None
     if train and balance_classes is not None:
-        # Under DDP Lightning wraps this sampler in a DistributedSamplerWrapper: every rank draws
-        # the same sequence (same generator seed) and keeps its own share of it.
         targets, num_classes, seed = balance_classes
-        sampler = WeightedRandomSampler(
-            balanced_weights(targets, num_classes),
-            num_samples=len(dataset),
-            replacement=True,
-            generator=torch.Generator().manual_seed(seed),
-        )
+        sampler = BalancedSampler(balanced_weights(targets, num_classes), seed, *(shard or (0, 1)))
     if not train and shard is not None:
         sampler = EvalShardSampler(dataset, *shard)
     return DataLoader(
@@ -76,3 +70,24 @@ class EvalShardSampler(DistributedSampler):
 
     def __iter__(self):
         return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
+class BalancedSampler(DistributedSampler):
+    """Weighted draws with replacement, as many as there are images, seeded by (seed, epoch).
+
+    Lightning calls `set_epoch` at the start of every epoch, also after a resume: epoch 5 of a
+    resumed run draws what epoch 5 of an uninterrupted run drew. (torch's `WeightedRandomSampler`
+    with a seeded generator, used before, replayed epoch 0's draws after every resume.) Under DDP
+    all ranks draw the same sequence and each keeps every world-size-th draw, padded to equal
+    shares as training needs; being a `DistributedSampler`, Lightning leaves it in place.
+    """
+
+    def __init__(self, weights: torch.Tensor, seed: int, rank: int = 0, world_size: int = 1):
+        super().__init__(weights, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.weights = weights
+
+    def __iter__(self):
+        state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
+        generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+        draws = torch.multinomial(self.weights, self.total_size, True, generator=generator)
+        return iter(draws[self.rank : self.total_size : self.num_replicas].tolist())
