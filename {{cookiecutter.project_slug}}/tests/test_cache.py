@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import pickle
 import random
@@ -18,7 +20,8 @@ import torch
 from conftest import CLASSES, write_image
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data import ImageDataModule, locks
+from {{ cookiecutter.package_name }}.data import cache as cache_module
 from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, _write, cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
@@ -214,6 +217,7 @@ def test_a_subset_is_still_served_from_the_cache(image_root: Path, tmp_path: Pat
 
 
 def test_only_the_newest_caches_are_kept(image_root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("fcntl", reason="without file locks (Windows) no cache is removed")
     cache_dir = tmp_path / "cache"
     folders = [
         serve(folder_dataset(image_root), size, cache_dir, keep=2).cache.folder
@@ -354,3 +358,92 @@ def test_out_of_space_stops_with_the_size_needed_and_leaves_nothing(
     assert f"cannot build the image cache in {cache_dir}" in line and "needs about" in line
     assert "Traceback" not in done.stderr
     assert [p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock")] == []
+
+
+READER = """
+import sys
+from pathlib import Path
+from {{ cookiecutter.package_name }}.data.cache import cached
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.index import find_classes, make_dataset
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
+
+root, cache_dir = Path(sys.argv[1]), Path(sys.argv[2])
+classes = find_classes(root)
+paths, targets = make_dataset(root, {name: i for i, name in enumerate(classes)})
+dataset = ImageFolderDataset(root, paths, targets, eval_transform(16), classes)
+served = cached([dataset], 16, cache_dir, 0, progress=False)[0]
+served[0]
+print(served.cache.folder, flush=True)
+sys.stdin.read()  # reads until the test closes stdin
+"""
+
+
+def test_a_cache_another_process_reads_is_not_removed(image_root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("fcntl", reason="readers hold a POSIX file lock")
+    cache_dir = tmp_path / "cache"
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(image_root), str(cache_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        in_use = Path(reader.stdout.readline().strip())
+        assert (in_use / "index.npy").exists()
+        serve(folder_dataset(image_root), 20, cache_dir, keep=1)
+        assert (in_use / "index.npy").exists()  # the newest only, but this one is being read
+    finally:
+        reader.stdin.close()
+        assert reader.wait(timeout=60) == 0
+    newest = serve(folder_dataset(image_root), 24, cache_dir, keep=1).cache.folder
+    assert [p for p in cache_dir.iterdir() if p.is_dir()] == [newest]  # now both older go
+
+
+@pytest.fixture
+def no_file_locks(monkeypatch):
+    """flock refused as NFS without a lock manager refuses it."""
+    fcntl = pytest.importorskip("fcntl", reason="POSIX file locks")
+
+    def refuse(file, flags):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    monkeypatch.setattr(locks, "_warned", set())
+
+
+def test_without_file_locks_the_cache_is_built_and_none_removed(
+    image_root: Path, tmp_path: Path, no_file_locks, caplog
+) -> None:
+    dataset = folder_dataset(image_root)
+    cache_dir = tmp_path / "cache"
+    with caplog.at_level(logging.WARNING):
+        first = serve(dataset, 16, cache_dir, keep=1)
+    assert f"File locks do not work in {cache_dir} (No locks available)" in caplog.text
+    assert torch.equal(first[3][0], dataset[3][0])
+    serve(dataset, 20, cache_dir, keep=1)
+    assert (first.cache.folder / "index.npy").exists()  # nobody can tell if it is read: kept
+
+
+def test_a_build_finished_second_keeps_the_first(
+    image_root: Path, tmp_path: Path, no_file_locks, monkeypatch
+) -> None:
+    """Without locks two nodes may build the same cache at once: the first rename wins."""
+    write = cache_module._write
+    finished_first = []
+
+    def racing_write(dataset, staging, size, *args):
+        write(dataset, staging, size, *args)
+        if not finished_first:  # another node finishes the same cache while we write ours
+            folder = staging.parent / staging.name[1:].rsplit("-", 1)[0]
+            finished_first.append(folder)
+            cache_module.build(dataset, folder, size, 0, False)
+            finished_first.append((folder / "pixels.npy").stat().st_ino)
+
+    monkeypatch.setattr(cache_module, "_write", racing_write)
+    dataset = folder_dataset(image_root)
+    served = serve(dataset, 16, tmp_path / "cache")
+    folder, inode = finished_first
+    assert served.cache.folder == folder and (folder / "pixels.npy").stat().st_ino == inode
+    assert torch.equal(served[5][0], dataset[5][0])
+    assert not list((tmp_path / "cache").glob(f".{folder.name}-*"))  # our copy discarded

@@ -24,8 +24,10 @@ dataset.) `key="mtime"` hashes names, sizes and modification times only: for dat
 node-local scratch at each job start (`cp -p`, `rsync -a`), where inodes and change times are new
 every time and the default key would rebuild the cache every job.
 
-One process per node builds a missing cache (a lock file); the others wait for it and then read
-what it built. After a build, only the newest `keep` caches of the folder are kept.
+One process builds a missing cache (it holds the cache's lock file exclusively); the others wait
+for it and then read what it built, holding the lock shared while they read. After a build, only
+the newest `keep` caches of the folder are kept, less any that another process is reading
+(`data/locks.py`: where a file system has no locks, none is removed).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 import numpy as np
 import torch
@@ -49,12 +52,8 @@ from torch.utils.data import DataLoader, Dataset
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.locks import lock_path, try_lock
 from {{ cookiecutter.package_name }}.errors import DataError
-
-try:  # POSIX; elsewhere two processes may both build, and the atomic rename keeps one result
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +66,21 @@ class PixelCache:
     """Read access to one built cache folder; the memmap is opened lazily, in each worker.
 
     Only the folder name and the small index travel to `spawn` workers; each opens the pixel file
-    itself on first use (an open memmap must not be pickled).
+    itself on first use (an open memmap must not be pickled). `reading`, the cache's lock file
+    held shared, stays open as long as this object: no build removes a cache while it is read.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, reading: IO | None = None) -> None:
         self.folder = Path(folder)
         self.index = np.load(self.folder / "index.npy")  # (N, 3) int64: offset, height, width
         self._pixels: np.ndarray | None = None
+        self._reading = reading
 
     def __len__(self) -> int:
         return len(self.index)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_pixels": None}
+        return {**self.__dict__, "_pixels": None, "_reading": None}
 
     def image(self, position: int) -> torch.Tensor:
         """The stored uint8 image `position` as a (3, H, W) view of the memmap (no copy).
@@ -162,15 +163,39 @@ def cached(
         names = np.unique(np.concatenate(covered))
         index = ImageFolderDataset(root, names, None, _identity)
         folder = Path(cache_dir) / cache_key(index, size, key)
-        if not (folder / "index.npy").exists():
-            workers = usable_cpus() if num_workers is None else num_workers
-            build(index, folder, size, workers, progress, skip_unreadable, keep)
-        pixels = PixelCache(folder)
+        workers = usable_cpus() if num_workers is None else num_workers
+        missing = partial(build, index, folder, size, workers, progress, skip_unreadable, keep)
+        pixels = _open(folder, missing)
         for i, dataset in enumerate(served):
             if dataset.root == root and len(dataset):
                 positions = np.searchsorted(names, np.asarray(dataset.paths))
                 served[i] = MemmapImageDataset(dataset, pixels, positions)
     return served
+
+
+def _open(folder: Path, build_missing: Callable[[], None]) -> PixelCache:
+    """The cache in `folder`, built first if missing, its lock held shared while it is read.
+
+    Taking the shared lock waits for a process building this cache; a cache found complete
+    under it cannot be removed until the returned object is gone.
+    """
+    for _ in range(2):
+        _make_dir(folder.parent)
+        reading = open(lock_path(folder), "a")  # noqa: SIM115 - held by the PixelCache
+        if not try_lock(reading, exclusive=False):  # no locks here: nothing to hold
+            reading.close()
+        if (folder / "index.npy").exists():
+            return PixelCache(folder, None if reading.closed else reading)
+        reading.close()
+        build_missing()
+    raise DataError(f"the image cache {folder} was removed as soon as it was built; try again")
+
+
+def _make_dir(cache_dir: Path) -> None:
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create --data.cache_dir {cache_dir}: {err.strerror}") from err
 
 
 def _identity(image: torch.Tensor) -> torch.Tensor:
@@ -207,29 +232,30 @@ def build(
     """Decode every image of `dataset` into `folder`, unless another process is doing it now.
 
     The first process to take the lock builds into a temporary folder and renames it into place;
-    the others block on the lock, then find the finished folder. Then all but the newest `keep`
-    caches beside it are removed (0: none is).
+    the others block on the lock, then find the finished folder. Without working locks, processes
+    may build side by side: the first rename wins and the others discard their copies. Then all
+    but the newest `keep` caches beside it are removed (0: none is), never one being read.
     """
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DataError(f"cannot create --data.cache_dir {folder.parent}: {err.strerror}") from err
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        if fcntl is not None:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.warning("Waiting for another process to build the image cache %s", folder)
-                fcntl.flock(lock, fcntl.LOCK_EX)
+    _make_dir(folder.parent)
+    with open(lock_path(folder), "a") as lock:
+        held = try_lock(lock, exclusive=True, wait=False)
+        if held is False:
+            log.warning("Waiting for another process to build the image cache %s", folder)
+            held = try_lock(lock, exclusive=True)
         if (folder / "index.npy").exists():
             return
-        if fcntl is not None:  # we hold the lock: a staging folder of this cache is a dead build's
+        if held:  # only we may build this cache now: a staging folder of it is a dead build's
             for leftover in folder.parent.glob(f".{folder.name}-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
             _write(dataset, staging, size, num_workers, progress, skip_unreadable)
-            os.replace(staging, folder)
+            try:
+                os.replace(staging, folder)
+            except OSError:
+                if not (folder / "index.npy").exists():
+                    raise
+                log.info("Another process finished the image cache %s first; using it", folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     if keep:
@@ -237,13 +263,24 @@ def build(
 
 
 def _prune(cache_dir: Path, keep: int, current: Path) -> None:
-    """Remove all but the `keep` newest complete caches of `cache_dir`, never `current`."""
+    """Remove all but the `keep` newest complete caches of `cache_dir`, never `current` and never
+    one that a process is reading (it holds the lock shared) or that nobody can tell about."""
     complete = [p.parent for p in cache_dir.glob("*/index.npy") if p.parent != current]
     complete.sort(key=lambda p: (p / "index.npy").stat().st_mtime, reverse=True)
     for old in complete[max(0, keep - 1) :]:
-        log.info("Removing an older image cache (--data.cache_keep %d): %s", keep, old)
-        shutil.rmtree(old, ignore_errors=True)
-        (cache_dir / f".{old.name}.lock").unlink(missing_ok=True)
+        with open(lock_path(old), "a") as lock:
+            held = try_lock(lock, exclusive=True, wait=False)
+            if held is False:
+                log.info("Keeping an older image cache that another process is reading: %s", old)
+            if not held:
+                continue
+            log.info("Removing an older image cache (--data.cache_keep %d): %s", keep, old)
+            # Out of sight first (a reader either finds it whole or not at all), then deleted.
+            doomed = cache_dir / f".{old.name}-removed"
+            shutil.rmtree(doomed, ignore_errors=True)
+            old.rename(doomed)
+            lock_path(old).unlink(missing_ok=True)
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 class _Decoded(Dataset):
