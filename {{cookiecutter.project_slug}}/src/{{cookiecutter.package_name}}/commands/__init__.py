@@ -13,4 +13,5 @@ COMMANDS = {
     "infer": ("infer", "classify images with an exported model, without Lightning"),
     "scan": ("scan", "list the images of a dataset that cannot be read"),
     "bench": ("bench", "time the data loader against a naive baseline, per num_workers"),
+    "report": ("report", "write a run's HTML report: curves, confusion matrix, mistakes"),
 }

@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
+from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
 
@@ -57,6 +58,8 @@ class ImageCLI(LightningCLI):
         parser.set_defaults({"lr_monitor.logging_interval": "epoch"})
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(DataStarvationMonitor, "data_monitor")
+        # After the monitor: RunHistory reads the monitor's numbers of the epoch just ended.
+        parser.add_lightning_class_args(RunHistory, "history")
 
     def instantiate_trainer(self, **kwargs):
         """The Trainer, with the checkpoint callbacks left out under `enable_checkpointing false`.

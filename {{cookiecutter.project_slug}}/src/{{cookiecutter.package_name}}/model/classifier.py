@@ -108,7 +108,8 @@ class ImageClassifier(L.LightningModule):
         self.log("train_loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True)
         return loss
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Update the validation metrics; the logits go to callbacks (the run history)."""
         images, targets = batch
         logits = self(images)
         self.val_acc(logits, targets)
@@ -119,6 +120,7 @@ class ImageClassifier(L.LightningModule):
         if self.val_acc_top5 is not None:
             self.val_acc_top5(logits, targets)
             self.log("val_acc_top5", self.val_acc_top5)
+        return logits.detach()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         images, targets = batch

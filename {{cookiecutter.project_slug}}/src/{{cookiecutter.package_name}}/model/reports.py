@@ -1,4 +1,4 @@
-"""Validation reports from a confusion matrix: a per-class accuracy table and its PNG picture."""
+"""Validation reports from a confusion matrix: per-class accuracy, precision and recall, a PNG."""
 
 from __future__ import annotations
 
@@ -20,6 +20,21 @@ def per_class_table(matrix: np.ndarray, class_names: list[str]) -> str:
         accuracy = f"{correct / total:8.3f}" if total else f"{'-':>8}"
         lines.append(f"{name:<{width}}  {total:>7}  {correct:>7}  {accuracy}")
     return "\n".join(lines)
+
+
+def precision_recall(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class precision and recall from `matrix[true, predicted]`; NaN where undefined.
+
+    Precision of class `j`: of the images predicted `j`, the share that are `j` (column `j`).
+    Recall of class `i`: of the images of class `i`, the share predicted `i` (row `i`).
+    """
+    matrix = np.asarray(matrix, dtype=float)
+    correct = np.diag(matrix)
+    predicted, actual = matrix.sum(axis=0), matrix.sum(axis=1)
+    nan = np.full(len(correct), np.nan)
+    precision = np.divide(correct, predicted, out=nan.copy(), where=predicted > 0)
+    recall = np.divide(correct, actual, out=nan.copy(), where=actual > 0)
+    return precision, recall
 
 
 def save_confusion_png(matrix: np.ndarray, class_names: list[str], path: str | Path) -> Path:

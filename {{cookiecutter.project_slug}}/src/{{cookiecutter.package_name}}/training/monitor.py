@@ -31,6 +31,7 @@ class DataStarvationMonitor(L.Callback):
         self.min_steps = min_steps
         self.warned = False
         self.fraction: float | None = None  # of the last finished epoch
+        self.measurement: dict | None = None  # of the epoch that just ended; None: not measured
         self._reset()
 
     def _reset(self) -> None:
@@ -69,45 +70,74 @@ class DataStarvationMonitor(L.Callback):
             self._paused += time.perf_counter() - self._validation_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.measurement = None
         total = self._wait + self._step
         if self._steps == 0 or total <= 0:
             return
         self.fraction = self._wait / total
+        self.measurement = self.measure(trainer)
         pl_module.log("data_wait_fraction", self.fraction, rank_zero_only=True)
         pl_module.log("train_images_per_s", self._images / total, rank_zero_only=True)
-        if self.fraction > self.threshold and self._steps >= self.min_steps and not self.warned:
+        if self.judged(self.measurement) and not self.warned:
             self.warned = True
-            rank_zero_warn(self.advice(trainer))
+            rank_zero_warn(starvation_advice(self.measurement))
+
+    def measure(self, trainer: L.Trainer) -> dict:
+        """This epoch's numbers and the loader's setup: all that `starvation_advice` reads.
+
+        Plain numbers and strings, so that the run history (`training/history.py`) can keep them
+        and the `report` command give the same advice later, without a Trainer.
+        """
+        total = self._wait + self._step
+        return {
+            "epoch": trainer.current_epoch,
+            "data_wait_fraction": self.fraction,
+            "images_per_s": self._images / total if total else 0.0,
+            "step_images_per_s": self._images / self._step if self._step else None,
+            "steps": self._steps,
+            "threshold": self.threshold,
+            "num_workers": getattr(trainer.train_dataloader, "num_workers", None),
+            "suggested_workers": auto_num_workers(trainer.num_devices),
+            "num_devices": trainer.num_devices,
+            "cache": getattr(trainer.datamodule, "cache", None),
+            "package": __name__.split(".")[0],
+        }
+
+    def judged(self, measurement: dict) -> bool:
+        """Whether an epoch's measurement calls for advice: starved, over enough steps."""
+        starved = measurement["data_wait_fraction"] > self.threshold
+        return starved and measurement["steps"] >= self.min_steps
 
     def advice(self, trainer: L.Trainer) -> str:
         """What to change, from what this epoch measured and how the loader is set up."""
-        loader_rate = self._images / total if (total := self._wait + self._step) else 0.0
-        step_rate = self._images / self._step if self._step else float("inf")
-        lines = [
-            f"Training waited for data {self.fraction:.0%} of epoch {trainer.current_epoch}: it "
-            f"ran at {loader_rate:.0f} images/s, about the loader's ceiling, while the training "
-            f"step alone would take {step_rate:.0f} images/s.",
-        ]
-        loader = trainer.train_dataloader
-        workers = getattr(loader, "num_workers", None)
-        suggested = auto_num_workers(trainer.num_devices)
-        if workers is not None and workers < suggested:
-            lines.append(
-                f"- Raise --data.num_workers from {workers} to {suggested} (the usable CPUs "
-                f"divided among the {trainer.num_devices} local process(es), minus one)."
-            )
-        datamodule = trainer.datamodule
-        if getattr(datamodule, "cache", None) == "none":
-            lines.append(
-                "- Turn on --data.cache memmap: every image is decoded once, later epochs read "
-                "pre-decoded pixels."
-            )
-        package = __name__.split(".")[0]
+        return starvation_advice(self.measure(trainer))
+
+
+def starvation_advice(measurement: dict) -> str:
+    """The advice for one epoch's `DataStarvationMonitor.measure`: what to change, and why."""
+    m = measurement
+    step_rate = m["step_images_per_s"] if m["step_images_per_s"] is not None else float("inf")
+    lines = [
+        f"Training waited for data {m['data_wait_fraction']:.0%} of epoch {m['epoch']}: it "
+        f"ran at {m['images_per_s']:.0f} images/s, about the loader's ceiling, while the training "
+        f"step alone would take {step_rate:.0f} images/s.",
+    ]
+    workers, suggested = m["num_workers"], m["suggested_workers"]
+    if workers is not None and workers < suggested:
         lines.append(
-            f"- Measure the loader ceiling and the best num_workers with "
-            f"`python -m {package} bench` and the same --data options."
+            f"- Raise --data.num_workers from {workers} to {suggested} (the usable CPUs "
+            f"divided among the {m['num_devices']} local process(es), minus one)."
         )
-        return "\n".join(lines)
+    if m["cache"] == "none":
+        lines.append(
+            "- Turn on --data.cache memmap: every image is decoded once, later epochs read "
+            "pre-decoded pixels."
+        )
+    lines.append(
+        f"- Measure the loader ceiling and the best num_workers with "
+        f"`python -m {m['package']} bench` and the same --data options."
+    )
+    return "\n".join(lines)
 
 
 def _batch_size(batch) -> int:

@@ -1,0 +1,32 @@
+"""Write a run's report again, from the `history.json` that `fit` keeps in its run folder.
+
+    python -m {{ cookiecutter.package_name }} report lightning_logs/version_0
+
+writes `report.html` (one self-contained page: learning curves, waiting for data, the confusion
+matrix, per-class precision and recall, the most confident mistakes) and its PNGs into the run
+folder. `fit` writes the same at its end; this command redraws it, e.g. for an interrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from {{ cookiecutter.package_name }}.training.report import write_report
+
+PROG = "python -m {{ cookiecutter.package_name }} report"
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.splitlines()[0],
+        epilog="Exits with code 2, saying why, when the folder holds no readable history.json.",
+    )
+    parser.add_argument("run_dir", help="the run folder of a fit: lightning_logs/version_N")
+    config = parser.parse_args(sys.argv[1:] if args is None else list(args))
+    started = time.perf_counter()
+    path = write_report(config.run_dir)  # a DataError becomes one `error:` line in __main__
+    print(f"report: {path} (written in {time.perf_counter() - started:.1f} s)")
+    return 0

@@ -1,0 +1,171 @@
+"""RunHistory: what the run report needs, written each epoch to `history.json` in the run folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+
+from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
+from {{ cookiecutter.package_name }}.training.report import HISTORY_FILE, write_report
+
+
+class RunHistory(Callback):
+    """Record each epoch's losses, accuracy, learning rate and data wait; write a report at the end.
+
+    The record is `history.json` in the run folder (the logger's `version_N`), rewritten after
+    every epoch by rank zero, whatever the logger: the report reads this file only. Of the latest
+    validation epoch it also keeps the confusion matrix and the `wrong_images` most confidently
+    wrong images (dataset index, file, true and predicted class, confidence), taken from the
+    logits validation computes anyway: no second pass over the data. Under DDP, where each process
+    validates its own shard, each keeps its shard's most confident mistakes and rank zero merges
+    them. The history is saved in checkpoints too: the report of a resumed run starts at epoch 0.
+
+    Args:
+        report: write `report.html` and its PNGs into the run folder at the end of `fit`.
+        wrong_images: how many misclassified validation images the report shows.
+    """
+
+    def __init__(self, report: bool = True, wrong_images: int = 24) -> None:
+        self.report = report
+        self.wrong_images = wrong_images
+        self.epochs: list[dict] = []
+        self.validation: dict | None = None  # of the latest validation epoch
+        self.folder: Path | None = None
+        self._pending: dict = {}  # this epoch's validation numbers, until the epoch ends
+        self._batches: list[tuple[torch.Tensor, ...]] = []
+        self._lr: float | None = None
+
+    def state_dict(self) -> dict:
+        return {"epochs": self.epochs, "validation": self.validation}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epochs = list(state_dict.get("epochs", []))
+        self.validation = state_dict.get("validation")
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # `trainer.log_dir` broadcasts from rank zero under DDP: every rank must ask for it.
+        self.folder = Path(trainer.log_dir or trainer.default_root_dir)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pending = {}
+        optimizers = trainer.optimizers
+        self._lr = float(optimizers[0].param_groups[0]["lr"]) if optimizers else None
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._batches = []
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not _fitting(trainer) or not isinstance(outputs, torch.Tensor):
+            return
+        # Kept on the device until the epoch ends: no synchronisation per batch.
+        confidence, predicted = outputs.detach().float().softmax(dim=1).max(dim=1)
+        self._batches.append((batch[1], predicted, confidence))
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not _fitting(trainer):
+            return
+        wrong = self._most_confident_mistakes(trainer)  # collective under DDP: every rank
+        metrics = trainer.callback_metrics  # computing synced metrics is collective too
+        self._pending = {"val_loss": _number(metrics.get("val_loss"))}
+        self._pending["val_acc"] = _number(metrics.get("val_acc"))
+        confusion = getattr(pl_module, "confusion", None)
+        self.validation = {
+            "epoch": trainer.current_epoch,
+            "confusion": confusion.tolist() if confusion is not None else None,
+            "wrong": wrong,
+        }
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.fast_dev_run:
+            return
+        train_loss = _number(trainer.callback_metrics.get("train_loss_epoch"))  # every rank
+        monitor = next((c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor)), None)
+        measured = monitor.measurement if monitor is not None else None
+        if measured is not None and measured["epoch"] != trainer.current_epoch:
+            measured = None  # the monitor runs after this callback: no stale numbers
+        row = {
+            "epoch": trainer.current_epoch,
+            "step": trainer.global_step,
+            "train_loss": train_loss,
+            "val_loss": self._pending.get("val_loss"),
+            "val_acc": self._pending.get("val_acc"),
+            "lr": self._lr,
+            "data_wait_fraction": measured["data_wait_fraction"] if measured else None,
+            "starved": bool(measured and monitor.judged(measured)),
+            "starvation": measured,
+        }
+        self.epochs = [e for e in self.epochs if e["epoch"] < row["epoch"]] + [row]
+        self._pending = {}
+        if trainer.is_global_zero:
+            self.write(pl_module)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not (self.report and trainer.is_global_zero and self.epochs) or trainer.fast_dev_run:
+            return
+        started = time.perf_counter()
+        path = write_report(self.folder)
+        print(f"report: {path} (written in {time.perf_counter() - started:.1f} s)")
+
+    def write(self, pl_module: L.LightningModule) -> Path:
+        """Write `history.json` whole: into a temporary file beside it, then renamed."""
+        path = self.folder / HISTORY_FILE
+        history = {
+            "class_names": list(getattr(pl_module, "class_names", [])),
+            "epochs": self.epochs,
+            "validation": self.validation,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.partial")
+        staging.write_text(json.dumps(history, indent=1))
+        os.replace(staging, path)
+        return path
+
+    def _most_confident_mistakes(self, trainer: L.Trainer) -> list[dict]:
+        """This epoch's misclassified images, most confident first, over all processes."""
+        rows: list[dict] = []
+        if self._batches:
+            parts = zip(*self._batches, strict=True)
+            targets, predicted, confidence = (torch.cat(part).cpu() for part in parts)
+            wrong = (predicted != targets).nonzero().flatten()
+            top = wrong[confidence[wrong].argsort(descending=True)][: self.wrong_images]
+            loader = trainer.val_dataloaders
+            # The n-th image this process validated is the n-th its sampler gave: sequential
+            # alone, every world-size-th under DDP (data/loaders.py, EvalShardSampler).
+            order = list(loader.sampler)
+            dataset = loader.dataset
+            for position in top.tolist():
+                index = int(order[position])
+                path = dataset.path(index) if hasattr(dataset, "path") else None
+                rows.append(
+                    {
+                        "index": index,
+                        "path": os.path.abspath(path) if path is not None else None,
+                        "true": int(targets[position]),
+                        "predicted": int(predicted[position]),
+                        "confidence": float(confidence[position]),
+                    }
+                )
+        self._batches = []
+        if trainer.world_size > 1:
+            shards: list = [None] * trainer.world_size
+            torch.distributed.all_gather_object(shards, rows)
+            rows = [row for shard in shards for row in shard]
+        rows.sort(key=lambda row: (-row["confidence"], row["index"]))
+        return rows[: self.wrong_images]
+
+
+def _fitting(trainer: L.Trainer) -> bool:
+    return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+
+
+def _number(value) -> float | None:
+    return float(value) if value is not None else None
