@@ -4,17 +4,17 @@
         [--rows 100000 1000000]
 
 Writes the inputs once under DIR (default build/bench/index): labels CSVs of 100k and 1M rows
-(`class_042/img_00001234.jpg,class_042`, classes drawn at random) and, as empty files in 100
-class folders, the 100k files that the smaller CSV names. Times, in alternating rounds so that
-both see the same machine minutes, the baseline (BASELINE below: a copy of the index code before
-it was vectorised, a csv-module reader, os.walk listing and `np.isin` on path strings) against
-the bake's `data/labels_csv.py` and `data/index.py`: `read_labels_csv` + `encode_labels`,
-`make_dataset` on the tree, and `find_missing` of the 100k CSV against the tree. Prints median
-wall and CPU seconds and old/new (CPU time is the steadier on a shared machine), the bytes of the
-index arrays (the same for both), and the peak heap of one 1M-row read (tracemalloc, which
-counts numpy's arrays). Where fresh memory is dear (a VM where numpy's huge-page advice on large
-arrays costs system time once the baseline has freed its heap), NUMPY_MADVISE_HUGEPAGE=0 shows the
-difference that makes.
+(`class_042/img_00001234.jpg,class_042`, classes drawn at random) and, as empty files in 100 class
+folders, the 100k files that the smaller CSV names. Times, in alternating rounds so that both see
+the same machine minutes, the baseline (BASELINE below: a copy of the index code before it was
+vectorised, a csv-module reader, os.walk listing and `np.isin` on path strings) against the bake's
+`data/labels_csv.py` and `data/index.py`: `read_labels_csv` + `encode_labels`, `make_dataset` on
+the tree (listed, and with the listing remembered from an earlier call), and `find_missing` of the
+100k CSV against the tree. Prints median wall and CPU seconds and old/new (CPU time is the steadier
+on a shared machine), the bytes of the index arrays (the same for both), and the peak heap of one
+1M-row read (tracemalloc, which counts numpy's arrays). Where fresh memory is dear (a VM where
+numpy's huge-page advice on large arrays costs system time once the baseline has freed its heap),
+NUMPY_MADVISE_HUGEPAGE=0 shows the difference that makes.
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     index = importlib.import_module(f"{args.package}.data.index")
     labels = importlib.import_module(f"{args.package}.data.labels_csv")
+    listing = importlib.import_module(f"{args.package}.data.listing")
     extensions = importlib.import_module(f"{args.package}.data.images").IMG_EXTENSIONS
     small, large = args.rows
     csvs, tree = write_inputs(args.dir, small, large)
@@ -147,6 +148,19 @@ def main() -> None:
     steps[f"class folders, {small:,} files: make_dataset"] = (
         lambda: baseline_make_dataset(tree, class_to_idx, extensions),
         lambda: index.make_dataset(tree, class_to_idx),
+    )
+    # The listing remembered (data/listing.py): a first call lists and stores, the timed ones reuse
+    # it. Folders changed in the last 2 s are never remembered: the tree's are set a minute back.
+    memo = args.dir / "listings"
+    past = time.time_ns() - 60 * 10**9
+    for folder in [tree, *(p for p in tree.iterdir() if p.is_dir())]:
+        os.utime(folder, ns=(past, past))
+    listing.listed_tree(tree, True, memo)
+    steps["  the same, listing remembered"] = (
+        lambda: baseline_make_dataset(tree, class_to_idx, extensions),
+        lambda: index.make_dataset(
+            tree, class_to_idx, listed=listing.listed_tree(tree, True, memo)
+        ),
     )
     steps[f"CSV of {small:,} rows against the tree: find_missing"] = (
         lambda: baseline_find_missing(small_table, tree, extensions),

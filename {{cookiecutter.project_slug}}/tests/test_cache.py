@@ -357,7 +357,8 @@ def test_out_of_space_stops_with_the_size_needed_and_leaves_nothing(
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert f"cannot build the image cache in {cache_dir}" in line and "needs about" in line
     assert "Traceback" not in done.stderr
-    assert [p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock")] == []
+    left = [p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock")]
+    assert left in ([], ["listings"])  # the folder listing remembered (data/listing.py) only
 
 
 READER = """

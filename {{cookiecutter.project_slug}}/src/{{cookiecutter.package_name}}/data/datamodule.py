@@ -179,12 +179,17 @@ class ImageDataModule(L.LightningDataModule):
     def source(self) -> Split:
         """Where the training and validation images come from, as the options say."""
         root = self.root or DEMO_DIR
-        columns = (self.filename_column, self.label_column)
+        columns = (self.filename_column, self.label_column, self.listings)
         train = labelled_source(root, self.labels_csv, *columns)
         if self.val_root is None and self.val_csv is None:
             return SeededSplit(train, self.val_fraction, self.seed)
         val = labelled_source(self.val_root or root, self.val_csv, *columns, role="validation")
         return SeparateValidation(train, val)
+
+    @property
+    def listings(self) -> Path:
+        """Where folder listings are remembered between runs (`data/listing.py`)."""
+        return self.cache_dir / "listings"
 
     @cached_property
     def class_names(self) -> list[str]:
@@ -257,7 +262,7 @@ class ImageDataModule(L.LightningDataModule):
     def _test_dataset(self) -> ImageFolderDataset:
         if self.test_root is None and self.test_csv is None:
             raise DataError("test needs --data.test_root (class folders) or --data.test_csv")
-        columns = (self.filename_column, self.label_column)
+        columns = (self.filename_column, self.label_column, self.listings)
         root = self.test_root or self.root or self.test_csv.parent
         source = labelled_source(root, self.test_csv, *columns, role="test")
         test = self._eval_dataset(source.index(self.class_names))

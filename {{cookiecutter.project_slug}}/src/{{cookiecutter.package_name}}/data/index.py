@@ -42,14 +42,32 @@ def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
     hidden and junk folders left out, and folders that cannot be listed skipped.
     """
     found: list[str] = []
-    _scan(os.fspath(folder), prefix, images_only, found)
+    _scan(os.fspath(folder), prefix, images_only, found, None)
     return found
 
 
-def _scan(folder: str, prefix: str, images_only: bool, found: list[str]) -> None:
+def scan_tree(
+    root: Path, images_only: bool
+) -> tuple[list[str], dict[str, tuple[int, int]], list[tuple[str, int]]]:
+    """`list_files(root, images_only)`; where the files of each folder of `root` lie in it, as
+    {name: (start, end)}; and each folder walked ("." for `root`) with its modification time."""
+    found: list[str] = []
+    folders: list[tuple[str, int, int]] = []  # (prefix, mtime, index of its first file)
+    _scan(os.fspath(root), "", images_only, found, folders)
+    tops = [(prefix[:-1], start) for prefix, _, start in folders if prefix.count(os.sep) == 1]
+    bounds = [start for _, start in tops] + [len(found)]
+    spans = {name: (bounds[i], bounds[i + 1]) for i, (name, _) in enumerate(tops)}
+    return found, spans, [(prefix or ".", mtime) for prefix, mtime, _ in folders]
+
+
+def _scan(
+    folder: str, prefix: str, images_only: bool, found: list[str], walked: list | None
+) -> None:
     # One scandir per folder and a prefix for its paths, not os.walk and an os.path.join per
     # file: make_dataset of 100k files in ~0.6x the time (benchmarks/index_scale.py).
     try:
+        if walked is not None:  # taken before the names: a change while listing is seen later
+            walked.append((prefix, os.stat(folder).st_mtime_ns, len(found)))
         with os.scandir(folder) as scan:
             entries = list(scan)
     except OSError:
@@ -61,7 +79,7 @@ def _scan(folder: str, prefix: str, images_only: bool, found: list[str]) -> None
         files = [f for f in files if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)]
     found.extend([prefix + name for name in sorted(files)])
     for name in sorted(f for f in folders if _is_data_folder(f)):
-        _scan(os.path.join(folder, name), prefix + name + os.sep, images_only, found)
+        _scan(os.path.join(folder, name), prefix + name + os.sep, images_only, found, walked)
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
@@ -122,14 +140,19 @@ def string_keys(strings: np.ndarray) -> np.ndarray:
 
 
 def make_dataset(
-    root: Path, class_to_idx: dict[str, int], folders: list[str] | None = None
+    root: Path,
+    class_to_idx: dict[str, int],
+    folders: list[str] | None = None,
+    listed: tuple[list[str], dict[str, tuple[int, int]]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Index a class-folder tree: relative paths (bytes array) and integer targets (int64 array).
 
     Args:
         folders: the class folders to index, all of `class_to_idx` by default. Each must be a
             known class and hold at least one image.
+        listed: `scan_tree(root, images_only=True)`'s files and spans, if already at hand.
     """
+    files_below, spans = listed or scan_tree(root, images_only=True)[:2]
     paths: list[str] = []
     targets: list[int] = []
     counts: list[int] = []
@@ -139,7 +162,7 @@ def make_dataset(
                 f"class folder {root / name} is not one of the training classes: "
                 + preview(list(class_to_idx))
             )
-        files = list_files(root / name, images_only=True, prefix=name + os.sep)
+        files = files_below[slice(*spans.get(name, (0, 0)))]
         if not files:
             raise DataError(
                 f"class folder {root / name} has no images; accepted extensions: "

@@ -15,10 +15,10 @@ from {{ cookiecutter.package_name }}.data.index import (
     check_file,
     encode_paths,
     gather_strings,
-    list_files,
     preview,
     string_keys,
 )
+from {{ cookiecutter.package_name }}.data.listing import listed_tree
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _SHOWN = 5  # how many offending rows an error message lists
@@ -342,14 +342,14 @@ def _as_int(value: str) -> int | None:
         return None
 
 
-def find_missing(table: LabelsTable, root: Path) -> None:
+def find_missing(table: LabelsTable, root: Path, listings: Path | None = None) -> None:
     """Refuse a table that names files not under `root`, listing the first few and counting all.
 
     One directory listing answers for most rows; only the rows it does not match (absolute paths,
-    `./` prefixes, links) cost a `stat` each.
+    `./` prefixes, links) cost a `stat` each. `listings`: where the listing is remembered.
     """
     check_dir(root, "data.root")
-    present = encode_paths(list_files(root, images_only=False))
+    present = encode_paths(listed_tree(root, images_only=False, memo_dir=listings)[0])
     unmatched = np.flatnonzero(~_isin(table.paths, present))
     missing = [
         row

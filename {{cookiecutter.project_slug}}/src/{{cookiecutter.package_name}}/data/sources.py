@@ -32,6 +32,7 @@ from {{ cookiecutter.package_name }}.data.labels_csv import (
     find_missing,
     read_labels_csv,
 )
+from {{ cookiecutter.package_name }}.data.listing import listed_tree
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
@@ -74,10 +75,17 @@ class ClassFolders:
     training folders left out by given class names are only warned about.
     """
 
-    def __init__(self, root: Path, option: str = "data.root", role: str = "training") -> None:
+    def __init__(
+        self,
+        root: Path,
+        option: str = "data.root",
+        role: str = "training",
+        listings: Path | None = None,
+    ) -> None:
         self.root = root
         self.option = option
         self.role = role
+        self.listings = listings  # where the folder listing is remembered; None: not at all
 
     def class_names(self) -> list[str]:
         return find_classes(self.root, self.option)
@@ -94,7 +102,8 @@ class ClassFolders:
                     f"--data.class_names leaves out {len(ignored)} class folders of {self.root}, "
                     f"which are not used: {', '.join(ignored)}"
                 )
-        return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders))
+        listed = listed_tree(self.root, images_only=True, memo_dir=self.listings)
+        return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders, listed))
 
 
 class LabelsCsv:
@@ -108,8 +117,10 @@ class LabelsCsv:
         label_column: str = "label",
         option: str = "data.root",
         role: str = "training",
+        listings: Path | None = None,
     ) -> None:
         self.root = root
+        self.listings = listings
         self.csv_file = csv_file
         self.columns = (filename_column, label_column)
         self.option = option
@@ -126,7 +137,7 @@ class LabelsCsv:
     def index(self, class_names: list[str]) -> ImageIndex:
         targets = encode_labels(self.table, class_names, self.role)
         check_dir(self.root, self.option)
-        find_missing(self.table, self.root)
+        find_missing(self.table, self.root, self.listings)
         return ImageIndex(self.root, self.table.paths, targets)
 
 
@@ -168,13 +179,15 @@ def labelled_source(
     labels_csv: Path | None,
     filename_column: str,
     label_column: str,
+    listings: Path | None = None,
     role: str = "training",
 ) -> ClassFolders | LabelsCsv:
     """Class folders under `root`, or the files `labels_csv` names in `root`."""
     option = {"training": "data.root", "validation": "data.val_root"}.get(role, "data.test_root")
     if labels_csv is None:
-        return ClassFolders(root, option, role)
-    return LabelsCsv(root, labels_csv, filename_column, label_column, option, role)
+        return ClassFolders(root, option, role, listings)
+    columns = (filename_column, label_column)
+    return LabelsCsv(root, labels_csv, *columns, option, role, listings)
 
 
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:
