@@ -85,7 +85,8 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
-    assert listed == ["fit", "validate", "test", "predict", "export", "infer", "scan", "bench"]
+    commands = ["fit", "validate", "test", "predict", "export", "infer", "scan", "bench", "report"]
+    assert listed == commands
 
 
 def test_each_command_has_its_own_help(tmp_path: Path) -> None:
@@ -96,6 +97,7 @@ def test_each_command_has_its_own_help(tmp_path: Path) -> None:
         ("infer", "--model"),
         ("scan", "--data.root"),
         ("bench", "--workers"),
+        ("report", "run_dir"),
     ]:
         result = run_cli(command, "--help", cwd=tmp_path)
         assert result.returncode == 0, (command, result.stderr)

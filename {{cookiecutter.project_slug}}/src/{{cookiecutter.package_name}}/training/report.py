@@ -58,7 +58,7 @@ def write_report(folder: str | Path) -> Path:
     head = f"{len(epochs)} epochs, {last['step']} steps"
     if last.get("val_acc") is not None:
         head += f"; last validation accuracy {last['val_acc']:.3f}"
-    page = _page(html.escape(str(folder)), head, "\n".join(sections))
+    page = _page(html.escape(str(folder.resolve())), head, "\n".join(sections))
     path = folder / REPORT_FILE
     path.write_text(page, encoding="utf-8")
     return path

@@ -1,0 +1,265 @@
+"""The run report: written by a real `fit`, checked against the checkpoint; `report` redraws it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import CLASSES, tiny_run_options, write_image
+from PIL import Image
+
+from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.model.reports import precision_recall
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+PNGS = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_predictions.png")
+WRONG_SHOWN = 4
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", PACKAGE, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+def write_dataset(folder: Path) -> tuple[Path, Path]:
+    """Clean training images; validation images of which a third carry another class's colour."""
+    colours = [tuple(255 if c == label else 30 for c in range(3)) for label in range(3)]
+    for label, name in enumerate(CLASSES):
+        for i in range(8):
+            write_image(folder / "train" / name / f"{name}_{i}.jpg", colours[label])
+        for i in range(6):
+            colour = colours[(label + 1) % 3] if i < 2 else colours[label]  # 2 mislabelled
+            write_image(folder / "val" / name / f"{name}_v{i}.jpg", colour)
+    return folder / "train", folder / "val"
+
+
+def fit(folder: Path, *extra: str) -> Path:
+    train, val = write_dataset(folder)
+    result = run_cli(
+        "fit",
+        *tiny_run_options(train),
+        "--data.val_root",
+        str(val),
+        "--model.lr",
+        "0.01",
+        "--trainer.max_epochs",
+        "3",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--history.wrong_images",
+        str(WRONG_SHOWN),
+        *extra,
+        cwd=folder,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = folder / "lightning_logs" / "version_0"
+    assert f"report: {Path('lightning_logs/version_0/report.html')}" in result.stdout
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run folder of a real three-epoch `fit` through the command line."""
+    return fit(tmp_path_factory.mktemp("report"))
+
+
+def recomputed(run_dir: Path) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+    """Validate `last.ckpt` (the weights of the last validation) again, independently.
+
+    Returns (confusion matrix, validation file paths, predicted classes, confidences).
+    """
+    model = ImageClassifier.load_from_checkpoint(
+        run_dir / "checkpoints" / "last.ckpt", map_location="cpu"
+    ).eval()
+    folder = run_dir.parent.parent
+    data = ImageDataModule(
+        root=str(folder / "train"),
+        val_root=str(folder / "val"),
+        image_size=16,
+        batch_size=4,
+        num_workers=0,
+    )
+    data.setup("fit")
+    probs, targets = [], []
+    with torch.no_grad():
+        for batch in data.val_dataloader():
+            images, labels = data.on_after_batch_transfer(batch, 0)
+            probs.append(model(images).float().softmax(dim=1))
+            targets.append(labels)
+    confidence, predicted = torch.cat(probs).max(dim=1)
+    targets = torch.cat(targets)
+    matrix = np.zeros((3, 3), dtype=np.int64)
+    np.add.at(matrix, (targets.numpy(), predicted.numpy()), 1)
+    dataset = data.val_dataset
+    paths = [str(Path(dataset.path(i)).resolve()) for i in range(len(dataset))]
+    return matrix, paths, predicted.numpy(), confidence.numpy()
+
+
+class _Page(HTMLParser):
+    """The images, links and tables of an HTML page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+        self.references: list[str] = []
+        self.tags: set[str] = set()
+        self.tables: dict[str, list[list[str]]] = {}
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.tags.add(tag)
+        attrs = dict(attrs)
+        if tag == "img":
+            self.sources.append(attrs["src"])
+        self.references += [attrs[key] for key in ("href", "src") if key in attrs]
+        if tag == "table":
+            self._table = attrs.get("id")
+            self.tables[self._table] = []
+        elif tag == "tr":
+            self.tables[self._table].append([])
+        elif tag == "td":
+            self._cell = []
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self.tables[self._table][-1].append("".join(self._cell))
+            self._cell = None
+
+
+def parse(run_dir: Path) -> _Page:
+    page = _Page()
+    page.feed((run_dir / "report.html").read_text(encoding="utf-8"))
+    return page
+
+
+@pytest.mark.slow
+def test_fit_writes_the_report_and_a_history_of_every_epoch(run_dir: Path) -> None:
+    for name in ("report.html", "history.json", *PNGS):
+        assert (run_dir / name).is_file(), name
+    history = json.loads((run_dir / "history.json").read_text())
+    assert history["class_names"] == list(CLASSES)
+    assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2]
+    for epoch in history["epochs"]:
+        for key in ("train_loss", "val_loss", "val_acc", "lr", "data_wait_fraction"):
+            assert isinstance(epoch[key], float), (key, epoch)
+    lrs = [e["lr"] for e in history["epochs"]]
+    assert lrs[0] > lrs[-1]  # the cosine schedule, read per epoch
+
+
+@pytest.mark.slow
+def test_the_page_is_self_contained_and_its_images_decode(run_dir: Path) -> None:
+    page = parse(run_dir)
+    assert not page.tags & {"script", "link", "iframe", "object"}
+    assert all(ref.startswith("data:image/png;base64,") for ref in page.references)
+    assert not re.search(r"https?://", (run_dir / "report.html").read_text(encoding="utf-8"))
+    inlined = [base64.b64decode(src.split(",", 1)[1]) for src in page.sources]
+    for data in inlined:
+        Image.open(io.BytesIO(data)).verify()
+    assert sorted(inlined) == sorted((run_dir / name).read_bytes() for name in PNGS)
+
+
+@pytest.mark.slow
+def test_per_class_table_matches_the_confusion_matrix(run_dir: Path) -> None:
+    matrix, *_ = recomputed(run_dir)
+    history = json.loads((run_dir / "history.json").read_text())
+    assert history["validation"]["epoch"] == 2
+    np.testing.assert_array_equal(history["validation"]["confusion"], matrix)
+    precision, recall = precision_recall(matrix)
+    rows = parse(run_dir).tables["per-class"][1:]
+    assert [row[0] for row in rows] == list(CLASSES)
+    for i, row in enumerate(rows):
+        assert int(row[1]) == matrix[i].sum() and int(row[2]) == matrix[:, i].sum()
+        for cell, value in zip(row[3:], (precision[i], recall[i]), strict=True):
+            assert cell == ("-" if np.isnan(value) else f"{value:.3f}")
+
+
+@pytest.mark.slow
+def test_the_grid_shows_the_most_confidently_wrong_images(run_dir: Path) -> None:
+    _, paths, predicted, confidence = recomputed(run_dir)
+    wrong = json.loads((run_dir / "history.json").read_text())["validation"]["wrong"]
+    true = np.array([CLASSES.index(Path(path).parent.name) for path in paths])
+    mistakes = np.flatnonzero(predicted != true)
+    assert len(mistakes) > WRONG_SHOWN  # the 6 mislabelled images at least
+    expected = mistakes[np.argsort(-confidence[mistakes], kind="stable")][:WRONG_SHOWN]
+    assert [item["index"] for item in wrong] == expected.tolist()
+    for item in wrong:
+        index = item["index"]
+        assert item["path"] == paths[index]
+        assert item["true"] == true[index] != item["predicted"] == predicted[index]
+        assert item["confidence"] == pytest.approx(confidence[index], abs=1e-4)
+    shown = parse(run_dir).tables["mistakes"][1:]
+    assert [row[1] for row in shown] == [item["path"] for item in wrong]
+    assert [row[2:4] for row in shown] == [
+        [CLASSES[item["true"]], CLASSES[item["predicted"]]] for item in wrong
+    ]
+
+
+@pytest.mark.slow
+def test_the_report_command_writes_it_again(run_dir: Path, tmp_path: Path) -> None:
+    before = (run_dir / "report.html").read_text(encoding="utf-8")
+    for name in ("report.html", *PNGS):
+        (run_dir / name).unlink()
+    result = run_cli("report", str(run_dir), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"report: {run_dir / 'report.html'}")
+    for name in PNGS:
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "report.html").read_text(encoding="utf-8") == before
+
+
+@pytest.mark.slow
+def test_two_process_ddp_gathers_the_mistakes_of_both_shards(tmp_path: Path) -> None:
+    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--history.wrong_images", "20"]
+    run_dir = fit(tmp_path, *ddp)
+    matrix, _, predicted, confidence = recomputed(run_dir)
+    history = json.loads((run_dir / "history.json").read_text())
+    np.testing.assert_array_equal(history["validation"]["confusion"], matrix)
+    indices = [item["index"] for item in history["validation"]["wrong"]]
+    true = np.repeat(np.arange(3), 6)  # six validation images per class, in class order
+    mistakes = np.flatnonzero(predicted != true)
+    assert {i % 2 for i in mistakes} == {0, 1}  # mistakes in rank 0's shard and in rank 1's
+    assert indices == mistakes[np.argsort(-confidence[mistakes], kind="stable")].tolist()
+
+
+def test_a_folder_without_history_is_one_error_line(tmp_path: Path, capsys) -> None:
+    for folder, message in [
+        (tmp_path, "has no history.json: give the run folder of a `fit`"),
+        (tmp_path / "nowhere", "nowhere does not exist"),
+    ]:
+        with pytest.raises(SystemExit) as done:
+            main(["report", str(folder)])
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    (tmp_path / "history.json").write_text("{not json")
+    with pytest.raises(SystemExit):
+        main(["report", str(tmp_path)])
+    assert "cannot be read as a run history" in capsys.readouterr().err
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_precision_and_recall_read_columns_and_rows() -> None:
+    matrix = np.array([[3, 1, 0], [0, 2, 0], [1, 0, 0]])
+    precision, recall = precision_recall(matrix)
+    np.testing.assert_allclose(precision[:2], [3 / 4, 2 / 3])
+    np.testing.assert_allclose(recall, [3 / 4, 1, 0])
+    assert np.isnan(precision[2])  # never predicted
