@@ -8,6 +8,7 @@ from pathlib import Path
 
 # Rendered by cookiecutter; a raw string keeps this file valid Python for ruff before rendering.
 CONTEXT = json.loads(r"""{{ cookiecutter | tojson }}""")
+PACKAGE = CONTEXT["package_name"]
 
 # Files that exist in the bake only when an option asks for them. Only the template's own files
 # are named, so that re-baking over a project (an update) never deletes files the user added.
@@ -15,6 +16,10 @@ OPTIONAL = {
     ".github/workflows/ci.yml": CONTEXT["ci"] == "github",
     "scripts/slurm.sbatch": CONTEXT["slurm"] == "yes",
     "configs/labels_csv.yaml": CONTEXT["dataset_layout"] == "csv",
+    f"src/{PACKAGE}/training/tracking.py": CONTEXT["logger"] in ("mlflow", "wandb"),
+    f"src/{PACKAGE}/commands/mlflow_outputs.py": CONTEXT["logger"] == "mlflow",
+    "tests/test_mlflow.py": CONTEXT["logger"] == "mlflow",
+    "tests/test_wandb.py": CONTEXT["logger"] == "wandb",
 }
 
 # The answers, in cookiecutter's replay format, so that `cookiecutter --replay-file` (or cruft)

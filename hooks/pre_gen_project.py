@@ -15,7 +15,7 @@ RESERVED = set(sys.stdlib_module_names) | {
     "torch", "torchvision", "lightning", "pytorch_lightning", "lightning_fabric",
     "lightning_utilities", "torchmetrics", "jsonargparse", "numpy", "PIL", "pillow", "yaml",
     "tensorboard", "onnx", "setuptools", "pkg_resources", "pytest", "ruff", "test", "tests", "src",
-    "simplejpeg", "tqdm",
+    "simplejpeg", "tqdm", "mlflow", "wandb",
 }
 # fmt: on
 
@@ -23,7 +23,7 @@ RESERVED = set(sys.stdlib_module_names) | {
 CHOICES = {
     "license": ("MIT", "Apache-2.0", "BSD-3-Clause", "Proprietary"),
     "dataset_layout": ("folders", "csv"),
-    "logger": ("csv", "tensorboard"),
+    "logger": ("csv", "tensorboard", "mlflow", "wandb"),
     "ci": ("github", "none"),
     "slurm": ("yes", "no"),
 }

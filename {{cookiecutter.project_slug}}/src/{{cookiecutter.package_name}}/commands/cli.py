@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import inspect
+{%- if cookiecutter.logger in ("mlflow", "wandb") %}
+import os
+{%- endif %}
 import sys
 
 import torch
@@ -10,6 +13,12 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+{% if cookiecutter.logger == "mlflow" -%}
+from {{ cookiecutter.package_name }}.commands.mlflow_outputs import (
+    SaveConfigToMLflow,
+    log_fit_outputs,
+)
+{% endif -%}
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
@@ -18,9 +27,15 @@ from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
 from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
+{%- if cookiecutter.logger in ("mlflow", "wandb") %}
+from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, resume_run
+{%- endif %}
 
 # DataModule options that are also the model's: linked data -> model, saved in each checkpoint.
 LINKED = ("class_names", "image_size", "mean", "std")
+{%- if cookiecutter.logger == "mlflow" %}
+TRACKING_URI = "sqlite:///mlruns.db"  # MLflow's store when MLFLOW_TRACKING_URI is unset
+{%- endif %}
 
 
 class ImageCLI(LightningCLI):
@@ -60,6 +75,9 @@ class ImageCLI(LightningCLI):
         parser.add_lightning_class_args(DataStarvationMonitor, "data_monitor")
         # After the monitor: RunHistory reads the monitor's numbers of the epoch just ended.
         parser.add_lightning_class_args(RunHistory, "history")
+{%- if cookiecutter.logger in ("mlflow", "wandb") %}
+        parser.add_lightning_class_args(RunIdCheckpoint, "run_id_checkpoint")
+{%- endif %}
 
     def instantiate_trainer(self, **kwargs):
         """The Trainer, with the checkpoint callbacks left out under `enable_checkpointing false`.
@@ -80,10 +98,19 @@ class ImageCLI(LightningCLI):
         config = self.config[self.subcommand]
         if self.ckpt_contents is not None:
             _restore_data_options(config, self.ckpt_contents, self.subcommand)
+{%- if cookiecutter.logger in ("mlflow", "wandb") %}
+            if self.subcommand == "fit":  # log on to the run the checkpoint came from
+                resume_run(config.trainer.logger, self.ckpt_contents)
+{%- endif %}
         if config.trainer.precision is None:
             config.trainer.precision = _default_precision(config.trainer.accelerator)
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
+{%- if cookiecutter.logger == "mlflow" %}
+
+    def after_fit(self) -> None:
+        log_fit_outputs(self.trainer, self.model)
+{%- endif %}
 
 
 def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
@@ -150,6 +177,13 @@ def main(args: list[str] | None = None) -> None:
         # The command line itself: LightningCLI reads it there, and warns on stderr when it is
         # handed the same arguments too, as `python -m` does through `__main__`.
         args = None
+{%- if cookiecutter.logger == "mlflow" %}
+    # MLflow 3 sends usage telemetry unless told not to; training stays on this machine.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+{%- elif cookiecutter.logger == "wandb" %}
+    # Offline unless WANDB_MODE says otherwise: runs stay in ./wandb until `wandb sync`.
+    os.environ.setdefault("WANDB_MODE", "offline")
+{%- endif %}
     try:
         ImageCLI(
             ImageClassifier,
@@ -157,12 +191,31 @@ def main(args: list[str] | None = None) -> None:
             seed_everything_default=0,
             trainer_defaults={
                 "max_epochs": 10,
+{%- if cookiecutter.logger == "mlflow" %}
+                "logger": {
+                    "class_path": "lightning.pytorch.loggers.MLFlowLogger",
+                    "init_args": {
+                        "experiment_name": "lightning_logs",
+                        # A SQLite store in the working directory, unless the variable names one.
+                        "tracking_uri": os.environ.get("MLFLOW_TRACKING_URI", TRACKING_URI),
+                    },
+                },
+{%- elif cookiecutter.logger == "wandb" %}
+                "logger": {
+                    "class_path": "lightning.pytorch.loggers.WandbLogger",
+                    "init_args": {"save_dir": ".", "project": "lightning_logs"},
+                },
+{%- else %}
                 "logger": {
                     "class_path": "lightning.pytorch.loggers.{{ 'TensorBoardLogger' if cookiecutter.logger == 'tensorboard' else 'CSVLogger' }}",
                     "init_args": {"save_dir": ".", "name": "lightning_logs"},
                 },
+{%- endif %}
             },
             save_config_kwargs={"overwrite": True},
+{%- if cookiecutter.logger == "mlflow" %}
+            save_config_callback=SaveConfigToMLflow,
+{%- endif %}
             args=args,
         )
     except DataError as err:
