@@ -160,3 +160,87 @@ def test_one_rank_failing_ends_the_job_with_its_error(image_root: Path, tmp_path
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert any("bee_broken.jpg" in line for line in errors), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+
+
+ONCE_SCRIPT = """
+import json, sys
+import lightning as L, torch
+from {{ cookiecutter.package_name }}.data import cache, scan, sources
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+
+calls = {"split": 0, "scan": 0, "cache key": 0}
+
+def counted(name, function):
+    def call(*args, **kwargs):
+        calls[name] += 1
+        return function(*args, **kwargs)
+    return call
+
+sources.SeededSplit.split = counted("split", sources.SeededSplit.split)
+scan.find_unreadable = counted("scan", scan.find_unreadable)
+cache.cache_key = counted("cache key", cache.cache_key)
+
+class Recorder(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx):
+        return self.weight.sum() * 0
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_train_end(self):
+        data = self.trainer.datamodule
+        seen = {name: [d.path(i) for i in range(len(d))]
+                for name, d in (("train", data.train_dataset), ("val", data.val_dataset))}
+        with open(f"{sys.argv[2]}/rank{self.global_rank}.json", "w") as file:
+            json.dump({"calls": calls, **seen, "cache": str(data.train_dataset.cache.folder)}, file)
+
+if __name__ == "__main__":
+    data = ImageDataModule(root=sys.argv[1], image_size=8, batch_size=4, num_workers=0,
+                           skip_bad_images=True, cache="memmap", cache_dir=f"{sys.argv[2]}/cache")
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(Recorder(), data)
+"""
+
+
+def run_once_script(root: Path, out: Path) -> subprocess.CompletedProcess:
+    script = out / "once.py"
+    script.write_text(ONCE_SCRIPT)
+    return subprocess.run(
+        [sys.executable, str(script), str(root), str(out)],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=300,  # a rank left waiting for another would hang until this
+    )
+
+
+@pytest.mark.slow
+def test_whole_dataset_work_runs_once_per_job(image_root: Path, tmp_path: Path) -> None:
+    """Listing and splitting, the unreadable-image scan and the cache key: rank zero only."""
+    write_corrupt(image_root / "bee" / "broken.jpg")
+    done = run_once_script(image_root, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["calls"] == {"split": 1, "scan": 1, "cache key": 1}
+    assert ranks[1]["calls"] == {"split": 0, "scan": 0, "cache key": 0}  # received, not redone
+    assert ranks[0]["train"] == ranks[1]["train"] and ranks[0]["val"] == ranks[1]["val"]
+    assert ranks[0]["cache"] == ranks[1]["cache"]
+    everything = ranks[0]["train"] + ranks[0]["val"]
+    assert len(everything) == 24 and not any("broken" in path for path in everything)
+
+
+@pytest.mark.slow
+def test_an_error_on_rank_zero_reaches_every_rank(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    for name in ("ant", "bee"):
+        for i in range(3):
+            write_corrupt(root / name / f"{i}.jpg")
+    done = run_once_script(root, tmp_path)  # would time out if rank 1 waited for rank 0
+    assert done.returncode != 0
+    assert done.stderr.count("none of the 6 images can be read") >= 2, done.stderr[-3000:]

@@ -4,8 +4,8 @@ datamodule: options and composition; sources: folders, labels CSV and splits; in
 of class folders; listing: folder listings remembered between runs; labels_csv: a labels CSV read to
 numpy arrays; dataset: the lazy Dataset; images: decoding; transforms: uint8 crops; cache:
 pre-decoded pixels; locks: the cache's file locks; scan: unreadable files; loaders: DataLoader
-settings and samplers; normalize: uint8 to normalised float; cpus: worker arithmetic; demo: the
-generated demo set.
+settings and samplers; normalize: uint8 to normalised float; cpus: worker arithmetic; once: work
+done on rank zero and sent to the others; demo: the generated demo set.
 """
 
 

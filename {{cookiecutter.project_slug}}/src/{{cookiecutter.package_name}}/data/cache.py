@@ -141,6 +141,7 @@ def cached(
     skip_unreadable: bool = False,
     keep: int = 3,
     key: Literal["stat", "mtime"] = "stat",
+    run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
     """`datasets` served from their pre-decoded cache under `cache_dir`, built first if missing.
 
@@ -152,6 +153,7 @@ def cached(
             then be left out of `datasets`, as `skip_bad_images` does).
         keep: how many caches of `cache_dir` to keep, newest first, after a build; 0: all.
         key: "stat" or "mtime": what of each file the cache's name depends on (module docstring).
+        run_once: how the key (a `stat` of every file) is computed: under DDP, `data.once`.
 
     The build decodes in `num_workers` processes: by default one per usable CPU, since the other
     training processes of the machine are waiting for it anyway.
@@ -162,7 +164,8 @@ def cached(
         covered = [np.asarray(d.paths) for d in everything if d.root == root]
         names = np.unique(np.concatenate(covered))
         index = ImageFolderDataset(root, names, None, _identity)
-        folder = Path(cache_dir) / cache_key(index, size, key)
+        name = partial(cache_key, index, size, key)
+        folder = Path(cache_dir) / (name() if run_once is None else run_once(name))
         workers = usable_cpus() if num_workers is None else num_workers
         missing = partial(build, index, folder, size, workers, progress, skip_unreadable, keep)
         pixels = _open(folder, missing)

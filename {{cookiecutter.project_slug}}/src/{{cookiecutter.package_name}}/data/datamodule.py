@@ -8,7 +8,7 @@ unreadable ones; `cache.py` serves pre-decoded pixels; `loaders.py` makes the Da
 from __future__ import annotations
 
 import logging
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, DEMO_DIR, en
 from {{ cookiecutter.package_name }}.data.index import write_split
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
+from {{ cookiecutter.package_name }}.data.once import once
 from {{ cookiecutter.package_name }}.data.scan import drop_unreadable
 from {{ cookiecutter.package_name }}.data.sources import (
     ImageIndex,
@@ -214,7 +215,8 @@ class ImageDataModule(L.LightningDataModule):
         if stage == "predict":
             if self.predict_root is None:
                 raise DataError("predict needs --data.predict_root: a folder of images")
-            predict = self._eval_dataset(unlabelled_folder(self.predict_root))
+            index = once(self.trainer, partial(unlabelled_folder, self.predict_root))
+            predict = self._eval_dataset(index)
             if self.skip_bad_images:
                 (predict,) = self._drop_unreadable(predict)
             self.predict_dataset = predict
@@ -226,7 +228,9 @@ class ImageDataModule(L.LightningDataModule):
             return
         if self.root is None:  # also done by prepare_data; repeated here for use without a Trainer
             ensure_demo_data(DEMO_DIR)
-        train_index, val_index = self.source.split(self.class_names, stage)
+        # Listing folders, or reading the CSV and checking its files: on rank zero only (once.py)
+        split = partial(self.source.split, self.class_names, stage)
+        train_index, val_index = once(self.trainer, split)
         augment = train_transform(self.image_size, self.crop_scale, self.hflip)
         # Random crops of training images tolerate libjpeg's fast approximate decode (`read_image`)
         train = ImageFolderDataset(
@@ -252,6 +256,7 @@ class ImageDataModule(L.LightningDataModule):
                 skip_unreadable=self.skip_bad_images,
                 keep=self.cache_keep,
                 key=self.cache_key,
+                run_once=partial(once, self.trainer),
             )
         self.train_dataset, self.val_dataset = train, val
         log_dir = self._log_dir()
@@ -265,7 +270,7 @@ class ImageDataModule(L.LightningDataModule):
         columns = (self.filename_column, self.label_column, self.listings)
         root = self.test_root or self.root or self.test_csv.parent
         source = labelled_source(root, self.test_csv, *columns, role="test")
-        test = self._eval_dataset(source.index(self.class_names))
+        test = self._eval_dataset(once(self.trainer, partial(source.index, self.class_names)))
         return self._drop_unreadable(test)[0] if self.skip_bad_images else test
 
     def _eval_dataset(self, index: ImageIndex) -> ImageFolderDataset:
@@ -276,7 +281,8 @@ class ImageDataModule(L.LightningDataModule):
         trainer = self.trainer
         writer = trainer is None or trainer.is_global_zero
         workers = self.resolve_num_workers()
-        return drop_unreadable(datasets, workers, writer, self._log_dir(), writer)
+        log_dir = self._log_dir()
+        return drop_unreadable(datasets, workers, writer, log_dir, writer, partial(once, trainer))
 
     def _log_dir(self) -> str | None:
         """The run's log folder; None without a Trainer, or a logger that saves files."""

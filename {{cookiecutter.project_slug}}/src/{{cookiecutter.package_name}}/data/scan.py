@@ -10,7 +10,7 @@ import faulthandler
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
@@ -172,13 +172,16 @@ def drop_unreadable(
     progress: bool,
     listing_dir: str | None,
     write_listing: bool,
+    run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
     """`datasets` without their unreadable images, with one warning listing what was left out.
 
     The whole list goes to `listing_dir/skipped_images.txt` when `write_listing` (rank zero).
     Nothing readable at all is an error: that is a wrong folder, not a few damaged files.
+    `run_once(compute)`: how the scan is run (under DDP, `data.once`: on rank zero only).
     """
-    bad = find_unreadable(datasets, num_workers, progress)
+    scan = lambda: find_unreadable(datasets, num_workers, progress)  # noqa: E731
+    bad = scan() if run_once is None else run_once(scan)
     if not bad:
         return list(datasets)
     total = sum(len(dataset) for dataset in datasets)
