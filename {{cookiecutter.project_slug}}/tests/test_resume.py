@@ -126,3 +126,30 @@ def test_a_killed_run_leaves_a_checkpoint_that_resumes(
     assert resume.returncode == 0, resume.stderr
     resumed = tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt"
     assert saved_progress(resumed) == (epoch, 18 * (epoch + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["onecycle", "cosine"])
+def test_resuming_with_more_epochs_rebuilds_the_schedule(
+    image_root: Path, tmp_path: Path, monkeypatch, schedule: str
+) -> None:
+    """The README's `fit --ckpt_path last.ckpt --trainer.max_epochs N` with a larger N: OneCycleLR
+    used to stop past its old total, the cosine schedule to jump without a word."""
+    monkeypatch.chdir(tmp_path)
+    options = [*tiny_run_options(image_root), "--model.schedule", schedule, *QUIET, *CSV_LOGGER]
+    main(["fit", *options, "--trainer.max_epochs", "2"])
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["schedule_total"] == 8
+    with pytest.warns(UserWarning, match="schedule of 16 steps, where the checkpoint's spanned 8"):
+        main(["fit", "--ckpt_path", str(last), "--trainer.max_epochs", "4", *QUIET, *CSV_LOGGER])
+    main(["fit", *options, "--trainer.max_epochs", "4"])  # uninterrupted, for comparison
+
+    def final(version: int) -> tuple[int, int, float]:
+        path = tmp_path / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        lr = checkpoint["optimizer_states"][0]["param_groups"][0]["lr"]
+        return checkpoint["global_step"], checkpoint["schedule_total"], lr
+
+    resumed, uninterrupted = final(1), final(2)
+    assert resumed[:2] == (16, 16)
+    assert resumed == pytest.approx(uninterrupted)  # the new schedule's end, not the old one's

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -81,6 +82,8 @@ class ImageClassifier(L.LightningModule):
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
         self.confusion: np.ndarray | None = None  # of the latest validation epoch
         self._channels_last = False
+        self._schedule_total: int | None = None  # steps the learning-rate schedule spans
+        self._resumed: tuple | None = None  # the schedule a fit resumes, until it is rebuilt
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
@@ -176,6 +179,10 @@ class ImageClassifier(L.LightningModule):
             lr=hp.lr,
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
+        self._schedule_total = total
+        if self._resumed is not None:
+            self._stretch_schedule(*self._resumed, total)
+            self._resumed = None
         if hp.schedule == "onecycle":
             scheduler = torch.optim.lr_scheduler.OneCycleLR(
                 optimizer, max_lr=hp.lr, total_steps=total, pct_start=max(hp.warmup_fraction, 1e-3)
@@ -194,3 +201,30 @@ class ImageClassifier(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["schedule_total"] = self._schedule_total
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Called before `configure_optimizers` when a fit resumes; the schedulers' states are
+        # restored from these same dicts after it, so `_stretch_schedule` may still adjust them.
+        schedulers = checkpoint.get("lr_schedulers", [])
+        self._resumed = (checkpoint.get("schedule_total"), checkpoint["global_step"], schedulers)
+
+    def _stretch_schedule(self, saved: int | None, step: int, schedulers: list, total: int) -> None:
+        """A resumed fit whose schedule spans another number of steps (a new `max_epochs`):
+        the schedule is rebuilt over the new total, with a warning, and continues at the saved
+        step. Left alone, OneCycleLR would stop with an error past the old total and the cosine
+        schedule would jump without a word."""
+        if saved is None or saved == total:  # the same, or a checkpoint from before this check
+            return
+        rank_zero_warn(
+            f"Resuming at step {step} with a learning-rate schedule of {total} steps, where the "
+            f"checkpoint's spanned {saved} (--trainer.max_epochs or the data changed): the "
+            f"{self.hparams.schedule} schedule is rebuilt over {total} steps and continues from "
+            f"step {step}, so the learning rate moves to that point of the new schedule."
+        )
+        for state in schedulers:
+            if "total_steps" in state:  # OneCycleLR: its phases follow from the new total
+                state["total_steps"] = total
+                state.pop("_schedule_phases", None)
