@@ -9,11 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
-from conftest import CSV_LOGGER, tiny_run_options
+from conftest import CLASSES, CSV_LOGGER, tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
+from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
@@ -153,3 +157,47 @@ def test_resuming_with_more_epochs_rebuilds_the_schedule(
     resumed, uninterrupted = final(1), final(2)
     assert resumed[:2] == (16, 16)
     assert resumed == pytest.approx(uninterrupted)  # the new schedule's end, not the old one's
+
+
+class SavedStep(L.Callback):
+    """After each training batch, the step that `last.ckpt` holds (None before there is one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.steps: list[int | None] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
+        self.steps.append(saved_progress(self.path)[1] if self.path.exists() else None)
+
+
+@pytest.mark.parametrize(
+    ("minutes", "expected"),
+    [(1e-9, [1, 2, 3, 4, 5, 6, 7, 8]), (0, [None, None, None, None, 4, 4, 4, 4])],
+    ids=["every batch, as minutes pass", "off: epoch ends only"],
+)
+def test_last_checkpoint_is_written_during_epochs_as_time_passes(
+    image_root: Path, tmp_path: Path, minutes: float, expected: list
+) -> None:
+    data = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
+    model = ImageClassifier(list(CLASSES), image_size=16)
+    recorder = SavedStep(tmp_path / "last.ckpt")
+    trainer = L.Trainer(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[LastCheckpoint(every_minutes=minutes), recorder],
+    )
+    trainer.fit(model, data)
+    assert recorder.steps == expected  # 18 training images in batches of 4: 4 steps per epoch
+    assert not list(tmp_path.glob(".*partial"))  # each written whole, then renamed
+
+
+def test_a_negative_checkpoint_interval_is_refused(image_root: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_run_options(image_root), "--last_checkpoint.every_minutes", "-1"])
+    assert exit_info.value.code == 2
+    assert "every_minutes" in capsys.readouterr().err

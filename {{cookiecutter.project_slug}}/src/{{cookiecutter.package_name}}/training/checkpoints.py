@@ -1,25 +1,58 @@
-"""Training callbacks: `last.ckpt` after every epoch and on interruption, so that a run resumes."""
+"""Training callbacks: `last.ckpt` every few minutes, after every epoch and on interruption."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import lightning as L
+from jsonargparse.typing import NonNegativeFloat
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+_DDP_CHECK_BATCHES = 16  # under DDP, how often the ranks agree on whether a save is due
+
 
 class LastCheckpoint(Callback):
-    """Save `last.ckpt` at the end of every training epoch and when `fit` is interrupted.
+    """Save `last.ckpt` every `every_minutes`, at the end of every training epoch and when `fit` is
+    interrupted.
 
     Interrupted means Ctrl-C, SIGTERM (a scheduler's time limit, `kill`) or an exception: the
     checkpoint then holds the step reached, and `fit --ckpt_path .../last.ckpt` continues from it.
     It is written beside the checkpoints of the `checkpoint` callback. That callback's own
     `save_last` is off: since Lightning 2.6 it refreshes `last.ckpt` only in epochs that also
     save a new best checkpoint, so a run that stops improving would resume from an old epoch.
+
+    Args:
+        every_minutes: also save during an epoch once this long has passed since the last save,
+            so that even a kill that leaves no time to save (SIGKILL, a lost node) loses at most
+            that much training; 0 turns it off. Under DDP rank zero's clock decides, every
+            `_DDP_CHECK_BATCHES` batches, for all ranks (saving is collective).
     """
+
+    def __init__(self, every_minutes: NonNegativeFloat = 10.0) -> None:
+        if every_minutes < 0:
+            raise ValueError(f"--last_checkpoint.every_minutes must be >= 0, got {every_minutes}")
+        self.every_minutes = every_minutes
+        self._saved_at = time.monotonic()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._saved_at = time.monotonic()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if not self.every_minutes or trainer.fast_dev_run:
+            return
+        if trainer.world_size > 1 and (batch_idx + 1) % _DDP_CHECK_BATCHES:
+            return
+        due = time.monotonic() - self._saved_at >= 60 * self.every_minutes
+        if trainer.world_size > 1:
+            due = trainer.strategy.broadcast(due, src=0)
+        if due:
+            self.save(trainer)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Said up front: a run killed outright (SIGKILL, a lost node) prints nothing at the end.
@@ -65,6 +98,7 @@ class LastCheckpoint(Callback):
         trainer.save_checkpoint(staging, weights_only=False)  # every rank; rank zero writes
         if trainer.is_global_zero:
             os.replace(staging, path)
+        self._saved_at = time.monotonic()
         return path
 
     @staticmethod
