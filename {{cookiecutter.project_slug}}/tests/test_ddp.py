@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 from conftest import CSV_LOGGER, tiny_run_options, write_corrupt, write_image
 
 TESTS = Path(__file__).parent
@@ -244,3 +245,45 @@ def test_an_error_on_rank_zero_reaches_every_rank(tmp_path: Path) -> None:
     done = run_once_script(root, tmp_path)  # would time out if rank 1 waited for rank 0
     assert done.returncode != 0
     assert done.stderr.count("none of the 6 images can be read") >= 2, done.stderr[-3000:]
+
+
+class MidEpochSave(L.Callback):
+    """Rank zero writes the step `last.ckpt` holds after batch 17 (saves are checked at 16, 32)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.is_global_zero and trainer.current_epoch == 0 and batch_idx == 16:
+            path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+            step = torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+            (Path(os.environ["SHARD_DIR"]) / "mid_epoch_step").write_text(str(step))
+
+
+@pytest.mark.slow
+def test_periodic_checkpoints_under_ddp(image_root: Path, tmp_path: Path) -> None:
+    """Ranks agree when a timed save is due (saving is collective): no hang, a mid-epoch save."""
+    for label, name in enumerate(("ant", "bee", "cat")):
+        colour = tuple(255 if c == label else 30 for c in range(3))
+        for i in range(16):  # 64 images: 24 training batches of 1 per rank and epoch
+            write_image(image_root / name / f"more_{i}.jpg", colour)
+    run_cli(
+        "fit",
+        *tiny_run_options(image_root, batch_size=1),
+        "--data.val_fraction",
+        "0.25",
+        "--last_checkpoint.every_minutes",
+        "1e-9",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.callbacks+=test_ddp.MidEpochSave",
+        *CSV_LOGGER,
+        cwd=tmp_path,
+        env={"SHARD_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])},
+    )
+    assert (tmp_path / "mid_epoch_step").read_text() == "16"
