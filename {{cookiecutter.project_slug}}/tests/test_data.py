@@ -20,6 +20,7 @@ from {{ cookiecutter.package_name }}.commands import scan
 from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 
 
 def test_classes_come_from_the_folders(image_root: Path) -> None:
@@ -84,7 +85,12 @@ def test_only_training_decodes_jpegs_approximately(image_root: Path) -> None:
 def test_only_training_is_shuffled(image_root: Path) -> None:
     dm = ImageDataModule(root=image_root, batch_size=4, num_workers=0)
     dm.setup("fit")
-    assert isinstance(dm.train_dataloader().sampler, torch.utils.data.RandomSampler)
+    sampler = dm.train_dataloader().sampler
+    sampler.set_epoch(0)
+    first = list(sampler)
+    assert sorted(first) == list(range(len(dm.train_dataset))) and first != sorted(first)
+    sampler.set_epoch(1)
+    assert list(sampler) != first  # a new order every epoch
     assert isinstance(dm.val_dataloader().sampler, torch.utils.data.SequentialSampler)
     assert dm.val_dataloader().pin_memory is False  # no Trainer on CUDA here
 
@@ -430,3 +436,42 @@ def test_class_folders_outside_given_class_names_are_reported(image_root: Path) 
     with pytest.warns(UserWarning, match=r"leaves out 1 class folders of .*not used: bee"):
         dm.setup("fit")
     assert set(dm.train_dataset.targets.tolist()) == {0, 1}
+
+
+def test_the_training_order_depends_on_seed_and_epoch_only(image_root: Path) -> None:
+    """A resumed run (a new loader, told its epoch) draws what the uninterrupted run drew."""
+
+    def order(epoch: int, seed: int = 0, draws_before: int = 0) -> list[int]:
+        torch.manual_seed(draws_before)  # the global random state differs between the runs
+        torch.rand(draws_before)
+        sampler = ImageDataModule(root=image_root, seed=seed).train_dataloader().sampler
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    assert order(3) == order(3, draws_before=7)
+    assert order(3) != order(2) and order(3) != order(3, seed=1)
+
+
+class EpochOrders(L.Callback):
+    def __init__(self) -> None:
+        self.orders: list[list[int]] = []
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.orders.append(list(trainer.train_dataloader.sampler))
+
+
+def test_a_trainer_in_one_process_draws_a_new_order_every_epoch(image_root: Path) -> None:
+    data = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
+    recorder = EpochOrders()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[recorder],
+    )
+    trainer.fit(ImageClassifier(data.class_names, image_size=16), data)
+    assert len({tuple(order) for order in recorder.orders}) == 3  # Lightning set each epoch

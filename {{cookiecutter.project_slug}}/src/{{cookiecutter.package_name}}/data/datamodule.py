@@ -296,7 +296,7 @@ class ImageDataModule(L.LightningDataModule):
             self.setup("fit")
         dataset = self.train_dataset
         balance = (dataset.targets, self.num_classes, self.seed) if self.balance_classes else None
-        return self._loader(dataset, train=True, balance_classes=balance)
+        return self._loader(dataset, train=True, balance_classes=balance, seed=self.seed)
 
     def val_dataloader(self) -> DataLoader:
         if self.val_dataset is None:

@@ -15,6 +15,7 @@ def make_loader(
     train: bool = False,
     balance_classes: tuple[np.ndarray, int, int] | None = None,
     shard: tuple[int, int] | None = None,
+    seed: int = 0,
 ) -> DataLoader:
     """A loader of uint8 batches: shuffled (or class-balanced) with `train`, in order without.
 
@@ -23,8 +24,11 @@ def make_loader(
         balance_classes: (targets, number of classes, seed) to draw training images with a
             weighted sampler, each class equally often (`BalancedSampler`).
         shard: (rank, world size) under DDP. Evaluation: each process reads every world-size-th
-            image, and no image twice (`EvalShardSampler`). Balanced training: each process
-            keeps its share of one common sequence of draws.
+            image, and no image twice (`EvalShardSampler`). Training: each process keeps its
+            share of one common shuffle (or sequence of balanced draws).
+        seed: the training shuffle's seed; with the epoch (`set_epoch`, which Lightning calls
+            every epoch) it decides the order, so a resumed run draws what an uninterrupted one
+            would have, in one process or many.
     """
     # Dropping the last partial training batch keeps BatchNorm away from tiny batches; shuffling
     # means every image is still seen, just not in every epoch.
@@ -33,12 +37,17 @@ def make_loader(
     if train and balance_classes is not None:
         targets, num_classes, seed = balance_classes
         sampler = BalancedSampler(balanced_weights(targets, num_classes), seed, *(shard or (0, 1)))
+    elif train:
+        # A DataLoader's own shuffle draws its seed from the global random state, which a resumed
+        # run reaches in another state; Lightning leaves a DistributedSampler in place under DDP.
+        rank, world_size = shard or (0, 1)
+        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed)
     if not train and shard is not None:
         sampler = EvalShardSampler(dataset, *shard)
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=train and sampler is None,
+        shuffle=False,  # training shuffles through its sampler
         sampler=sampler,
         drop_last=drop_last,
         num_workers=num_workers,
