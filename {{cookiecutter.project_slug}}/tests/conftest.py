@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 from PIL import Image
@@ -97,3 +98,15 @@ def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = folder / "trained.ckpt"
     trainer.save_checkpoint(path)
     return path
+
+
+def quiet_trainer(**options) -> L.Trainer:
+    """A CPU Trainer that writes and prints nothing of its own (no logger, checkpoint, bar)."""
+    quiet = dict(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return L.Trainer(**{**quiet, **options})

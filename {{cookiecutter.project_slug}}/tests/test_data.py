@@ -12,7 +12,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, write_corrupt, write_image
+from conftest import CLASSES, quiet_trainer, write_corrupt, write_image
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
@@ -463,15 +463,6 @@ class EpochOrders(L.Callback):
 def test_a_trainer_in_one_process_draws_a_new_order_every_epoch(image_root: Path) -> None:
     data = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
     recorder = EpochOrders()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[recorder],
-    )
+    trainer = quiet_trainer(max_epochs=3, limit_val_batches=0, callbacks=[recorder])
     trainer.fit(ImageClassifier(data.class_names, image_size=16), data)
     assert len({tuple(order) for order in recorder.orders}) == 3  # Lightning set each epoch

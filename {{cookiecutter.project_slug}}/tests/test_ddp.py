@@ -16,6 +16,16 @@ import torch
 from conftest import CSV_LOGGER, tiny_run_options, write_corrupt, write_image
 
 TESTS = Path(__file__).parent
+# `fit` options for 2-process DDP on the CPU, quiet, logging to CSV
+TWO_CPU_PROCESSES = [
+    *("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"),
+    *("--trainer.enable_progress_bar", "false", *CSV_LOGGER),
+]
+
+
+def recorder_env(folder: Path) -> dict[str, str]:
+    """Where this module's recording callbacks write, and the path that lets the CLI import them."""
+    return {"SHARD_DIR": str(folder), "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
 
 
 class ShardRecorder(L.Callback):
@@ -55,20 +65,12 @@ def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: P
     run_cli(
         "fit",
         *data,
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.devices",
-        "2",
-        "--trainer.strategy",
-        "ddp",
+        *TWO_CPU_PROCESSES,
         "--trainer.max_epochs",
         "2",
-        "--trainer.enable_progress_bar",
-        "false",
         "--trainer.callbacks+=test_ddp.ShardRecorder",
-        *CSV_LOGGER,
         cwd=ddp_dir,
-        env={"SHARD_DIR": str(shards), "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])},
+        env=recorder_env(shards),
     )
     rank0 = json.loads((shards / "rank0.json").read_text())
     rank1 = json.loads((shards / "rank1.json").read_text())
@@ -271,19 +273,11 @@ def test_periodic_checkpoints_under_ddp(image_root: Path, tmp_path: Path) -> Non
         "0.25",
         "--last_checkpoint.every_minutes",
         "1e-9",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.devices",
-        "2",
-        "--trainer.strategy",
-        "ddp",
+        *TWO_CPU_PROCESSES,
         "--trainer.max_epochs",
         "1",
-        "--trainer.enable_progress_bar",
-        "false",
         "--trainer.callbacks+=test_ddp.MidEpochSave",
-        *CSV_LOGGER,
         cwd=tmp_path,
-        env={"SHARD_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])},
+        env=recorder_env(tmp_path),
     )
     assert (tmp_path / "mid_epoch_step").read_text() == "16"

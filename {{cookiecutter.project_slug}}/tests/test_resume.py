@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CLASSES, CSV_LOGGER, tiny_run_options
+from conftest import CLASSES, CSV_LOGGER, quiet_trainer, tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
@@ -181,16 +181,8 @@ def test_last_checkpoint_is_written_during_epochs_as_time_passes(
     data = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
     model = ImageClassifier(list(CLASSES), image_size=16)
     recorder = SavedStep(tmp_path / "last.ckpt")
-    trainer = L.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[LastCheckpoint(every_minutes=minutes), recorder],
-    )
+    callbacks = [LastCheckpoint(every_minutes=minutes), recorder]
+    trainer = quiet_trainer(default_root_dir=tmp_path, max_epochs=2, callbacks=callbacks)
     trainer.fit(model, data)
     assert recorder.steps == expected  # 18 training images in batches of 4: 4 steps per epoch
     assert not list(tmp_path.glob(".*partial"))  # each written whole, then renamed
