@@ -30,6 +30,15 @@ OPTION_FILES = {
     ("ci", "github"): {".github/workflows/ci.yml"},
     ("slurm", "yes"): {"scripts/slurm.sbatch"},
     ("dataset_layout", "csv"): {"configs/labels_csv.yaml"},
+    ("logger", "mlflow"): {
+        "src/{{cookiecutter.package_name}}/commands/mlflow_outputs.py",
+        "tests/test_mlflow.py",
+    },
+    ("logger", "wandb"): {"tests/test_wandb.py"},
+}
+# Files that exist for any of several values of an option.
+SHARED_OPTION_FILES = {
+    ("logger", ("mlflow", "wandb")): {"src/{{cookiecutter.package_name}}/training/tracking.py"},
 }
 
 # What any bake must hold, whatever the options (the architecture the house style asks for).
@@ -80,7 +89,10 @@ def expected_files(options: dict[str, str], package: str) -> set[str]:
     files = template_files(package) | {".cookiecutter.json"}
     for (option, value), names in OPTION_FILES.items():
         if options[option] != value:
-            files -= names
+            files -= {name.replace("{{cookiecutter.package_name}}", package) for name in names}
+    for (option, values), names in SHARED_OPTION_FILES.items():
+        if options[option] not in values:
+            files -= {name.replace("{{cookiecutter.package_name}}", package) for name in names}
     return files
 
 
@@ -109,9 +121,13 @@ def parse_config_files(project: Path) -> int:
 
 def test_option_files_exist_in_the_template() -> None:
     # Guards the pruning checks below against naming a file the template does not have.
-    for names in OPTION_FILES.values():
-        assert names <= template_files("x")
+    for names in [*OPTION_FILES.values(), *SHARED_OPTION_FILES.values()]:
+        assert {name.replace("{{cookiecutter.package_name}}", "x") for name in names} <= (
+            template_files("x")
+        )
     assert {option for option, _ in OPTION_FILES} <= set(CHOICE_OPTIONS)
+    for (option, value), _ in OPTION_FILES.items():
+        assert value in CHOICE_OPTIONS[option]
 
 
 def test_every_choice_option_is_asked_with_help_text() -> None:
@@ -219,21 +235,43 @@ def test_license_option_sets_the_file_and_the_metadata(
     assert license_id in (project / "README.md").read_text()
 
 
-@pytest.mark.parametrize(
-    ("logger", "logger_class", "has_dependency"),
-    [("csv", "CSVLogger", False), ("tensorboard", "TensorBoardLogger", True)],
-)
-def test_logger_option_sets_the_default_and_the_dependency(
-    cookies, logger: str, logger_class: str, has_dependency: bool
-) -> None:
+# logger value -> (its Lightning class, the dependency it adds, how docs/training.md views runs)
+LOGGERS = {
+    "csv": ("CSVLogger", None, None),
+    "tensorboard": ("TensorBoardLogger", "tensorboard", "tensorboard --logdir lightning_logs"),
+    "mlflow": ("MLFlowLogger", "mlflow", "mlflow ui --backend-store-uri sqlite:///mlruns.db"),
+    "wandb": ("WandbLogger", "wandb", "wandb sync wandb/offline-run-*"),
+}
+
+
+def test_every_logger_value_is_checked() -> None:
+    assert set(LOGGERS) == set(CHOICE_OPTIONS["logger"])
+
+
+@pytest.mark.parametrize("logger", LOGGERS)
+def test_logger_option_sets_the_default_and_only_its_dependency(cookies, logger: str) -> None:
+    logger_class, dependency, viewer = LOGGERS[logger]
     project = bake(cookies, project_name="Log Check", logger=logger)
     main = (project / "src/log_check/commands/cli.py").read_text()
     assert f'"lightning.pytorch.loggers.{logger_class}"' in main
     dependencies = tomllib.loads((project / "pyproject.toml").read_text())["project"][
         "dependencies"
     ]
-    assert any(d.startswith("tensorboard") for d in dependencies) == has_dependency
-    assert ("tensorboard --logdir" in documentation(project)) == has_dependency
+    added = {
+        name
+        for _, name, _ in LOGGERS.values()
+        if name and any(re.match(rf"{name}\b", d) for d in dependencies)
+    }
+    assert added == ({dependency} if dependency else set())
+    docs = documentation(project)
+    for _, _, command in LOGGERS.values():
+        if command:
+            assert (command in docs) == (command == viewer), command
+    ignored = (project / ".gitignore").read_text().split()
+    assert {"mlruns.db", "mlruns/", "wandb/"} & set(ignored) == {
+        "mlflow": {"mlruns.db", "mlruns/"},
+        "wandb": {"wandb/"},
+    }.get(logger, set())
 
 
 def test_github_workflow_keeps_its_expressions_and_tests_three_systems(cookies) -> None:

@@ -11,9 +11,9 @@ from conftest import bake, fresh_venv, run
 pytestmark = pytest.mark.slow
 
 # One bake per row: the defaults, the other value of the options that change code and
-# dependencies, and a bare project. Distinct names, so that installs never collide. The default
-# bake runs its whole suite (`make test`); the others skip their own `slow` tests, which no option
-# changes, to keep the template suite within its time budget.
+# dependencies (each logger's dependency), and a bare project. Distinct names, so that installs
+# never collide. The default bake runs its whole suite (`make test`); the others skip their own
+# `slow` tests, which no option changes, to keep the template suite within its time budget.
 REPRESENTATIVE = {
     "default": {"project_name": "Shape Sorter"},
     "csv-tensorboard": {
@@ -22,12 +22,14 @@ REPRESENTATIVE = {
         "logger": "tensorboard",
         "license": "Apache-2.0",
     },
-    "no-ci-no-slurm": {
+    "no-ci-no-slurm-wandb": {
         "project_name": "Quiet Quail",
         "ci": "none",
         "slurm": "no",
         "license": "Proprietary",
+        "logger": "wandb",
     },
+    "mlflow": {"project_name": "Mind Map", "logger": "mlflow", "license": "BSD-3-Clause"},
 }
 
 
