@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, write_image
+from conftest import CLASSES, CSV_LOGGER, write_image
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, locks
@@ -346,7 +346,7 @@ def test_out_of_space_stops_with_the_size_needed_and_leaves_nothing(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
         + ["--data.root", str(image_root), "--data.image_size", "32", "--data.num_workers", "0"]
         + ["--data.cache", "memmap", "--data.cache_dir", str(cache_dir)]
-        + ["--trainer.fast_dev_run", "true"],
+        + ["--trainer.fast_dev_run", "true", *CSV_LOGGER],  # no tracker's database to write
         cwd=tmp_path,
         capture_output=True,
         text=True,

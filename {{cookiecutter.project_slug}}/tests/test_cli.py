@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import tiny_run_options, write_image
+from conftest import CSV_LOGGER, tiny_run_options, write_image
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 
@@ -33,6 +33,7 @@ def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: 
         "cpu",
         "--trainer.enable_progress_bar",
         "false",
+        *CSV_LOGGER,  # the folder below, whatever the bake's default logger
         cwd=tmp_path,
     )
     assert fit.returncode == 0, fit.stderr
@@ -56,6 +57,7 @@ def test_checkpointing_can_be_turned_off(image_root: Path, tmp_path: Path) -> No
         "false",
         "--trainer.enable_progress_bar",
         "false",
+        *CSV_LOGGER,
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import CSV_LOGGER
 
 from {{ cookiecutter.package_name }}.__main__ import main
 
@@ -35,6 +36,7 @@ def test_predict_needs_only_the_checkpoint(trained_checkpoint: Path, tmp_path: P
             "0",
             "--trainer.enable_progress_bar",
             "false",
+            *CSV_LOGGER,  # the log folder below, whatever the bake's default logger
         ],
         cwd=workdir,
         capture_output=True,

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_run_options, write_corrupt, write_image
+from conftest import CSV_LOGGER, tiny_run_options, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
@@ -98,7 +98,7 @@ def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_pa
     options[options.index("--data.num_workers") + 1] = "1"
     fit = subprocess.Popen(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options]
-        + ["--data.val_root", str(val_root), "--trainer.max_epochs", "1"]
+        + ["--data.val_root", str(val_root), "--trainer.max_epochs", "1", *CSV_LOGGER]
         + ["--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
