@@ -34,12 +34,15 @@ def image_root(tmp_path: Path) -> Path:
     return root
 
 
-# Tests that read metrics.csv ask for the CSV logger, whatever the bake's default logger is.
+# Tests that read metrics.csv ask for the CSV logger, whatever the bake's default logger is. The
+# name too: a new class keeps the arguments of the default's that it shares (WandbLogger's name).
 CSV_LOGGER = [
     "--trainer.logger",
     "lightning.pytorch.loggers.CSVLogger",
     "--trainer.logger.save_dir",
     ".",
+    "--trainer.logger.name",
+    "lightning_logs",
 ]
 
 

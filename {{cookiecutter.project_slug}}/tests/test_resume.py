@@ -89,7 +89,7 @@ def test_a_killed_run_leaves_a_checkpoint_that_resumes(
     # Metrics written at every step tell how far the run is, whatever the machine's speed.
     logger = (
         '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": '
-        '{"save_dir": ".", "flush_logs_every_n_steps": 1}}'
+        '{"save_dir": ".", "name": "lightning_logs", "flush_logs_every_n_steps": 1}}'
     )
     run = subprocess.Popen(
         [

@@ -62,6 +62,22 @@ class _ReadCheck:
         return ""
 
 
+def _context() -> multiprocessing.context.BaseContext:
+    """Where the decoding processes come from: a fork server, not a fork of this process.
+
+    This process may hold threads (DDP's process group, torch's thread pool, the progress bar's):
+    a child forked from it can inherit a lock one of them held and wait on it forever, which hung
+    a 2-process run's scan once in a few dozen. The server is a fresh interpreter that imports
+    this module once (torch, the decoders); the children fork from it, cheaply, with no threads.
+    Windows has no fork server: its default, spawn, is as safe.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context()
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 # The check run by the worker processes, set once per process by `_start_worker`.
 _CHECK: _ReadCheck | None = None
 
@@ -127,7 +143,9 @@ def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, rec
     queue, suspects = deque(chunks), []
     while queue:
         broken = False
-        with ProcessPoolExecutor(workers, initializer=_start_worker, initargs=(check,)) as pool:
+        with ProcessPoolExecutor(
+            workers, _context(), initializer=_start_worker, initargs=(check,)
+        ) as pool:
             running: dict = {}
             while (queue or running) and not broken:
                 while queue and len(running) < 2 * workers:
@@ -147,7 +165,7 @@ def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, rec
 
 def _alone(check: _ReadCheck, start: int, stop: int) -> list[str] | int:
     """The messages of images start..stop-1, read in a fresh process; its exit code if it died."""
-    context = multiprocessing.get_context()
+    context = _context()
     receive, send = context.Pipe(duplex=False)
     process = context.Process(target=_check_range_to, args=(send, check, start, stop))
     process.start()
