@@ -27,6 +27,7 @@ from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
 from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
+from {{ cookiecutter.package_name }}.training.resume import ResumeInEpoch
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
 from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, resume_run
 {%- endif %}
@@ -92,6 +93,7 @@ class ImageCLI(LightningCLI):
         if config.get("enable_checkpointing") is False:
             kinds = (ModelCheckpoint, LastCheckpoint)
             callbacks = [c for c in callbacks if not isinstance(c, kinds)]
+        callbacks.append(ResumeInEpoch())  # no options: part of resuming, never turned off
         return self._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -40,8 +43,7 @@ def make_loader(
     elif train:
         # A DataLoader's own shuffle draws its seed from the global random state, which a resumed
         # run reaches in another state; Lightning leaves a DistributedSampler in place under DDP.
-        rank, world_size = shard or (0, 1)
-        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed)
+        sampler = EpochShuffle(dataset, seed, *(shard or (0, 1)))
     if not train and shard is not None:
         sampler = EvalShardSampler(dataset, *shard)
     return DataLoader(
@@ -81,7 +83,33 @@ class EvalShardSampler(DistributedSampler):
         return iter(range(self.rank, self.total_size, self.num_replicas))
 
 
-class BalancedSampler(DistributedSampler):
+class EpochShuffle(DistributedSampler):
+    """This rank's share of one shuffle of the training images, seeded by (seed, epoch).
+
+    Lightning calls `set_epoch` at the start of every epoch. `resume_at(n)` starts the next pass
+    at this rank's n-th image of the epoch: `training.resume.ResumeInEpoch` uses it to continue an
+    interrupted epoch with exactly the images it had not trained on, in the same order. The order
+    is drawn in this process, whatever the number of loader workers.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self._start = 0
+
+    def resume_at(self, position: int) -> None:
+        """Skip the first `position` images of the next pass (for this epoch only)."""
+        self._start = position
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._start = self._start, 0
+        return itertools.islice(self.epoch_order(), start, None)
+
+    def epoch_order(self) -> Iterator[int]:
+        """Every image of this rank's share of the epoch, in order (`len(self)` of them)."""
+        return super().__iter__()
+
+
+class BalancedSampler(EpochShuffle):
     """Weighted draws with replacement, as many as there are images, seeded by (seed, epoch).
 
     Lightning calls `set_epoch` at the start of every epoch, also after a resume: epoch 5 of a
@@ -92,10 +120,10 @@ class BalancedSampler(DistributedSampler):
     """
 
     def __init__(self, weights: torch.Tensor, seed: int, rank: int = 0, world_size: int = 1):
-        super().__init__(weights, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        super().__init__(weights, seed, rank, world_size)
         self.weights = weights
 
-    def __iter__(self):
+    def epoch_order(self) -> Iterator[int]:
         state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
         generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
         draws = torch.multinomial(self.weights, self.total_size, True, generator=generator)

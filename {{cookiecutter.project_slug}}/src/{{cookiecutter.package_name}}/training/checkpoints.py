@@ -37,6 +37,7 @@ class LastCheckpoint(Callback):
             raise ValueError(f"--last_checkpoint.every_minutes must be >= 0, got {every_minutes}")
         self.every_minutes = every_minutes
         self._saved_at = time.monotonic()
+        self._trained = False  # whether this run has trained a batch: else nothing new to save
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_at = time.monotonic()
@@ -44,6 +45,7 @@ class LastCheckpoint(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
+        self._trained = True
         if not self.every_minutes or trainer.fast_dev_run:
             return
         if trainer.world_size > 1 and (batch_idx + 1) % _DDP_CHECK_BATCHES:
@@ -55,6 +57,7 @@ class LastCheckpoint(Callback):
             self.save(trainer)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trained = False
         # Said up front: a run killed outright (SIGKILL, a lost node) prints nothing at the end.
         if trainer.is_global_zero and not trainer.fast_dev_run:
             path = self._path(trainer)
@@ -69,13 +72,8 @@ class LastCheckpoint(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if (
-            not fitting
-            or trainer.sanity_checking
-            or trainer.fast_dev_run
-            or not trainer.global_step
-        ):
-            return
+        if not fitting or trainer.sanity_checking or trainer.fast_dev_run or not self._trained:
+            return  # a resumed run stopped before its first batch keeps the file it resumed from
         # Under DDP only Ctrl-C and SIGTERM (which Lightning passes to every rank) stop all ranks
         # together. Any other exception is one rank's: saving is collective, and would wait for
         # ranks stuck in the gradient all-reduce until the job's time runs out.
