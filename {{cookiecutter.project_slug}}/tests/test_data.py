@@ -95,6 +95,47 @@ def test_only_training_is_shuffled(image_root: Path) -> None:
     assert dm.val_dataloader().pin_memory is False  # no Trainer on CUDA here
 
 
+def epoch_batches(data: ImageDataModule, epoch: int) -> list[torch.Tensor]:
+    """The training batches of `epoch`, as the loader (and its workers) make them."""
+    loader = data.train_dataloader()
+    loader.sampler.set_epoch(epoch)
+    return [images for images, _ in loader]
+
+
+def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root: Path) -> None:
+    """Crops are drawn per draw from (seed, epoch, place in the epoch): the same with 0 or 2
+    workers (and so after a resume, whose workers start afresh), different every epoch."""
+
+    def data(workers: int, seed: int = 0) -> ImageDataModule:
+        dm = ImageDataModule(
+            root=image_root, image_size=16, batch_size=4, num_workers=workers, seed=seed
+        )
+        dm.setup("fit")
+        dm.train_dataset.transform.hflip = True
+        return dm
+
+    in_process, workers = data(0), data(2)
+    for epoch in (0, 1):
+        a, b = epoch_batches(in_process, epoch), epoch_batches(workers, epoch)
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    # The same image in two epochs: its crops differ (the order differs too: compare by image).
+    loader = in_process.train_dataloader()
+    crops = {}
+    for epoch in (0, 1):
+        loader.sampler.set_epoch(epoch)
+        for index in loader.sampler:
+            crops.setdefault(int(index), []).append(in_process.train_dataset[index][0])
+    assert sum(not torch.equal(*pair) for pair in crops.values()) > len(crops) // 2
+    # Two processes: each draw of the epoch has a seed of its own, none shared between them.
+    samplers = [
+        in_process._loader(in_process.train_dataset, train=True, shard=(r, 2)).sampler
+        for r in (0, 1)
+    ]
+    seeds = [{draw.seed for draw in sampler} for sampler in samplers]
+    assert all(len(s) == len(sampler) for s, sampler in zip(seeds, samplers, strict=True))
+    assert not seeds[0] & seeds[1]
+
+
 def test_workers_are_persistent(image_root: Path) -> None:
     dm = ImageDataModule(root=image_root, batch_size=4, num_workers=1)
     loader = dm.train_dataloader()

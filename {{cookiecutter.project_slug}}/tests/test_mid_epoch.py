@@ -1,7 +1,7 @@
 """Resuming mid-epoch trains on exactly the images the interrupted epoch had not seen, in order.
 
-Every image is one flat colour, different for each, so a trained image is known by its pixels
-whatever crop it got: the recorder below notes each trained batch's colours, through the real CLI,
+Every image has a flat red of its own, so a trained image is known by its pixels whatever crop
+it got: the recorder below notes each trained batch's colours, through the real CLI,
 its loader workers, its SIGTERM handling and `last.ckpt`.
 """
 
@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
+import torch
 from conftest import CLASSES, CSV_LOGGER
 from PIL import Image
 
@@ -28,7 +30,7 @@ class Fingerprints(L.Callback):
     $RECORD_DIR/rank<N>.jsonl."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        colours = [round(float(image[0].float().mean()), 3) for image in batch[0]]
+        colours = [round(float(image[0].float().mean()), 3) for image in batch[0]]  # red
         out = Path(os.environ["RECORD_DIR"]) / f"rank{trainer.global_rank}.jsonl"
         with open(out, "a") as file:
             file.write(json.dumps([trainer.current_epoch, batch_idx, colours]) + "\n")
@@ -46,12 +48,16 @@ class TermAt(L.Callback):
 
 @pytest.fixture
 def colour_root(tmp_path: Path) -> Path:
-    """30 images, each a flat colour of its own, in three classes."""
+    """30 images in three classes, each with a flat red of its own (which names it, whatever the
+    crop) and noisy green and blue (so that crops change what is learnt)."""
     root = tmp_path / "colours"
+    rng = np.random.default_rng(0)
     for i in range(30):
         folder = root / CLASSES[i % 3]
         folder.mkdir(parents=True, exist_ok=True)
-        Image.new("RGB", (24, 20), (20 + 7 * i, 40 * (i % 3), 90)).save(folder / f"{i}.png")
+        pixels = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
+        pixels[..., 0] = 20 + 7 * i
+        Image.fromarray(pixels).save(folder / f"{i}.png")
     return root
 
 
@@ -88,9 +94,16 @@ def recorded(record: Path, rank: int) -> dict[int, list[float]]:
     return epochs
 
 
+def final_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights in the newest `last.ckpt` under `folder`."""
+    last = max(folder.glob("lightning_logs/*/checkpoints/last.ckpt"), key=os.path.getmtime)
+    return torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
+
+
 def interrupted_and_resumed(root: Path, tmp_path: Path, options: list[str], ranks: int) -> None:
     """An uninterrupted run, then one stopped by SIGTERM in epoch 1 and resumed from last.ckpt:
-    every rank trains on the same images in the same order, none twice, none missed."""
+    every rank trains on the same images in the same order, none twice, none missed, and the
+    weights end the same."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     for folder in (whole, parts):
         folder.mkdir()
@@ -110,6 +123,11 @@ def interrupted_and_resumed(root: Path, tmp_path: Path, options: list[str], rank
     for rank in range(ranks):
         expected, got = recorded(whole, rank), recorded(parts, rank)
         assert got == expected, rank  # each epoch: the same colours, in the same order
+    # The same crops too (seeded per draw), so training ends with the same weights.
+    weights = [final_weights(folder) for folder in (whole, parts)]
+    assert weights[0].keys() == weights[1].keys()
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
     if ranks == 2:  # the ranks' shares are disjoint
         assert not set(recorded(parts, 0)[1]) & set(recorded(parts, 1)[1])
 

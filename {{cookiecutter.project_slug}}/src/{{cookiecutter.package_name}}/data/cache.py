@@ -53,6 +53,7 @@ from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.locks import lock_path, try_lock
+from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 from {{ cookiecutter.package_name }}.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,10 @@ class MemmapImageDataset(ImageFolderDataset):
         self.positions = positions
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.transform(self.cache.image(int(self.positions[index])))
-        label = index if self.targets is None else int(self.targets[index])
+        image = self.cache.image(int(self.positions[index]))
+        seed_augmentation(index)
+        image = self.transform(image)
+        label = int(index) if self.targets is None else int(self.targets[index])
         return image, label
 
     def subset(self, keep: np.ndarray) -> MemmapImageDataset:

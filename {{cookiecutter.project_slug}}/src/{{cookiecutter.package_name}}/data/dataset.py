@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.in_hand import FilesInHand
 from {{ cookiecutter.package_name }}.data.packed import PackedPaths
+from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 
 
 class ImageFolderDataset(Dataset):
@@ -66,10 +67,12 @@ class ImageFolderDataset(Dataset):
         # can be reported with the file (`in_hand.worker_death_message`).
         self.in_hand.enter(self.path(index))
         try:
-            image = self.transform(self.read(index))
+            image = self.read(index)
+            seed_augmentation(index)
+            image = self.transform(image)
         finally:
             self.in_hand.leave()
-        label = index if self.targets is None else int(self.targets[index])
+        label = int(index) if self.targets is None else int(self.targets[index])
         return image, label
 
     def subset(self, keep: np.ndarray) -> ImageFolderDataset:

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from {{ cookiecutter.package_name }}.data.transforms import Draw
+
 
 def make_loader(
     dataset: Dataset,
@@ -86,7 +88,8 @@ class EvalShardSampler(DistributedSampler):
 class EpochShuffle(DistributedSampler):
     """This rank's share of one shuffle of the training images, seeded by (seed, epoch).
 
-    Lightning calls `set_epoch` at the start of every epoch. `resume_at(n)` starts the next pass
+    Each index comes as a `Draw`, with the seed of its augmentation. Lightning calls `set_epoch`
+    at the start of every epoch. `resume_at(n)` starts the next pass
     at this rank's n-th image of the epoch: `training.resume.ResumeInEpoch` uses it to continue an
     interrupted epoch with exactly the images it had not trained on, in the same order. The order
     is drawn in this process, whatever the number of loader workers.
@@ -100,9 +103,12 @@ class EpochShuffle(DistributedSampler):
         """Skip the first `position` images of the next pass (for this epoch only)."""
         self._start = position
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[Draw]:
         start, self._start = self._start, 0
-        return itertools.islice(self.epoch_order(), start, None)
+        # Draw j of this rank is draw `rank + j * world size` of the epoch's whole order.
+        base = (self.seed % 2**32) << 64 | (self.epoch % 2**32) << 32
+        order = itertools.islice(enumerate(self.epoch_order()), start, None)
+        return (Draw(i, base | (self.rank + j * self.num_replicas)) for j, i in order)
 
     def epoch_order(self) -> Iterator[int]:
         """Every image of this rank's share of the epoch, in order (`len(self)` of them)."""

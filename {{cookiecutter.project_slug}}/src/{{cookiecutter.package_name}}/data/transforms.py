@@ -11,6 +11,34 @@ import torch.nn.functional as F
 from torchvision.transforms import v2
 
 
+class Draw(int):
+    """A training image's index that also carries the seed of its crop and flip.
+
+    `data.loaders.EpochShuffle` makes the seed from (seed, epoch, the draw's place in the epoch's
+    whole order), so augmentation differs for every draw, epoch and process, and is the same again
+    for the same seed and process count with any number of loader workers, also in a run resumed
+    mid-epoch (where each worker's own random state would have started again from its seed). It is
+    an int, so whatever indexes with it needs no change; the dataset calls `seed_augmentation`.
+    """
+
+    seed: int
+
+    def __new__(cls, index: int, seed: int) -> Draw:
+        draw = super().__new__(cls, index)
+        draw.seed = seed
+        return draw
+
+    def __reduce__(self):  # to the loader workers, with its seed
+        return Draw, (int(self), self.seed)
+
+
+def seed_augmentation(index: int) -> None:
+    """Seed `random`, which the training transform draws from, for this `Draw`; else leave it."""
+    seed = getattr(index, "seed", None)
+    if seed is not None:
+        random.seed(seed)
+
+
 def train_transform(
     image_size: int, scale: tuple[float, float] = (0.6, 1.0), hflip: bool = False
 ) -> RandomResizedCropFlip:
@@ -25,7 +53,7 @@ class RandomResizedCropFlip:
     (pytree flattening, tensor-valued parameters) costs more than the resize itself: on a 256x341
     uint8 image, 1.2 ms per call for the v2 pair against 0.46 ms here, with the same antialiased
     resize kernel (2 CPUs, one thread each; the template's BENCHMARKS.md). Draws from Python's
-    `random`, which the DataLoader seeds differently in every worker.
+    `random`, seeded for each training draw (`Draw`).
     """
 
     def __init__(

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from jsonargparse.typing import NonNegativeFloat
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -19,11 +25,19 @@ class LastCheckpoint(Callback):
     """Save `last.ckpt` every `every_minutes`, at the end of every training epoch and when `fit` is
     interrupted.
 
-    Interrupted means Ctrl-C, SIGTERM (a scheduler's time limit, `kill`) or an exception: the
+    Interrupted means SIGTERM (a scheduler's time limit, `kill`), Ctrl-C or an exception: the
     checkpoint then holds the step reached, and `fit --ckpt_path .../last.ckpt` continues from it.
-    It is written beside the checkpoints of the `checkpoint` callback. That callback's own
-    `save_last` is off: since Lightning 2.6 it refreshes `last.ckpt` only in epochs that also
-    save a new best checkpoint, so a run that stops improving would resume from an old epoch.
+    On SLURM, the requeue signal (SIGUSR1 by default, `#SBATCH --signal`) saves it too, then
+    requeues the job with `scontrol requeue`. It is written beside the checkpoints of the
+    `checkpoint` callback. That callback's own `save_last` is off: since Lightning 2.6 it refreshes
+    `last.ckpt` only in epochs that also save a new best checkpoint, so a run that stops improving
+    would resume from an old epoch.
+
+    SIGTERM and the requeue signal are handled here, not by Lightning: its handlers broadcast to
+    the other processes from inside the signal handler and stop each process where its own signal
+    found it, and a process stopping a batch before another then waits for it forever (a 2-process
+    CPU run hung so). Here a signal only sets a flag; after every batch the processes add up their
+    flags (one small all-reduce under DDP) and, if any was signalled, all save and stop together.
 
     Args:
         every_minutes: also save during an epoch once this long has passed since the last save,
@@ -38,15 +52,32 @@ class LastCheckpoint(Callback):
         self.every_minutes = every_minutes
         self._saved_at = time.monotonic()
         self._trained = False  # whether this run has trained a batch: else nothing new to save
+        self._signal: int | None = None  # the stop signal received, until it is acted on
+        self._replaced: dict[int, object] = {}  # signal -> the handler ours replaced
+        self._stopped = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_at = time.monotonic()
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set signal handlers; Lightning's stay
+        for signum in _stop_signals(trainer):
+            self._replaced[signum] = signal.signal(signum, self._note_signal)
+
+    def _note_signal(self, signum: int, frame) -> None:
+        self._signal = self._signal or signum
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handlers()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         self._trained = True
-        if not self.every_minutes or trainer.fast_dev_run:
+        if trainer.fast_dev_run:
+            return
+        if self._replaced and self._stop_requested(trainer):
+            self._stop(trainer, self.save(trainer))
+        if not self.every_minutes:
             return
         if trainer.world_size > 1 and (batch_idx + 1) % _DDP_CHECK_BATCHES:
             return
@@ -66,23 +97,52 @@ class LastCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and not trainer.fast_dev_run:
-            self.save(trainer)
+            path = self.save(trainer)
+            if self._replaced and self._stop_requested(trainer):  # came during validation
+                self._stop(trainer, path)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
+        self._restore_handlers()
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if not fitting or trainer.sanity_checking or trainer.fast_dev_run or not self._trained:
+        if self._stopped or not fitting or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        if not self._trained:
             return  # a resumed run stopped before its first batch keeps the file it resumed from
-        # Under DDP only Ctrl-C and SIGTERM (which Lightning passes to every rank) stop all ranks
-        # together. Any other exception is one rank's: saving is collective, and would wait for
-        # ranks stuck in the gradient all-reduce until the job's time runs out.
+        # Under DDP only Ctrl-C and SIGTERM (which reach every rank) stop all ranks together.
+        # Any other exception is one rank's: saving is collective, and would wait for ranks
+        # stuck in the gradient all-reduce until the job's time runs out.
         signalled = isinstance(exception, KeyboardInterrupt | SIGTERMException)
         if trainer.world_size > 1 and not signalled:
             return
         path = self.save(trainer)
         if trainer.is_global_zero:
             print(f"{type(exception).__name__}: saved {path}; resume with --ckpt_path {path}")
+
+    def _stop_requested(self, trainer: L.Trainer) -> bool:
+        """Whether any process has received a stop signal (the same answer on every rank)."""
+        signalled = self._signal is not None
+        if trainer.world_size == 1:
+            return signalled
+        flag = torch.tensor([int(signalled)], device=trainer.strategy.root_device)
+        return bool(trainer.strategy.reduce(flag, reduce_op="sum").item())
+
+    def _stop(self, trainer: L.Trainer, path: Path) -> None:
+        """After `last.ckpt` was saved on a signal: requeue on SLURM's signal, then stop `fit`."""
+        self._stopped = True
+        self._restore_handlers()
+        if trainer.is_global_zero:
+            name = signal.Signals(self._signal).name if self._signal else "a signal"
+            print(f"{name}: saved {path}; resume with --ckpt_path {path}", flush=True)
+            if self._signal is not None and self._signal != signal.SIGTERM:
+                _requeue()
+        raise SIGTERMException  # every rank, at the same batch: `fit` ends, the CLI exits 143
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._replaced.items():
+            signal.signal(signum, handler)
+        self._replaced = {}
 
     def save(self, trainer: L.Trainer) -> Path:
         """Write `last.ckpt` whole or not at all: into a temporary file beside it, then renamed.
@@ -104,3 +164,31 @@ class LastCheckpoint(Callback):
         callback = trainer.checkpoint_callback
         folder = callback.dirpath if callback is not None and callback.dirpath else None
         return Path(folder or trainer.default_root_dir) / "last.ckpt"
+
+
+def _stop_signals(trainer: L.Trainer) -> list[int]:
+    """SIGTERM (not on Windows, which cannot send it to a running process), and SLURM's requeue
+    signal where SLURM runs the job and Lightning would requeue it."""
+    if sys.platform == "win32":
+        return []
+    signals = [signal.SIGTERM]
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        signals.append(environment.requeue_signal)
+    return signals
+
+
+def _requeue() -> None:
+    """`scontrol requeue` this SLURM job (or array task): it starts again, and resumes."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else None
+    job = job or os.environ["SLURM_JOB_ID"]
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    except FileNotFoundError:
+        print(f"warning: scontrol not found: SLURM job {job} is not requeued", file=sys.stderr)
+        return
+    if done.returncode:
+        print(f"warning: scontrol requeue {job}: {done.stderr.strip()}", file=sys.stderr)
+    else:
+        print(f"requeued SLURM job {job}", flush=True)
