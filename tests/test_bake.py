@@ -307,7 +307,7 @@ def test_slurm_script_runs_this_package_under_srun(cookies) -> None:
     script = (project / "scripts/slurm.sbatch").read_text()
     assert script.startswith("#!") and "bash" in script.splitlines()[0]
     assert "#SBATCH" in script and "cluster_cat" in script
-    assert "srun --kill-on-bad-exit=1 python -m cluster_cat fit" in script
+    assert "srun --kill-on-bad-exit=1 python -m cluster_cat fit --ckpt_path last" in script
     assert "sbatch scripts/slurm.sbatch" in (project / "docs/distributed.md").read_text()
 
 

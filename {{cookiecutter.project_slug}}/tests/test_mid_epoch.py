@@ -7,8 +7,11 @@ its loader workers, its SIGTERM handling and `last.ckpt`.
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,13 +40,21 @@ class Fingerprints(L.Callback):
 
 
 class TermAt(L.Callback):
-    """Sends this process SIGTERM, as a scheduler would, after batch $TERM_BATCH of epoch 1 (rank
-    zero; Lightning passes it on to the other ranks)."""
+    """Sends this process SIGTERM (or $TERM_SIGNAL), as a scheduler would, after batch
+    $TERM_BATCH of epoch 1 (rank zero only: the ranks agree to stop together)."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         at = int(os.environ["TERM_BATCH"])
         if trainer.is_global_zero and (trainer.current_epoch, batch_idx) == (1, at):
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")])
+
+
+class KeepAtEpoch2(L.Callback):
+    """Copies last.ckpt, as saved at the end of epoch 1, to epoch1.ckpt in the working folder."""
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 2 and trainer.ckpt_path is None:
+            shutil.copy(trainer.checkpoint_callback.dirpath + "/last.ckpt", "epoch1.ckpt")
 
 
 @pytest.fixture
@@ -61,13 +72,16 @@ def colour_root(tmp_path: Path) -> Path:
     return root
 
 
-def fit(root: Path, cwd: Path, record: Path, *options: str, term_batch: int | None = None):
+def fit(
+    root: Path, cwd: Path, record: Path, *options: str, term_batch: int | None = None, env=None
+):
     """`fit` through the CLI with the recorder (and the SIGTERM sender when `term_batch`)."""
     callbacks = ["--trainer.callbacks+=test_mid_epoch.Fingerprints"]
     if term_batch is not None:
         callbacks.append("--trainer.callbacks+=test_mid_epoch.TermAt")
     env = {
         **os.environ,
+        **(env or {}),
         "RECORD_DIR": str(record),
         "TERM_BATCH": str(term_batch),
         "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]),
@@ -100,25 +114,53 @@ def final_weights(folder: Path) -> dict[str, torch.Tensor]:
     return torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
 
 
+TIMINGS = ("data_wait_fraction", "train_images_per_s")  # the data monitor's: not repeatable
+
+
+def logged(folder: Path) -> list[dict[str, str]]:
+    """The rows of the run's metrics.csv."""
+    with open(folder / "lightning_logs/version_0/metrics.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def assert_same_log(got: list[dict[str, str]], expected: list[dict[str, str]]) -> None:
+    """The same rows (epoch, step, which metrics) with the same values to float tolerance.
+
+    Except the interrupted epoch's `train_loss_epoch`: Lightning does not checkpoint its running
+    means, so that one averages the batches trained after the resume (docs/training.md)."""
+    assert len(got) == len(expected) and got[0].keys() == expected[0].keys()
+    for row, want in zip(got, expected, strict=True):
+        assert [k for k, v in row.items() if v] == [k for k, v in want.items() if v], (row, want)
+        for key, value in want.items():
+            interrupted_mean = key == "train_loss_epoch" and row["epoch"] == "1"
+            if value and key not in TIMINGS and not interrupted_mean:
+                assert math.isclose(float(row[key]), float(value), rel_tol=1e-4), (key, row, want)
+
+
 def interrupted_and_resumed(root: Path, tmp_path: Path, options: list[str], ranks: int) -> None:
-    """An uninterrupted run, then one stopped by SIGTERM in epoch 1 and resumed from last.ckpt:
-    every rank trains on the same images in the same order, none twice, none missed, and the
-    weights end the same."""
+    """An uninterrupted run, then one stopped by SIGTERM in epoch 1 and resumed with
+    `--ckpt_path last` (as the first run was started too, finding none): every rank trains on the
+    same images in the same order, none twice, none missed, the weights end the same, and the
+    resumed run logs on in the same metrics.csv as if it had never stopped."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     for folder in (whole, parts):
         folder.mkdir()
     done = fit(root, whole, whole, *options)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    stopped = fit(root, parts, parts, *options, term_batch=2)
+    stopped = fit(root, parts, parts, *options, "--ckpt_path", "last", term_batch=2)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
-    last = parts / "lightning_logs/version_0/checkpoints/last.ckpt"
-    assert f"saved {last.relative_to(parts)}" in stopped.stdout
+    assert "--ckpt_path last: no last.ckpt under .; starting a new run" in stopped.stdout
+    last = Path("lightning_logs/version_0/checkpoints/last.ckpt")
+    assert f"saved {last}" in stopped.stdout
     for rank in range(ranks):
         assert len(recorded(parts, rank)[1]) == 3 * 2  # stopped after 3 batches of 2 images
-    resumed = fit(root, parts, parts, *options, "--ckpt_path", str(last))
+    resumed = fit(root, parts, parts, *options, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"--ckpt_path last: resuming from {last}" in resumed.stdout
     assert "before the epoch ended" not in resumed.stderr  # Lightning's warning: not needed
+    assert not (parts / "lightning_logs/version_1").exists()  # logged on in version_0
+    assert_same_log(logged(parts), logged(whole))
 
     for rank in range(ranks):
         expected, got = recorded(whole, rank), recorded(parts, rank)
@@ -171,3 +213,69 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused(
     assert len(errors) == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert "stopped 3 batches into epoch 1" in errors[0] and "batch size 2 -> 3" in errors[0]
     assert last.read_bytes() == before  # the checkpoint to resume from is kept as it was
+
+
+@pytest.mark.slow
+def test_a_run_resumed_from_an_epoch_end_checkpoint_logs_each_epoch_once(
+    colour_root: Path, tmp_path: Path
+) -> None:
+    """Resumed from the end of epoch 1 in the run's own folder, as after a SIGKILL there: the
+    rows logged after that checkpoint are replaced by the resumed run's, and the log and weights
+    end as the uninterrupted run's."""
+    keep = ["--data.num_workers", "0", "--trainer.callbacks+=test_mid_epoch.KeepAtEpoch2"]
+    done = fit(colour_root, tmp_path, tmp_path, *keep)
+    assert done.returncode == 0, done.stderr[-3000:]
+    whole_log, whole_weights = logged(tmp_path), final_weights(tmp_path)
+    resume = ["--data.num_workers", "0", "--ckpt_path", "epoch1.ckpt"]
+    resumed = fit(colour_root, tmp_path, tmp_path, *resume)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not (tmp_path / "lightning_logs/version_1").exists()
+    assert_same_log(logged(tmp_path), whole_log)
+    for name, value in whole_weights.items():
+        torch.testing.assert_close(final_weights(tmp_path)[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes(
+    colour_root: Path, tmp_path: Path
+) -> None:
+    """A SLURM job (its variables, and a stand-in `scontrol` that notes its arguments) gets the
+    requeue signal mid-epoch: it saves last.ckpt and requeues itself; the job run again with the
+    same command (`--ckpt_path last`, as scripts/slurm.sbatch) ends as an uninterrupted run."""
+    whole, parts, bin_dir = tmp_path / "whole", tmp_path / "parts", tmp_path / "bin"
+    for folder in (whole, parts, bin_dir):
+        folder.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
+    scontrol.chmod(0o755)
+    slurm = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
+        "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+        "TERM_SIGNAL": "SIGUSR1",
+    }
+    job = ["--data.num_workers", "0", "--ckpt_path", "last"]
+    done = fit(colour_root, whole, whole, "--data.num_workers", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    first = fit(colour_root, parts, parts, *job, term_batch=2, env=slurm)
+    assert first.returncode == 143, first.stderr[-3000:]
+    assert "SIGUSR1: saved lightning_logs/version_0/checkpoints/last.ckpt" in first.stdout
+    assert "requeued SLURM job 4242" in first.stdout
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    assert not list(parts.glob("hpc_ckpt_*.ckpt"))  # Lightning's own handler did not run
+
+    again = fit(colour_root, parts, parts, *job, env=slurm)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert recorded(parts, 0) == recorded(whole, 0)
+    assert_same_log(logged(parts), logged(whole))
+    for name, value in final_weights(whole).items():
+        torch.testing.assert_close(final_weights(parts)[name], value, rtol=1e-5, atol=1e-6)

@@ -69,10 +69,12 @@ def test_resume_from_last_continues_at_the_saved_epoch_and_step(
             *CSV_LOGGER,
         ]
     )
-    resumed = tmp_path / "lightning_logs" / "version_1"
-    assert saved_progress(resumed / "checkpoints" / "last.ckpt") == (2, 3 * steps_per_epoch)
-    epochs_logged = {line.split(",")[1] for line in (resumed / "metrics.csv").read_text().split()}
-    assert "0" not in epochs_logged and "2" in epochs_logged
+    # It logs on in the same folder: each epoch validated once in metrics.csv, none trained again.
+    assert not (tmp_path / "lightning_logs" / "version_1").exists()
+    assert saved_progress(checkpoints / "last.ckpt") == (2, 3 * steps_per_epoch)
+    with open(checkpoints.parent / "metrics.csv", newline="") as file:
+        validated = [row["epoch"] for row in csv.DictReader(file) if row["val_acc"]]
+    assert validated == ["0", "1", "2"]
 
 
 @pytest.mark.slow
@@ -120,16 +122,16 @@ def test_a_killed_run_leaves_a_checkpoint_that_resumes(
     epoch, step = saved_progress(last)
     assert step > 18
 
-    resume = subprocess.run(
-        [*command, "--ckpt_path", str(last), "--trainer.max_epochs", str(epoch + 1)],
+    resume = subprocess.run(  # the documented command, in the run's folder
+        [*command, "--ckpt_path", "last", "--trainer.max_epochs", str(epoch + 1)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert resume.returncode == 0, resume.stderr
-    resumed = tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt"
-    assert saved_progress(resumed) == (epoch, 18 * (epoch + 1))
+    assert f"--ckpt_path last: resuming from {last.relative_to(tmp_path)}" in resume.stdout
+    assert saved_progress(last) == (epoch, 18 * (epoch + 1))  # on in the same run folder
 
 
 @pytest.mark.slow
@@ -137,7 +139,7 @@ def test_a_killed_run_leaves_a_checkpoint_that_resumes(
 def test_resuming_with_more_epochs_rebuilds_the_schedule(
     image_root: Path, tmp_path: Path, monkeypatch, schedule: str
 ) -> None:
-    """The README's `fit --ckpt_path last.ckpt --trainer.max_epochs N` with a larger N: OneCycleLR
+    """The docs' `fit --ckpt_path last.ckpt --trainer.max_epochs N` with a larger N: OneCycleLR
     used to stop past its old total, the cosine schedule to jump without a word."""
     monkeypatch.chdir(tmp_path)
     options = [*tiny_run_options(image_root), "--model.schedule", schedule, *QUIET, *CSV_LOGGER]
@@ -154,7 +156,7 @@ def test_resuming_with_more_epochs_rebuilds_the_schedule(
         lr = checkpoint["optimizer_states"][0]["param_groups"][0]["lr"]
         return checkpoint["global_step"], checkpoint["schedule_total"], lr
 
-    resumed, uninterrupted = final(1), final(2)
+    resumed, uninterrupted = final(0), final(1)  # the resumed run logs on in version_0
     assert resumed[:2] == (16, 16)
     assert resumed == pytest.approx(uninterrupted)  # the new schedule's end, not the old one's
 

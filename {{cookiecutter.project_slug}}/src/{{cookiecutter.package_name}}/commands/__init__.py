@@ -5,7 +5,7 @@
 
 # name -> (module under commands/, one line for `--help`)
 COMMANDS = {
-    "fit": ("cli", "train a model (resume with --ckpt_path last.ckpt)"),
+    "fit": ("cli", "train a model (resume with --ckpt_path last)"),
     "validate": ("cli", "score a checkpoint on the validation images"),
     "test": ("cli", "score a checkpoint on held-out test images"),
     "predict": ("cli", "write the predicted class of every image of a folder to CSV"),

@@ -7,10 +7,12 @@ import inspect
 import os
 {%- endif %}
 import sys
+from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 {% if cookiecutter.logger == "mlflow" -%}
@@ -23,11 +25,16 @@ from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
-from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
+from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint, find_last
 from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
 from {{ cookiecutter.package_name }}.training.resume import ResumeInEpoch
+from {{ cookiecutter.package_name }}.training.run_log import (
+    RunLogMark,
+    continue_metrics_csv,
+    resumed_version,
+)
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
 from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, resume_run
 {%- endif %}
@@ -49,11 +56,14 @@ class ImageCLI(LightningCLI):
         # Checked here, before LightningCLI reads the file's hyperparameters into the config and
         # long before the Trainer loads it: a bad file stops with one sentence, never a traceback.
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        config = self.config[subcommand] if subcommand else {}
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "last":
+            ckpt_path = config.ckpt_path = _newest_last(config, subcommand)
         if ckpt_path:
             self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
             if subcommand == "fit":
-                _check_resumed_classes(self.config.fit, self.ckpt_contents)
+                _check_resumed_classes(config, self.ckpt_contents)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in LINKED:
@@ -93,7 +103,8 @@ class ImageCLI(LightningCLI):
         if config.get("enable_checkpointing") is False:
             kinds = (ModelCheckpoint, LastCheckpoint)
             callbacks = [c for c in callbacks if not isinstance(c, kinds)]
-        callbacks.append(ResumeInEpoch())  # no options: part of resuming, never turned off
+        # No options: parts of resuming, never turned off.
+        callbacks += [ResumeInEpoch(), RunLogMark()]
         return self._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
@@ -104,15 +115,50 @@ class ImageCLI(LightningCLI):
             if self.subcommand == "fit":  # log on to the run the checkpoint came from
                 resume_run(config.trainer.logger, self.ckpt_contents)
 {%- endif %}
+            if self.subcommand == "fit":  # a CSV or TensorBoard logger: on in the same folder
+                resumed_version(config.trainer.logger, self.ckpt_contents)
         if config.trainer.precision is None:
             config.trainer.precision = _default_precision(config.trainer.accelerator)
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
+
+    def before_fit(self) -> None:
+        if self.ckpt_contents is not None:
+            continue_metrics_csv(self.trainer, self.ckpt_contents)
 {%- if cookiecutter.logger == "mlflow" %}
 
     def after_fit(self) -> None:
         log_fit_outputs(self.trainer, self.model)
 {%- endif %}
+
+
+def _newest_last(config, subcommand: str) -> str | None:
+    """`--ckpt_path last`: the newest `last.ckpt` of this run's folders; for `fit`, None when
+    there is none (a fresh start).
+
+    Looked for where `fit` with these options writes its own: in `--checkpoint.dirpath`, else
+    under the logger's `save_dir` and `--trainer.default_root_dir`. Nothing there is not an error
+    for `fit`: the first run of a job requeued with the same command (SLURM) starts afresh.
+    """
+    if config.checkpoint.dirpath:
+        roots = [Path(config.checkpoint.dirpath)]
+        found = roots[0] / "last.ckpt" if (roots[0] / "last.ckpt").is_file() else None
+    else:
+        logger = config.trainer.logger
+        save_dir = logger.init_args.get("save_dir") if hasattr(logger, "init_args") else None
+        folders = (save_dir, config.trainer.default_root_dir)
+        roots = list(dict.fromkeys(Path(folder or ".") for folder in folders))
+        found = find_last(roots)
+    where = " or ".join(str(root) for root in roots)
+    if found is None and subcommand != "fit":
+        raise DataError(f"--ckpt_path last: no last.ckpt under {where}")
+    if rank_zero_only.rank == 0:
+        if found is not None:
+            verb = "resuming from" if subcommand == "fit" else "using"
+            print(f"--ckpt_path last: {verb} {found}", flush=True)
+        else:
+            print(f"--ckpt_path last: no last.ckpt under {where}; starting a new run", flush=True)
+    return None if found is None else str(found)
 
 
 def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:

@@ -1,9 +1,11 @@
-"""Training callbacks: `last.ckpt` every few minutes, after every epoch and on interruption."""
+"""Training callbacks: `last.ckpt` every few minutes, after every epoch and on interruption;
+`--ckpt_path last` finds the newest one."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -13,6 +15,7 @@ import lightning as L
 import torch
 from jsonargparse.typing import NonNegativeFloat
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -24,17 +27,19 @@ class LastCheckpoint(Callback):
     interrupted.
 
     Interrupted means SIGTERM (a scheduler's time limit, `kill`), Ctrl-C or an exception: the
-    checkpoint then holds the step reached, and `fit --ckpt_path .../last.ckpt` continues from it.
+    checkpoint then holds the step reached, and `fit --ckpt_path last` continues from it. On SLURM,
+    the requeue signal (SIGUSR1 unless `#SBATCH --signal` says otherwise) saves it too, then
+    requeues the job with `scontrol requeue`; the requeued job's `--ckpt_path last` resumes.
     It is written beside the checkpoints of the `checkpoint` callback. That callback's own
     `save_last` is off: since Lightning 2.6 it refreshes `last.ckpt` only in epochs that also save
     a new best checkpoint, so a run that stops improving would resume from an old epoch.
 
-    SIGTERM is handled here, not by Lightning: its handler broadcasts to the other processes from
-    inside the signal handler and stops each process where its own signal found it, and a process
-    stopping a batch before another then waits for it forever (a 2-process CPU run hung so). Here
-    SIGTERM only sets a flag; after every batch the processes add up their flags (one small
-    all-reduce under DDP) and, if any was signalled, all save and stop together. SLURM's requeue
-    signal (SIGUSR1) is still Lightning's, which saves `hpc_ckpt_N.ckpt` and requeues.
+    SIGTERM and the requeue signal are handled here, not by Lightning: its handlers broadcast to
+    the other processes from inside the signal handler and stop each process where its own signal
+    found it, and a process stopping a batch before another then waits for it forever (a
+    2-process CPU run hung so); its requeue handler also saves mid-batch, into a file of its own.
+    Here a signal only sets a flag; after every batch the processes add up their flags (one small
+    all-reduce under DDP) and, if any was signalled, all save `last.ckpt` and stop together.
 
     Args:
         every_minutes: also save during an epoch once this long has passed since the last save,
@@ -57,8 +62,8 @@ class LastCheckpoint(Callback):
         self._saved_at = time.monotonic()
         if threading.current_thread() is not threading.main_thread():
             return  # only the main thread may set signal handlers; Lightning's stay
-        if sys.platform != "win32":  # Windows cannot send SIGTERM to a running process
-            self._replaced[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._note_signal)
+        for signum in _stop_signals(trainer):
+            self._replaced[signum] = signal.signal(signum, self._note_signal)
 
     def _note_signal(self, signum: int, frame) -> None:
         self._signal = self._signal or signum
@@ -126,11 +131,14 @@ class LastCheckpoint(Callback):
         return bool(trainer.strategy.reduce(flag, reduce_op="sum").item())
 
     def _stop(self, trainer: L.Trainer, path: Path) -> None:
-        """After `last.ckpt` was saved on SIGTERM: stop `fit` on every rank."""
+        """After `last.ckpt` was saved on a signal: requeue on SLURM's signal, then stop `fit`."""
         self._stopped = True
         self._restore_handlers()
         if trainer.is_global_zero:
-            print(f"SIGTERM: saved {path}; resume with --ckpt_path {path}", flush=True)
+            name = signal.Signals(self._signal).name if self._signal else "a signal"
+            print(f"{name}: saved {path}; resume with --ckpt_path {path}", flush=True)
+            if self._signal not in (None, signal.SIGTERM):
+                _requeue()
         raise SIGTERMException  # every rank, at the same batch: `fit` ends, the CLI exits 143
 
     def _restore_handlers(self) -> None:
@@ -158,3 +166,44 @@ class LastCheckpoint(Callback):
         callback = trainer.checkpoint_callback
         folder = callback.dirpath if callback is not None and callback.dirpath else None
         return Path(folder or trainer.default_root_dir) / "last.ckpt"
+
+
+def _stop_signals(trainer: L.Trainer) -> list[int]:
+    """SIGTERM (not on Windows, which cannot send it to a running process), and SLURM's requeue
+    signal where SLURM runs the job and Lightning would requeue it."""
+    if sys.platform == "win32":
+        return []
+    signals = [signal.SIGTERM]
+    # Where Lightning's own signal handling looks (a one-device strategy has no environment).
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        signals.append(environment.requeue_signal)
+    return signals
+
+
+def _requeue() -> None:
+    """`scontrol requeue` this SLURM job (or array task): it starts again, and resumes."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else None
+    job = job or os.environ["SLURM_JOB_ID"]
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    except FileNotFoundError:
+        print(f"warning: scontrol not found: SLURM job {job} is not requeued", file=sys.stderr)
+        return
+    if done.returncode:
+        print(f"warning: scontrol requeue {job}: {done.stderr.strip()}", file=sys.stderr)
+    else:
+        print(f"requeued SLURM job {job}", flush=True)
+
+
+def find_last(roots: list[Path]) -> Path | None:
+    """The newest `last.ckpt` in a run folder under `roots`, for `--ckpt_path last`.
+
+    A run folder is where Lightning puts checkpoints: `<root>/<name>/<version>/checkpoints/`
+    under a logger (CSV, TensorBoard, MLflow, W&B), `<root>/checkpoints/` without one. Only those
+    depths are looked at, never the whole tree: the data may live under the same folder.
+    """
+    patterns = ("checkpoints/last.ckpt", "*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
+    found = [path for root in roots for pattern in patterns for path in root.glob(pattern)]
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)

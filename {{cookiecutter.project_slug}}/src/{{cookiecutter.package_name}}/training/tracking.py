@@ -23,8 +23,8 @@ class RunIdCheckpoint(Callback):
 
     Lightning starts the logger's run before it loads the checkpoint it resumes from, so no
     callback can restore the id in time (Lightning issue #13524): the CLI reads it from the file
-    first (`resume_run`) and builds the logger with it. `last.ckpt`, the checkpoints Lightning
-    writes before a SLURM requeue and `best.ckpt` all carry it.
+    first (`resume_run`) and builds the logger with it. `last.ckpt` (also the one saved before a
+    SLURM requeue) and `best.ckpt` both carry it.
     """
 
     def on_save_checkpoint(

@@ -1,0 +1,103 @@
+"""A resumed `fit` logs on in the interrupted run's folder: one metrics.csv, each step once."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+import warnings
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+_KEY = "run_log"  # in the checkpoint: where the run logged and how many metrics.csv rows
+METRICS = "metrics.csv"
+
+
+class RunLogMark(Callback):
+    """Note in every checkpoint the CSV or TensorBoard logger's folder and, for CSV, how many rows
+    `metrics.csv` has (written out first: Lightning buffers them).
+
+    A `fit` resumed from that checkpoint logs on in the same folder (`resumed_version`) and keeps
+    exactly those rows (`continue_metrics_csv`): what the interrupted run logged after saving the
+    checkpoint is trained, and logged, again by the resumed run, so no step is there twice or
+    missing. (Lightning alone starts a new `version_N`, or deletes `metrics.csv` when asked to
+    reuse one.) MLflow and W&B runs continue through `training/tracking.py` instead.
+    """
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        logger = trainer.logger
+        if not trainer.is_global_zero or len(trainer.loggers) != 1:
+            return
+        if not isinstance(logger, CSVLogger | TensorBoardLogger):
+            return
+        mark = {
+            "logger": type(logger).__name__,
+            "root_dir": os.path.abspath(logger.root_dir),
+            "version": logger.version,
+        }
+        if isinstance(logger, CSVLogger):
+            logger.save()
+            rows = _count_rows(Path(logger.log_dir) / METRICS)
+            # Saved after the epoch's last batch (at validation or epoch end): the epoch's training
+            # means are logged next, in one row, and a run resumed from here does not log them.
+            epoch_ended = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+            mark["rows"] = rows + int(epoch_ended >= trainer.num_training_batches)
+        checkpoint[_KEY] = mark
+
+
+def resumed_version(logger, checkpoint: dict) -> None:
+    """Before the logger is built: give it the checkpoint's version folder, when the checkpoint
+    was logged by the same kind of logger in the same place and no `version` is asked for."""
+    mark = checkpoint.get(_KEY)
+    init_args = getattr(logger, "init_args", None)
+    if not mark or init_args is None or init_args.get("version") is not None:
+        return
+    if str(logger.class_path).rsplit(".", 1)[-1] != mark["logger"]:
+        return
+    root = os.path.join(init_args.get("save_dir") or ".", init_args.get("name") or "")
+    if os.path.abspath(root) == mark["root_dir"]:
+        init_args.version = mark["version"]
+
+
+def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
+    """Before a resumed `fit` starts: keep the rows of `metrics.csv` the checkpoint counted and
+    let Lightning's writer append to them.
+
+    Run once per job, in the process that becomes global rank zero, before any other starts.
+    """
+    mark = checkpoint.get(_KEY) or {}
+    logger = trainer.logger
+    if "rows" not in mark or not isinstance(logger, CSVLogger) or len(trainer.loggers) != 1:
+        return
+    if rank_zero_only.rank != 0 or os.environ.get("NODE_RANK", "0") != "0":
+        return
+    if os.path.abspath(logger.root_dir) != mark["root_dir"] or logger.version != mark["version"]:
+        return
+    path = Path(logger.log_dir) / METRICS
+    if not path.is_file():
+        return
+    with open(path, newline="") as file:
+        reader = csv.reader(file)
+        header = next(reader, [])
+        rows = list(itertools.islice(reader, mark["rows"]))
+    staged = path.with_name(f".{METRICS}.partial")
+    with open(staged, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        writer.writerows(rows)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Experiment logs directory")
+        experiment = logger.experiment  # Lightning's writer deletes metrics.csv here
+    os.replace(staged, path)
+    experiment.metrics_keys = list(header)  # so that its rows append under the same columns
+
+
+def _count_rows(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as file:
+        return max(sum(1 for _ in csv.reader(file)) - 1, 0)
