@@ -93,6 +93,14 @@ class ImageDataModule(L.LightningDataModule):
             at 32 px reached val_acc 0.99 in 8 epochs against 0.92 with 0.35-1 and flips).
         hflip: flip training images left-right at random. Off by default because a mirror image
             is not always the same class (digits, text, some scans); turn it on for natural photos.
+        stream: train and validate from shards written by the `shard` command: a folder, or
+            `s3://bucket/prefix` (with `AWS_ENDPOINT_URL` for an S3-compatible store). Classes
+            come from the shards; `root` and the split options are not used. Needs the `stream`
+            extra (LitData).
+        stream_cache_dir: where chunks streamed from object storage are kept while in use
+            (shards in a local folder are read in place).
+        stream_cache_limit: the most that `stream_cache_dir` holds, e.g. "50GB"; older chunks
+            are deleted first.
     """
 
     def __init__(
@@ -122,6 +130,9 @@ class ImageDataModule(L.LightningDataModule):
         cache_key: Literal["stat", "mtime"] = "stat",
         crop_scale: tuple[float, float] = (0.6, 1.0),
         hflip: bool = False,
+        stream: str | None = None,
+        stream_cache_dir: str | Path = "data/cache/stream",
+        stream_cache_limit: str = "50GB",
     ) -> None:
         super().__init__()
         if image_size < 8:
@@ -164,6 +175,9 @@ class ImageDataModule(L.LightningDataModule):
         self.cache_key = cache_key
         self.crop_scale = tuple(crop_scale)
         self.hflip = hflip
+        self.stream = str(stream).rstrip("/") if stream else None
+        self.stream_cache_dir = str(stream_cache_dir)
+        self.stream_cache_limit = stream_cache_limit
         self.predict_root = Path(predict_root) if predict_root is not None else None
         self.test_root = Path(test_root) if test_root is not None else None
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.test_csv")
@@ -197,6 +211,8 @@ class ImageDataModule(L.LightningDataModule):
         """Class names in label order: given, from `root` or `labels_csv`, or the demo classes."""
         if self._class_names is not None:
             return self._class_names
+        if self.stream is not None:
+            return _shards().meta_of(self.stream)["class_names"]
         if self.root is None:  # known without generating the demo images
             return list(DEMO_CLASSES)
         return self.source.class_names()
@@ -208,7 +224,7 @@ class ImageDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         # predict reads only predict_root: no demo data to generate for it
         predicting = self.trainer is not None and self.trainer.predicting
-        if self.root is None and not predicting:
+        if self.root is None and self.stream is None and not predicting:
             ensure_demo_data(DEMO_DIR)
 
     def setup(self, stage: str | None = None) -> None:
@@ -225,6 +241,9 @@ class ImageDataModule(L.LightningDataModule):
             self.test_dataset = self._test_dataset()
             return
         if self.train_dataset is not None:
+            return
+        if self.stream is not None:
+            self.train_dataset, self.val_dataset = self._streamed()
             return
         if self.root is None:  # also done by prepare_data; repeated here for use without a Trainer
             ensure_demo_data(DEMO_DIR)
@@ -263,6 +282,13 @@ class ImageDataModule(L.LightningDataModule):
         if stage in ("fit", None) and log_dir is not None and self.trainer.is_global_zero:
             path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, self.class_names)
             log.info("Validation split: %d images, listed in %s", len(val), path)
+
+    def _streamed(self) -> tuple:
+        """Training and validation images from the shards at `stream`."""
+        augment = train_transform(self.image_size, self.crop_scale, self.hflip)
+        transform = eval_transform(self.image_size)
+        options = (self.image_size, self.seed, self.stream_cache_dir, self.stream_cache_limit)
+        return _shards().streamed(self.stream, augment, transform, *options)
 
     def _test_dataset(self) -> ImageFolderDataset:
         if self.test_root is None and self.test_csv is None:
@@ -316,6 +342,10 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(self, dataset, **kwargs) -> DataLoader:
         trainer = self.trainer
         on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
+        if self.stream is not None and not isinstance(dataset, ImageFolderDataset):
+            # LitData splits each epoch between the processes itself.
+            workers = self.resolve_num_workers()
+            return _shards().streaming_loader(dataset, self.batch_size, workers, on_cuda)
         if trainer is not None and trainer.world_size > 1:
             kwargs["shard"] = (trainer.global_rank, trainer.world_size)
         workers = self.resolve_num_workers()
@@ -331,6 +361,19 @@ class ImageDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Turn the uint8 images of a batch into normalised float, on whatever device they are."""
         return (self.normalizer(batch[0]), *batch[1:])
+
+
+def _shards():
+    """The shards module (`data/shards.py`), once LitData, an optional dependency, is found."""
+    try:
+        import litdata  # noqa: F401
+    except ImportError as err:
+        raise DataError(
+            '--data.stream needs LitData: pip install ".[stream]" (the stream extra)'
+        ) from err
+    from {{ cookiecutter.package_name }}.data import shards
+
+    return shards
 
 
 def _fields(index: ImageIndex) -> tuple:

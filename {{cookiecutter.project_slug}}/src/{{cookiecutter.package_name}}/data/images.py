@@ -86,12 +86,22 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
         DataError: naming the file, when it cannot be decoded or declares more than
             `MAX_IMAGE_PIXELS` pixels.
     """
+    try:
+        data = _read_bytes(path)
+    except _UNREADABLE as err:
+        raise DataError(f"cannot read image {path}: {err}") from err
+    return decode_image(data, path, min_size, approximate)
+
+
+def decode_image(
+    data: bytearray, path: str, min_size: int | None = None, approximate: bool = False
+) -> torch.Tensor:
+    """`read_image` for the bytes of a file already read (a shard's), `path` naming it in errors."""
     with warnings.catch_warnings():
         # PIL's warnings about damaged metadata (Exif, TIFF tags) name no file, and the pixels
         # decode regardless; one that matters is an exception, which DataError reports.
         warnings.filterwarnings("ignore", module=r"PIL\.")
         try:
-            data = _read_bytes(path)
             width, height, orientation = _check_header(data, path)
             if data[:2] == b"\xff\xd8":
                 reducible = bool(min_size) and min(width, height) >= 2 * min_size

@@ -142,10 +142,12 @@ class RunHistory(Callback):
             loader = trainer.val_dataloaders
             # The n-th image this process validated is the n-th its sampler gave: sequential
             # alone, every world-size-th under DDP (data/loaders.py, EvalShardSampler).
-            order = list(loader.sampler)
             dataset = loader.dataset
+            # Shards (`--data.stream`) come through an IterableDataset: no sampler, no file path.
+            streamed = isinstance(dataset, torch.utils.data.IterableDataset)
+            order = None if streamed else list(loader.sampler)
             for position in top.tolist():
-                index = int(order[position])
+                index = position if order is None else int(order[position])
                 path = dataset.path(index) if hasattr(dataset, "path") else None
                 rows.append(
                     {

@@ -1,0 +1,53 @@
+"""Write a dataset as LitData shards, to a folder or S3-compatible storage, for `--data.stream`.
+
+    python -m {{ cookiecutter.package_name }} shard --data.root DIR --output DIR_OR_S3_URL [--resize N]
+
+takes the same `--data.*` options as `fit` (class folders or a labels CSV, a validation folder or
+the seeded `val_fraction` split, `skip_bad_images`) and writes the training and validation images
+as `fit --data.stream` reads them: the files' bytes as they are, or with `--resize N` re-encoded
+as JPEG at a short side of N pixels (smaller shards, for training at a smaller size). Running it
+again on the same images and options does nothing; other images or options at the same `--output`
+need `--overwrite`. Needs the `stream` extra (`pip install ".[stream]"`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, _shards
+from {{ cookiecutter.package_name }}.errors import DataError
+
+PROG = "python -m {{ cookiecutter.package_name }} shard"
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    skip = {"stream", "stream_cache_dir", "stream_cache_limit", "cache", "cache_keep", "cache_key"}
+    parser.add_class_arguments(ImageDataModule, "data", skip=skip)
+    parser.add_argument("--output", required=True, help="folder or s3://bucket/prefix to write")
+    parser.add_argument("--resize", type=int | None, default=None, help="short side to re-encode")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace other shards there")
+    args = sys.argv[1:] if args is None else list(args)
+    config = parser.parse_args(_with_config_defaults(parser, args))
+    if config.resize is not None and config.resize < 8:
+        raise DataError(f"--resize must be at least 8 pixels, got {config.resize}")
+    shards = _shards()  # before the data is read: says which extra to install
+    datamodule = ImageDataModule(**config.data.as_dict())
+    datamodule.setup("fit")
+    datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}
+    workers = max(datamodule.resolve_num_workers(), 1)
+    started = time.perf_counter()
+    written = shards.write_shards(
+        datasets, datamodule.class_names, config.output, config.resize, workers, config.overwrite
+    )
+    counts = ", ".join(f"{len(dataset)} {split}" for split, dataset in datasets.items())
+    if not written:
+        print(f"{config.output}: shards of these images ({counts}) are already there")
+    else:
+        seconds = time.perf_counter() - started
+        print(f"wrote {counts} images as shards to {config.output} in {seconds:.1f} s")
+    return 0

@@ -1,0 +1,227 @@
+"""Shards: a dataset written once as LitData chunks (a folder or `s3://...`), streamed back.
+
+`write_shards` (the `shard` command) stores each image's encoded bytes as they are on disk (or,
+with `resize`, re-encoded as a JPEG at that short side), its label and its relative path, with
+`litdata.optimize`, into `<output>/train` and `<output>/val`, then writes `<output>/dataset.json`
+(class names, image counts, what the shards were made from). That file comes last: shards without
+it are incomplete, whatever a killed run left. `StreamedImages` reads them back through
+`litdata.StreamingDataset`, which gives each process (and node) its own part of every epoch and
+keeps downloaded chunks in a bounded local cache.
+
+LitData is an optional dependency (`pip install ".[stream]"`): this module is imported only once
+`require_litdata` has found it. Storage goes through LitData's own clients (boto3 and obstore for
+S3), which read the usual AWS variables: `AWS_ENDPOINT_URL` for an S3-compatible store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import litdata
+import torch
+from litdata.streaming.fs_provider import _get_fs_provider
+from PIL import Image
+
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.images import decode_image
+from {{ cookiecutter.package_name }}.errors import DataError
+
+META = "dataset.json"
+SPLITS = ("train", "val")
+CHUNK_BYTES = "64MB"  # LitData's advice for images: large enough for few requests per epoch
+
+
+def is_remote(url: str) -> bool:
+    return "://" in str(url)
+
+
+def read_meta(url: str) -> dict | None:
+    """The `dataset.json` of the shards at `url`; None where there is none (or none complete)."""
+    url = str(url).rstrip("/")
+    if not is_remote(url):
+        path = Path(url) / META
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    provider = _get_fs_provider(url)
+    remote = f"{url}/{META}"
+    if not provider.exists(remote):
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        local = os.path.join(folder, META)
+        provider.download_file(remote, local)
+        return json.loads(Path(local).read_text(encoding="utf-8"))
+
+
+def _write_meta(url: str, meta: dict) -> None:
+    text = json.dumps(meta, indent=1)
+    if not is_remote(url):
+        staged = Path(url) / f".{META}.partial"
+        staged.write_text(text, encoding="utf-8")
+        os.replace(staged, Path(url) / META)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        local = os.path.join(folder, META)
+        Path(local).write_text(text, encoding="utf-8")
+        _get_fs_provider(url).upload_file(local, f"{url}/{META}")
+
+
+def _remove_shards(url: str) -> None:
+    """Delete what an earlier `shard` wrote at `url` (its marker first), nothing else there."""
+    if not is_remote(url):
+        (Path(url) / META).unlink(missing_ok=True)
+        for split in SPLITS:
+            shutil.rmtree(Path(url) / split, ignore_errors=True)
+        return
+    provider = _get_fs_provider(url)
+    if provider.exists(f"{url}/{META}"):
+        provider.delete_file_or_directory(f"{url}/{META}")
+    for split in SPLITS:
+        provider.delete_file_or_directory(f"{url}/{split}/")
+
+
+def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
+    """What the shards are made of: each split's files (relative paths, labels, sizes, times)."""
+    digest = hashlib.sha256()
+    for split, dataset in datasets.items():
+        digest.update(split.encode())
+        for i in range(len(dataset)):
+            stat = os.stat(dataset.path(i))
+            name = os.fsdecode(dataset.paths[i])
+            digest.update(repr((name, dataset.targets[i], stat.st_size, stat.st_mtime_ns)).encode())
+    return digest.hexdigest()
+
+
+def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
+    """One image as stored in a shard (run in LitData's worker processes)."""
+    path, label, name, resize = entry
+    data = Path(path).read_bytes()
+    if resize:
+        data = _reencoded(data, path, resize)
+    return {"image": data, "label": label, "path": name}
+
+
+def _reencoded(data: bytes, path: str, size: int) -> bytes:
+    """The image as a JPEG with its short side `size` (never enlarged)."""
+    pixels = decode_image(bytearray(data), path, min_size=size)
+    image = Image.fromarray(pixels.permute(1, 2, 0).numpy())
+    scale = size / min(image.size)
+    if scale < 1:
+        width, height = image.size
+        image = image.resize((round(width * scale), round(height * scale)), Image.BICUBIC)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def write_shards(
+    datasets: dict[str, ImageFolderDataset],
+    class_names: list[str],
+    output: str,
+    resize: int | None,
+    workers: int,
+    overwrite: bool,
+) -> bool:
+    """Write `datasets` ("train", "val") as shards at `output`; False if they are already there.
+
+    Raises:
+        DataError: `output` holds shards of other images or options, and `overwrite` is off.
+    """
+    output = str(output).rstrip("/")
+    made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
+    existing = read_meta(output)
+    if existing is not None and not overwrite:
+        if existing.get("made_of") == made_of:
+            return False
+        raise DataError(
+            f"--output {output} holds shards of other images or options: pass --overwrite to "
+            "replace them, or choose another --output"
+        )
+    _remove_shards(output)  # also what a killed run left: shards without dataset.json
+    if not is_remote(output):
+        Path(output).mkdir(parents=True, exist_ok=True)
+    for split, dataset in datasets.items():
+        items = [
+            (dataset.path(i), int(dataset.targets[i]), os.fsdecode(dataset.paths[i]), resize)
+            for i in range(len(dataset))
+        ]
+        litdata.optimize(
+            fn=shard_item,
+            inputs=items,
+            output_dir=f"{output}/{split}",
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=max(workers, 1),
+            # LitData's default, spawn, starts each worker by importing torch again (seconds);
+            # this process has started no threads that a fork could copy mid-lock.
+            start_method="fork" if sys.platform == "linux" else None,
+            verbose=True,
+        )
+    images = {split: len(dataset) for split, dataset in datasets.items()}
+    meta = {"format": 1, "class_names": class_names, "images": images, "made_of": made_of}
+    _write_meta(output, meta)
+    return True
+
+
+class StreamedImages(litdata.StreamingDataset):
+    """The images of one split of shards, decoded and transformed as `ImageFolderDataset` does:
+    items are `(uint8 image (3, H, W), label)`."""
+
+    def __init__(
+        self,
+        url: str,
+        transform,
+        min_size: int | None = None,
+        approximate_decode: bool = False,
+        shuffle: bool = False,
+        seed: int = 0,
+        cache_dir: str | None = None,
+        cache_limit: str = "50GB",
+    ) -> None:
+        super().__init__(
+            url, shuffle=shuffle, seed=seed, cache_dir=cache_dir, max_cache_size=cache_limit
+        )
+        self.image_transform = transform  # not `transform`: LitData would apply that to the dict
+        self.min_size = min_size
+        self.approximate_decode = approximate_decode
+
+    def __getitem__(self, index) -> tuple[torch.Tensor, int]:
+        item = super().__getitem__(index)
+        data = bytearray(item["image"])
+        image = decode_image(data, item["path"], self.min_size, self.approximate_decode)
+        return self.image_transform(image), int(item["label"])
+
+
+def meta_of(url: str) -> dict:
+    """`read_meta`, or an error saying how to write the shards."""
+    meta = read_meta(url)
+    if meta is None:
+        raise DataError(
+            f"--data.stream {url} holds no complete shards (no {META}): write them with "
+            f"`python -m {{ cookiecutter.package_name }} shard --output {url}` and the data options"
+        )
+    return meta
+
+
+def streamed(
+    url: str, augment, transform, image_size: int, seed: int, cache_dir: str, cache_limit: str
+) -> tuple[StreamedImages, StreamedImages]:
+    """The training (shuffled, augmented) and validation images of the shards at `url`."""
+    meta_of(url)
+    cache = {"cache_dir": cache_dir, "cache_limit": cache_limit}
+    train = StreamedImages(
+        f"{url}/train", augment, augment.min_source_size(), True, True, seed, **cache
+    )
+    val = StreamedImages(f"{url}/val", transform, image_size, **cache)
+    return train, val
+
+
+def streaming_loader(dataset: StreamedImages, batch_size: int, num_workers: int, pin_memory: bool):
+    """LitData's loader: it moves the dataset to the next epoch (its shuffle) at each pass."""
+    return litdata.StreamingDataLoader(
+        dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory
+    )
