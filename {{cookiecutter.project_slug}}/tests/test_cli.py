@@ -87,7 +87,8 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
-    commands = ["fit", "validate", "test", "predict", "export", "infer", "scan", "bench", "report"]
+    commands = ["fit", "validate", "test", "predict", "export", "infer", "scan", "shard"]
+    commands += ["bench", "report"]
     assert listed == commands
 
 
@@ -98,6 +99,7 @@ def test_each_command_has_its_own_help(tmp_path: Path) -> None:
         ("export", "--ckpt_path"),
         ("infer", "--model"),
         ("scan", "--data.root"),
+        ("shard", "--output"),
         ("bench", "--workers"),
         ("report", "run_dir"),
     ]:

@@ -128,20 +128,22 @@ def default_workers() -> list[int]:
 
 
 def run(data: dict, workers: list[int], epochs: int, device: torch.device) -> list[Result]:
-    """The naive baseline, the loader without the cache and (if configured) with it.
+    """The naive baseline, the loader without the cache and, as configured, with the pixel cache
+    (`--data.cache memmap`) and from shards (`--data.stream`, made from the same images).
 
     `data` holds `ImageDataModule` arguments, as `--data.*` gives them to `fit`.
     """
+    pipelines = [("naive", None), ("decode", {"cache": "none", "stream": None})]
     if data.get("cache") == "memmap":
-        pipelines = [("naive", None), ("decode", "none"), ("memmap", "memmap")]
-    else:
-        pipelines = [("naive", None), ("decode", "none")]
+        pipelines.append(("memmap", {"cache": "memmap", "stream": None}))
+    if data.get("stream"):
+        pipelines.append(("stream", {"cache": "none"}))
     modules = {}
-    for name, cache in pipelines:
-        if cache is None:
+    for name, options in pipelines:
+        if options is None:
             continue
         start = time.perf_counter()
-        module = ImageDataModule(**{**data, "cache": cache})
+        module = ImageDataModule(**{**data, **options})
         module.setup("fit")
         modules[name] = module
         print(f"setup ({name}): {time.perf_counter() - start:.1f} s", file=sys.stderr)

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -191,6 +192,9 @@ class StreamedImages(litdata.StreamingDataset):
 
     def __getitem__(self, index) -> tuple[torch.Tensor, int]:
         item = super().__getitem__(index)
+        if self.shuffle:  # training: the crop and flip from (seed, epoch, image), as `Draw` does
+            position = int(getattr(index, "index", index))
+            random.seed((self.seed << 64) | (self.current_epoch << 32) | position)
         data = bytearray(item["image"])
         image = decode_image(data, item["path"], self.min_size, self.approximate_decode)
         return self.image_transform(image), int(item["label"])

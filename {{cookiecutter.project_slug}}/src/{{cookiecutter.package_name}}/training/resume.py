@@ -28,10 +28,15 @@ class ResumeInEpoch(Callback):
     stops with an error rather than repeat or skip images. torchdata's `StatefulDataLoader`, the
     library answer, is not used: Lightning 2.6 drops its restored state whenever the
     learning-rate schedule asks for `estimated_stepping_batches` (Lightning #20550), as ours does.
+
+    From shards (`--data.stream`), LitData's `StreamingDataLoader` keeps the position itself;
+    Lightning saves its state in every checkpoint, and this callback restores it, for the same
+    reason, and LitData continues the epoch (also with another process or worker count).
     """
 
     def __init__(self) -> None:
         self._saved: dict | None = None
+        self._loader_states: list = []
         self._first_batch: int | None = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
@@ -41,10 +46,11 @@ class ResumeInEpoch(Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         self._saved = checkpoint.get(_KEY)
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        self._loader_states = fit_loop.get("combined_loader") or []  # LitData's, from shards
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
-        sampler = _sampler(trainer)
-        if trainer.ckpt_path is None or sampler is None:
+        if trainer.ckpt_path is None:
             return  # a fresh run's loader already starts at the first image of epoch 0
         loop = trainer.fit_loop.epoch_loop
         # The batch the epoch loop will count from: Lightning marks the batch a checkpoint was
@@ -52,17 +58,33 @@ class ResumeInEpoch(Callback):
         done = loop.batch_progress.current.completed + int(loop.restarted_on_train_batch_end)
         if done >= trainer.num_training_batches:
             done = 0  # saved after the last batch: the next epoch starts from its beginning
-        now = _order_inputs(trainer, sampler)
-        if done and self._saved is not None and self._saved != now:
-            raise DataError(_changed(trainer, done, self._saved, now))
-        sampler.set_epoch(trainer.current_epoch)
-        sampler.resume_at(done * trainer.train_dataloader.batch_size)
-        iter(trainer.fit_loop._data_fetcher)  # a new iterator, from the sampler as now set
+        sampler, loader = _sampler(trainer), trainer.train_dataloader
+        if sampler is not None:
+            now = _order_inputs(trainer, sampler)
+            if done and self._saved is not None and self._saved != now:
+                raise DataError(_changed(trainer, done, self._saved, now))
+            sampler.set_epoch(trainer.current_epoch)
+            sampler.resume_at(done * loader.batch_size)
+        elif hasattr(loader, "load_state_dict"):  # LitData's StreamingDataLoader (shards)
+            if done and self._loader_states:
+                loader.load_state_dict(self._loader_states[0])  # the epoch's position, saved
+            else:  # its next pass is this epoch, as in an uninterrupted run (epoch 0 is its 1)
+                loader.current_epoch = trainer.current_epoch
+        else:
+            return
+        iter(trainer.fit_loop._data_fetcher)  # a new iterator, from the position as now set
         self._first_batch = done
         # Lightning's warning that a mid-epoch resume repeats images does not apply here.
         warnings.filterwarnings(
             "ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning
         )
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module) -> None:
+        loader = trainer.train_dataloader
+        if getattr(loader, "restore", False):
+            # LitData ends a restored pass when asked for a batch past its last; Lightning, which
+            # knows the epoch's length, never asks, and the next epoch would continue this one.
+            loader.restore = False
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         # A check that costs nothing: should Lightning count the resumed epoch's batches from

@@ -1,0 +1,243 @@
+"""Shards: `shard` writes a dataset with LitData, `fit --data.stream` trains from it, from a local
+folder and from a real S3 API server (moto's) on 127.0.0.1, over HTTPS with a throwaway CA."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+from test_mid_epoch import colour_root as colour_root  # the fixture, shared
+from test_mid_epoch import fit, interrupted_and_resumed
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+needs_litdata = pytest.mark.skipif(
+    find_spec("litdata") is None, reason='the stream extra: pip install ".[stream]"'
+)
+
+
+def shard(root: Path, output: str, *options: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", PACKAGE, "shard", "--data.root", str(root)]
+    return subprocess.run(
+        [*command, "--output", output, "--data.num_workers", "2", *options],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def one_error(run: subprocess.CompletedProcess) -> str:
+    """The run's one `error:` line, after checking that it failed with nothing else said."""
+    assert run.returncode == 2, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    return errors[0]
+
+
+@needs_litdata
+def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    done = shard(colour_root, str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = json.loads((out / "dataset.json").read_text())
+    assert meta["class_names"] == ["ant", "bee", "cat"]
+    assert meta["images"] == {"train": 24, "val": 6}  # the seeded 20% split, per class
+    assert (out / "train/index.json").is_file() and (out / "val/index.json").is_file()
+
+    again = shard(colour_root, str(out), cwd=tmp_path)
+    assert again.returncode == 0 and "already there" in again.stdout, again.stderr[-3000:]
+    smaller = shard(colour_root, str(out), "--resize", "8", cwd=tmp_path)
+    assert "--overwrite" in one_error(smaller)
+    assert json.loads((out / "dataset.json").read_text()) == meta  # left as it was
+    replaced = shard(colour_root, str(out), "--resize", "8", "--overwrite", "true", cwd=tmp_path)
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert json.loads((out / "dataset.json").read_text())["made_of"]["resize"] == 8
+
+
+@needs_litdata
+def test_incomplete_shards_are_refused_and_rewritten(colour_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
+    (out / "dataset.json").unlink()  # as a run killed before its end leaves them
+    refused = fit(colour_root, tmp_path, tmp_path, "--data.stream", str(out))
+    assert "no complete shards" in one_error(refused) and str(out) in one_error(refused)
+    done = shard(colour_root, str(out), cwd=tmp_path)
+    assert done.returncode == 0 and "wrote 24 train, 6 val" in done.stdout, done.stderr[-3000:]
+
+
+@needs_litdata
+@pytest.mark.slow
+def test_a_run_from_local_shards_resumes_mid_epoch_exactly(
+    colour_root: Path, tmp_path: Path
+) -> None:
+    """Uninterrupted, then stopped by SIGTERM in epoch 1 and resumed with `--ckpt_path last`:
+    each epoch the same images in the same order (LitData's loader state, restored), the same
+    crops and the same final weights."""
+    out = tmp_path / "shards"
+    assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
+    options = ["--data.stream", str(out), "--data.num_workers", "2"]
+    interrupted_and_resumed(colour_root, tmp_path, options, ranks=1)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3 API (moto's server, a separate process) on 127.0.0.1 over HTTPS, a bucket
+    `shards`, and the AWS variables that point boto3 and obstore (LitData's clients) at it.
+
+    HTTPS because LitData's uploads go through obstore, which refuses a plain http:// endpoint;
+    its certificate is signed by a CA made here (a self-signed server certificate is refused).
+    """
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("moto", reason="moto[server], in the dev extra")
+    folder = tmp_path_factory.mktemp("tls")
+    ca, cert, key = _certificates(folder)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    server = subprocess.Popen(
+        [*command, "-c", str(cert), "-k", str(key)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": f"https://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CA_BUNDLE": str(ca),
+        "SSL_CERT_FILE": str(ca),
+    }
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                boto3.client("s3").create_bucket(Bucket="shards")
+                break
+            except Exception:
+                assert server.poll() is None and time.monotonic() < deadline, "no S3 server"
+                time.sleep(0.2)
+        yield boto3.client("s3")
+    finally:
+        server.terminate()
+        server.wait(30)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA, and a certificate it signs for 127.0.0.1 and localhost, with its key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1))
+
+    def certificate(subject: str, key, issuer: str, issuer_key, extensions):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(valid[0])
+            .not_valid_after(valid[1])
+        )
+        for extension, critical in extensions:
+            builder = builder.add_extension(extension, critical=critical)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    ca = certificate(
+        "throwaway test CA",
+        ca_key,
+        "throwaway test CA",
+        ca_key,
+        [
+            (x509.BasicConstraints(ca=True, path_length=0), True),
+            (x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False),
+        ],
+    )
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    server = certificate(
+        "127.0.0.1",
+        server_key,
+        "throwaway test CA",
+        ca_key,
+        [
+            (x509.SubjectAlternativeName(names), False),
+            (x509.BasicConstraints(ca=False, path_length=None), True),
+            (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+            (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
+        ],
+    )
+    pem = serialization.Encoding.PEM
+    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(ca.public_bytes(pem))
+    paths[1].write_bytes(server.public_bytes(pem))
+    key_format = serialization.PrivateFormat.PKCS8
+    paths[2].write_bytes(server_key.private_bytes(pem, key_format, serialization.NoEncryption()))
+    return paths
+
+
+@needs_litdata
+@pytest.mark.slow
+def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
+    colour_root: Path, tmp_path: Path, s3
+) -> None:
+    """Shard to s3://, then 2-process DDP from there: each rank trains on its own images, none
+    shared; stopped in epoch 1 and resumed with `--ckpt_path last`, each rank ends as the
+    uninterrupted run did; then `validate` from the same shards."""
+    done = shard(colour_root, "s3://shards/colours", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stored = {item["Key"] for item in s3.list_objects_v2(Bucket="shards")["Contents"]}
+    assert {"colours/dataset.json", "colours/train/index.json"} <= stored
+
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    options = [*ddp, "--data.stream", "s3://shards/colours", "--data.num_workers", "1"]
+    interrupted_and_resumed(colour_root, tmp_path, options, ranks=2)
+
+    parts = tmp_path / "parts"
+    validate = [sys.executable, "-m", PACKAGE, "validate", "--ckpt_path", "last"]
+    scored = subprocess.run(
+        [*validate, "--trainer.enable_progress_bar", "false"],
+        cwd=parts,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert "val_acc" in scored.stdout
+
+
+@pytest.mark.skipif(find_spec("litdata") is not None, reason="this bake has the stream extra")
+def test_without_litdata_the_stream_options_name_the_extra(tmp_path: Path) -> None:
+    for command in (
+        ["fit", "--data.stream", "shards"],
+        ["shard", "--data.root", str(tmp_path), "--output", "shards"],
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", PACKAGE, *command],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert 'pip install ".[stream]"' in one_error(run), command
