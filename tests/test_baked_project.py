@@ -39,11 +39,14 @@ def test_bake_installs_and_passes_its_own_tests_and_lint(
 ) -> None:
     project = bake(cookies, **answers)
     default = answers == REPRESENTATIVE["default"]
-    # The default bake also takes the onnx extra, so that ONNX export and inference are tested.
-    python = str(fresh_venv(project, tmp_path / "venv", "dev,onnx" if default else "dev"))
+    # The default bake also takes the onnx and stream extras, so that ONNX export and inference
+    # and shards (LitData, a local S3 server) are tested; the others test their absence.
+    python = str(fresh_venv(project, tmp_path / "venv", "dev,onnx,stream" if default else "dev"))
     run("make", "lint", f"PYTHON={python}", cwd=project)
     markers = [] if default else ["-m", "not slow"]
-    result = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *markers, cwd=project)
+    # The default bake's full suite (slow tests, shards, DDP) takes 15-20 minutes on 2 CPUs.
+    pytest = (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *markers)
+    result = run(*pytest, cwd=project, timeout=2700)
     assert " passed" in result.stdout and "failed" not in result.stdout
     if answers.get("dataset_layout") == "csv":
         # The shipped CSV config must name real arguments: the CLI parses it against them.
