@@ -88,6 +88,26 @@ def test_a_run_from_local_shards_resumes_mid_epoch_exactly(
     interrupted_and_resumed(colour_root, tmp_path, options, ranks=1)
 
 
+@needs_litdata
+def test_bench_times_the_shards_beside_the_folder(colour_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
+    command = [sys.executable, "-m", PACKAGE, "bench", "--data.root", str(colour_root)]
+    options = ["--data.stream", str(out), "--data.image_size", "16", "--data.batch_size", "4"]
+    timed = subprocess.run(
+        [*command, *options, "--workers", "[0]", "--epochs", "1", "--json", "bench.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert timed.returncode == 0, timed.stderr[-3000:]
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["pipeline"] for r in results] == ["naive", "decode", "stream"]
+    assert all(r["images_per_s"] > 0 for r in results)
+    assert "| stream " in timed.stdout
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory):
     """A real S3 API (moto's server, a separate process) on 127.0.0.1 over HTTPS, a bucket
