@@ -4,10 +4,12 @@
 
 takes the same `--data.*` options as `fit` (class folders or a labels CSV, a validation folder or
 the seeded `val_fraction` split, `skip_bad_images`) and writes the training and validation images
-as `fit --data.stream` reads them: the files' bytes as they are, or with `--resize N` re-encoded
-as JPEG at a short side of N pixels (smaller shards, for training at a smaller size). Running it
-again on the same images and options does nothing; other images or options at the same `--output`
-need `--overwrite`. Needs the `stream` extra (`pip install ".[stream]"`).
+(and the test and predict images, where `--data.test_root` or `--data.test_csv` and
+`--data.predict_root` are given) as `--data.stream` reads them: the files' bytes as they are, or
+with `--resize N` re-encoded as JPEG at a short side of N pixels (smaller shards, for training at
+a smaller size). Running it again on the same images and options does nothing; other images or
+options at the same `--output` need `--overwrite`. Needs the `stream` extra
+(`pip install ".[stream]"`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
-from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, _shards
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, require_shards
 from {{ cookiecutter.package_name }}.errors import DataError
 
 PROG = "python -m {{ cookiecutter.package_name }} shard"
@@ -35,15 +37,20 @@ def main(args: list[str] | None = None) -> int:
     config = parser.parse_args(_with_config_defaults(parser, args))
     if config.resize is not None and config.resize < 8:
         raise DataError(f"--resize must be at least 8 pixels, got {config.resize}")
-    shards = _shards()  # before the data is read: says which extra to install
+    shards = require_shards()  # before the data is read: says which extra to install
     datamodule = ImageDataModule(**config.data.as_dict())
     datamodule.setup("fit")
     datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}
+    if datamodule.test_root is not None or datamodule.test_csv is not None:
+        datamodule.setup("test")
+        datasets["test"] = datamodule.test_dataset
+    if datamodule.predict_root is not None:
+        datamodule.setup("predict")
+        datasets["predict"] = datamodule.predict_dataset
     workers = max(datamodule.resolve_num_workers(), 1)
     started = time.perf_counter()
-    written = shards.write_shards(
-        datasets, datamodule.class_names, config.output, config.resize, workers, config.overwrite
-    )
+    options = (config.resize, workers, config.overwrite, datamodule.seed)
+    written = shards.write_shards(datasets, datamodule.class_names, config.output, *options)
     counts = ", ".join(f"{len(dataset)} {split}" for split, dataset in datasets.items())
     if not written:
         print(f"{config.output}: shards of these images ({counts}) are already there")

@@ -95,8 +95,9 @@ class ImageDataModule(L.LightningDataModule):
             is not always the same class (digits, text, some scans); turn it on for natural photos.
         stream: train and validate from shards written by the `shard` command: a folder, or
             `s3://bucket/prefix` (with `AWS_ENDPOINT_URL` for an S3-compatible store). Classes
-            come from the shards; `root` and the split options are not used. Needs the `stream`
-            extra (LitData).
+            come from the shards; `root` and the split options are not used. `test` and
+            `predict` read the shards' test and predict images unless `test_root`/`test_csv`
+            or `predict_root` is given. Needs the `stream` extra (LitData).
         stream_cache_dir: where chunks streamed from object storage are kept while in use
             (shards in a local folder are read in place).
         stream_cache_limit: the most that `stream_cache_dir` holds, e.g. "50GB"; older chunks
@@ -212,7 +213,7 @@ class ImageDataModule(L.LightningDataModule):
         if self._class_names is not None:
             return self._class_names
         if self.stream is not None:
-            return _shards().meta_of(self.stream)["class_names"]
+            return require_shards().meta_of(self.stream)["class_names"]
         if self.root is None:  # known without generating the demo images
             return list(DEMO_CLASSES)
         return self.source.class_names()
@@ -229,6 +230,9 @@ class ImageDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "predict":
+            if self.predict_root is None and self.stream is not None:
+                self.predict_dataset = self._streamed_split("predict")
+                return
             if self.predict_root is None:
                 raise DataError("predict needs --data.predict_root: a folder of images")
             index = once(self.trainer, partial(unlabelled_folder, self.predict_root))
@@ -288,9 +292,19 @@ class ImageDataModule(L.LightningDataModule):
         augment = train_transform(self.image_size, self.crop_scale, self.hflip)
         transform = eval_transform(self.image_size)
         options = (self.image_size, self.seed, self.stream_cache_dir, self.stream_cache_limit)
-        return _shards().streamed(self.stream, augment, transform, *options)
+        return require_shards().streamed(self.stream, augment, transform, *options)
+
+    def _streamed_split(self, split: str):
+        """The `test` or `predict` images of the shards at `stream`."""
+        transform = eval_transform(self.image_size)
+        options = (self.stream_cache_dir, self.stream_cache_limit)
+        return require_shards().streamed_split(
+            self.stream, split, transform, self.image_size, *options
+        )
 
     def _test_dataset(self) -> ImageFolderDataset:
+        if self.test_root is None and self.test_csv is None and self.stream is not None:
+            return self._streamed_split("test")
         if self.test_root is None and self.test_csv is None:
             raise DataError("test needs --data.test_root (class folders) or --data.test_csv")
         columns = (self.filename_column, self.label_column, self.listings)
@@ -345,7 +359,9 @@ class ImageDataModule(L.LightningDataModule):
         if self.stream is not None and not isinstance(dataset, ImageFolderDataset):
             # LitData splits each epoch between the processes itself.
             workers = self.resolve_num_workers()
-            return _shards().streaming_loader(dataset, self.batch_size, workers, on_cuda)
+            processes = trainer.world_size if trainer is not None else 1
+            loader = require_shards().streaming_loader
+            return loader(dataset, self.batch_size, workers, on_cuda, processes)
         if trainer is not None and trainer.world_size > 1:
             kwargs["shard"] = (trainer.global_rank, trainer.world_size)
         workers = self.resolve_num_workers()
@@ -363,7 +379,7 @@ class ImageDataModule(L.LightningDataModule):
         return (self.normalizer(batch[0]), *batch[1:])
 
 
-def _shards():
+def require_shards():
     """The shards module (`data/shards.py`), once LitData, an optional dependency, is found."""
     try:
         import litdata  # noqa: F401

@@ -2,11 +2,12 @@
 
 `write_shards` (the `shard` command) stores each image's encoded bytes as they are on disk (or,
 with `resize`, re-encoded as a JPEG at that short side), its label and its relative path, with
-`litdata.optimize`, into `<output>/train` and `<output>/val`, then writes `<output>/dataset.json`
-(class names, image counts, what the shards were made from). That file comes last: shards without
-it are incomplete, whatever a killed run left. `StreamedImages` reads them back through
-`litdata.StreamingDataset`, which gives each process (and node) its own part of every epoch and
-keeps downloaded chunks in a bounded local cache.
+`litdata.optimize`, into `<output>/train` and `<output>/val` (and `<output>/test`,
+`<output>/predict` where those sets were given), then writes `<output>/dataset.json` (class names,
+image counts, what the shards were made from). That file comes last, once every split's LitData
+index lists all its images: shards without it are incomplete, whatever a killed run left.
+`StreamedImages` reads them back through `litdata.StreamingDataset`, which gives each process (and
+node) its own part of every epoch and keeps downloaded chunks in a bounded local cache.
 
 LitData is an optional dependency (`pip install ".[stream]"`): this module is imported only once
 `require_litdata` has found it. Storage goes through LitData's own clients (boto3 and obstore for
@@ -23,9 +24,11 @@ import random
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import litdata
+import numpy as np
 import torch
 from litdata.streaming.fs_provider import _get_fs_provider
 from PIL import Image
@@ -35,7 +38,7 @@ from {{ cookiecutter.package_name }}.data.images import decode_image
 from {{ cookiecutter.package_name }}.errors import DataError
 
 META = "dataset.json"
-SPLITS = ("train", "val")
+SPLITS = ("train", "val", "test", "predict")
 CHUNK_BYTES = "64MB"  # LitData's advice for images: large enough for few requests per epoch
 
 
@@ -94,8 +97,25 @@ def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
         for i in range(len(dataset)):
             stat = os.stat(dataset.path(i))
             name = os.fsdecode(dataset.paths[i])
-            digest.update(repr((name, dataset.targets[i], stat.st_size, stat.st_mtime_ns)).encode())
+            label = None if dataset.targets is None else dataset.targets[i]
+            digest.update(repr((name, label, stat.st_size, stat.st_mtime_ns)).encode())
     return digest.hexdigest()
+
+
+def count_items(url: str) -> int:
+    """How many items the LitData index (`index.json`) at `url` lists; 0 where there is none."""
+    remote = f"{url}/index.json"
+    if not is_remote(url):
+        path = Path(remote)
+        index = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    else:
+        provider = _get_fs_provider(url)
+        index = None
+        if provider.exists(remote):
+            with tempfile.TemporaryDirectory() as folder:
+                provider.download_file(remote, os.path.join(folder, "index.json"))
+                index = json.loads(Path(folder, "index.json").read_text(encoding="utf-8"))
+    return sum(chunk["chunk_size"] for chunk in index["chunks"]) if index else 0
 
 
 def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
@@ -127,11 +147,17 @@ def write_shards(
     resize: int | None,
     workers: int,
     overwrite: bool,
+    seed: int = 0,
 ) -> bool:
-    """Write `datasets` ("train", "val") as shards at `output`; False if they are already there.
+    """Write `datasets` (`SPLITS`) as shards at `output`; False if they are already there.
+
+    Training images are stored in an order shuffled with `seed`: LitData shuffles chunks, and
+    items only within a few chunks, so images stored class by class would give batches of one
+    class. The other splits keep their order.
 
     Raises:
-        DataError: `output` holds shards of other images or options, and `overwrite` is off.
+        DataError: `output` holds shards of other images or options, and `overwrite` is off, or
+            a split's shards lack images once written (LitData interrupted).
     """
     output = str(output).rstrip("/")
     made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
@@ -146,31 +172,65 @@ def write_shards(
     _remove_shards(output)  # also what a killed run left: shards without dataset.json
     if not is_remote(output):
         Path(output).mkdir(parents=True, exist_ok=True)
-    for split, dataset in datasets.items():
-        items = [
-            (dataset.path(i), int(dataset.targets[i]), os.fsdecode(dataset.paths[i]), resize)
-            for i in range(len(dataset))
-        ]
-        litdata.optimize(
-            fn=shard_item,
-            inputs=items,
-            output_dir=f"{output}/{split}",
-            chunk_bytes=CHUNK_BYTES,
-            num_workers=max(workers, 1),
-            # LitData's default, spawn, starts each worker by importing torch again (seconds);
-            # this process has started no threads that a fork could copy mid-lock.
-            start_method="fork" if sys.platform == "linux" else None,
-            verbose=True,
-        )
+    # LitData stages chunks in $TMPDIR/chunks and $TMPDIR/data and empties both at every start:
+    # two jobs on one machine would delete each other's chunks. This job gets folders of its own.
+    with tempfile.TemporaryDirectory(prefix="shard-") as staging:
+        staged = {
+            "DATA_OPTIMIZER_CACHE_FOLDER": os.path.join(staging, "chunks"),
+            "DATA_OPTIMIZER_DATA_CACHE_FOLDER": os.path.join(staging, "data"),
+        }
+        saved = {name: os.environ.get(name) for name in staged}
+        os.environ.update({name: saved[name] or folder for name, folder in staged.items()})
+        try:
+            for split, dataset in datasets.items():
+                _optimize(dataset, f"{output}/{split}", resize, workers, split == "train", seed)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
     images = {split: len(dataset) for split, dataset in datasets.items()}
+    for split, count in images.items():  # e.g. Ctrl-C: LitData's workers stop, optimize returns
+        if count_items(f"{output}/{split}") != count:
+            raise DataError(
+                f"{output}/{split}: the shards do not hold all {count} images (interrupted?); "
+                "run `shard` again to rewrite them"
+            )
     meta = {"format": 1, "class_names": class_names, "images": images, "made_of": made_of}
     _write_meta(output, meta)
     return True
 
 
+def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool, seed: int):
+    """One split as LitData chunks at `url`, its images in a `seed`ed random order if `shuffle`."""
+    count = len(dataset)
+    order = np.random.default_rng(seed).permutation(count) if shuffle else range(count)
+    targets = np.full(count, -1) if dataset.targets is None else dataset.targets
+    items = [
+        (dataset.path(i), int(targets[i]), os.fsdecode(dataset.paths[i]), resize) for i in order
+    ]
+    litdata.optimize(
+        fn=shard_item,
+        inputs=items,
+        output_dir=url,
+        chunk_bytes=CHUNK_BYTES,
+        num_workers=max(workers, 1),
+        reorder_files=False,  # LitData's default sorts the inputs by file size: ours are in order
+        # LitData's default, spawn, starts each worker by importing torch again (seconds); this
+        # process has started no threads that a fork could copy mid-lock.
+        start_method="fork" if sys.platform == "linux" else None,
+        verbose=True,
+    )
+
+
 class StreamedImages(litdata.StreamingDataset):
     """The images of one split of shards, decoded and transformed as `ImageFolderDataset` does:
-    items are `(uint8 image (3, H, W), label)`."""
+    items are `(uint8 image (3, H, W), label)`, or `(image, index, relative path)` for the
+    unlabelled images of a `predict` split.
+
+    Under DDP, LitData gives each process whole batches of every epoch. Training drops the images
+    left over (at most one batch per process); validation, test and predict give them to the last
+    process, so that every image is seen once.
+    """
 
     def __init__(
         self,
@@ -183,9 +243,10 @@ class StreamedImages(litdata.StreamingDataset):
         cache_dir: str | None = None,
         cache_limit: str = "50GB",
     ) -> None:
-        super().__init__(
-            url, shuffle=shuffle, seed=seed, cache_dir=cache_dir, max_cache_size=cache_limit
-        )
+        options = {"cache_dir": cache_dir, "max_cache_size": cache_limit}
+        super().__init__(url, shuffle=shuffle, seed=seed, **options)
+        if not shuffle:  # set here: passed to __init__, LitData warns about it on every process
+            self.set_drop_last(False)
         self.image_transform = transform  # not `transform`: LitData would apply that to the dict
         self.min_size = min_size
         self.approximate_decode = approximate_decode
@@ -197,7 +258,10 @@ class StreamedImages(litdata.StreamingDataset):
             random.seed((self.seed << 64) | (self.current_epoch << 32) | position)
         data = bytearray(item["image"])
         image = decode_image(data, item["path"], self.min_size, self.approximate_decode)
-        return self.image_transform(image), int(item["label"])
+        label = int(item["label"])
+        if label < 0:  # the unlabelled images of a predict split: where each came from
+            return self.image_transform(image), int(getattr(index, "index", index)), item["path"]
+        return self.image_transform(image), label
 
 
 def meta_of(url: str) -> dict:
@@ -224,8 +288,39 @@ def streamed(
     return train, val
 
 
-def streaming_loader(dataset: StreamedImages, batch_size: int, num_workers: int, pin_memory: bool):
-    """LitData's loader: it moves the dataset to the next epoch (its shuffle) at each pass."""
+def streamed_split(
+    url: str, split: str, transform, image_size: int, cache_dir: str, cache_limit: str
+) -> StreamedImages:
+    """The `test` or `predict` images of the shards at `url`, in their stored order.
+
+    Raises:
+        DataError: the shards were written without that split.
+    """
+    if split not in meta_of(url)["images"]:
+        option = {"test": "--data.test_root or --data.test_csv", "predict": "--data.predict_root"}
+        raise DataError(
+            f"--data.stream {url} holds no {split} images: pass {option[split]} to use a folder, "
+            f"or write the shards again with it (`shard ... {option[split].split()[0]} DIR`)"
+        )
+    return StreamedImages(
+        f"{url}/{split}", transform, image_size, cache_dir=cache_dir, cache_limit=cache_limit
+    )
+
+
+def streaming_loader(
+    dataset: StreamedImages, batch_size: int, num_workers: int, pin_memory: bool, processes: int
+):
+    """LitData's loader: it moves the dataset to the next epoch (its shuffle) at each pass.
+
+    Evaluation batches are made smaller where the images are fewer than `processes` batches: LitData
+    deals whole batches to each process, and one with none stops Lightning's evaluation loop.
+    """
+    if not dataset.shuffle:
+        images = sum(end - start for start, end in dataset.region_of_interest)
+        batch_size = max(1, min(batch_size, images // processes))
+    # Lightning's predict loop asks every loader for its batch sampler's indices, which LitData's
+    # has not; `PredictionWriter` takes each image's index and path from the batch instead.
+    warnings.filterwarnings("ignore", "Couldn't infer the batch indices")
     return litdata.StreamingDataLoader(
         dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory
     )

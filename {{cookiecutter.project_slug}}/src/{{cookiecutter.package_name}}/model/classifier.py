@@ -161,9 +161,13 @@ class ImageClassifier(L.LightningModule):
         path = save_confusion_png(self.confusion, self.class_names, folder / "confusion_matrix.png")
         print(f"confusion matrix: {path}")
 
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        images, indices = batch
-        return {"index": indices, "probs": self(images).float().softmax(dim=1)}
+    def predict_step(self, batch: tuple, batch_idx: int) -> dict:
+        """Class probabilities of `(images, indices)`, or `(images, indices, paths)` (shards)."""
+        images, indices, *paths = batch
+        out = {"index": indices, "probs": self(images).float().softmax(dim=1)}
+        if paths:
+            out["path"] = paths[0]
+        return out
 
     def configure_optimizers(self):
         hp = self.hparams

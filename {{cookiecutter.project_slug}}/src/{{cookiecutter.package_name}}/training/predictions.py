@@ -15,7 +15,8 @@ HEADER = ["path", "label", "probability", "top_k"]
 class PredictionWriter(BasePredictionWriter):
     """Write `predict` results to a CSV file, batch by batch, and print where it is.
 
-    Columns: `path`, `label` (the predicted class name), `probability` (of that class) and
+    Columns: `path` (from shards, `--data.stream`: the path relative to the folder sharded),
+    `label` (the predicted class name), `probability` (of that class) and
     `top_k` (the `top_k` most likely classes as `name:probability` joined by spaces).
 
     Args:
@@ -60,11 +61,13 @@ class PredictionWriter(BasePredictionWriter):
         names = pl_module.class_names
         k = min(self.top_k, len(names))
         top_probs, top_labels = prediction["probs"].topk(k, dim=1)
-        for index, probs, labels in zip(
-            prediction["index"].tolist(), top_probs.tolist(), top_labels.tolist(), strict=True
+        indices = prediction["index"].tolist()
+        paths = prediction.get("path") or [dataset.path(index) for index in indices]
+        for index, path, probs, labels in zip(
+            indices, paths, top_probs.tolist(), top_labels.tolist(), strict=True
         ):
             top = " ".join(f"{names[c]}:{p:.4f}" for c, p in zip(labels, probs, strict=True))
-            row = [dataset.path(index), names[labels[0]], f"{probs[0]:.4f}", top]
+            row = [path, names[labels[0]], f"{probs[0]:.4f}", top]
             self._writer.writerow([index, *row] if self._sharded else row)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
