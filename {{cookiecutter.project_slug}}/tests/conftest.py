@@ -60,6 +60,15 @@ def tiny_run_options(root: Path, batch_size: int = 4) -> list[str]:
     ]
 
 
+def one_error(returncode: int, stderr: str) -> str:
+    """A failed command's one `error:` line, after checking that it exited with status 2 and
+    said nothing else of the kind (no second error, no traceback)."""
+    assert returncode == 2, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return errors[0]
+
+
 def write_corrupt(path: Path) -> Path:
     """Write a JPEG cut off halfway, as an interrupted copy leaves it."""
     write_image(path, (120, 120, 120), size=(64, 48))

@@ -15,6 +15,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from conftest import one_error
 from test_mid_epoch import colour_root as colour_root  # the fixture, shared
 from test_mid_epoch import fit, interrupted_and_resumed
 
@@ -35,14 +36,6 @@ def shard(root: Path, output: str, *options: str, cwd: Path) -> subprocess.Compl
     )
 
 
-def one_error(run: subprocess.CompletedProcess) -> str:
-    """The run's one `error:` line, after checking that it failed with nothing else said."""
-    assert run.returncode == 2, run.stderr[-3000:]
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    return errors[0]
-
-
 @needs_litdata
 def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "shards"
@@ -56,7 +49,7 @@ def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path
     again = shard(colour_root, str(out), cwd=tmp_path)
     assert again.returncode == 0 and "already there" in again.stdout, again.stderr[-3000:]
     smaller = shard(colour_root, str(out), "--resize", "8", cwd=tmp_path)
-    assert "--overwrite" in one_error(smaller)
+    assert "--overwrite" in one_error(smaller.returncode, smaller.stderr)
     assert json.loads((out / "dataset.json").read_text()) == meta  # left as it was
     replaced = shard(colour_root, str(out), "--resize", "8", "--overwrite", "true", cwd=tmp_path)
     assert replaced.returncode == 0, replaced.stderr[-3000:]
@@ -69,7 +62,8 @@ def test_incomplete_shards_are_refused_and_rewritten(colour_root: Path, tmp_path
     assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
     (out / "dataset.json").unlink()  # as a run killed before its end leaves them
     refused = fit(colour_root, tmp_path, tmp_path, "--data.stream", str(out))
-    assert "no complete shards" in one_error(refused) and str(out) in one_error(refused)
+    error = one_error(refused.returncode, refused.stderr)
+    assert "no complete shards" in error and str(out) in error
     done = shard(colour_root, str(out), cwd=tmp_path)
     assert done.returncode == 0 and "wrote 24 train, 6 val" in done.stdout, done.stderr[-3000:]
 
@@ -260,4 +254,4 @@ def test_without_litdata_the_stream_options_name_the_extra(tmp_path: Path) -> No
             text=True,
             timeout=300,
         )
-        assert 'pip install ".[stream]"' in one_error(run), command
+        assert 'pip install ".[stream]"' in one_error(run.returncode, run.stderr), command

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, write_image
+from conftest import CLASSES, one_error, write_image
 from test_mid_epoch import colour_root as colour_root  # the fixture, shared
-from test_shards import PACKAGE, needs_litdata, one_error, shard
+from test_shards import PACKAGE, needs_litdata, shard
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
@@ -115,7 +115,7 @@ def test_test_and_predict_need_their_split_in_the_shards(
             text=True,
             timeout=300,
         )
-        error = one_error(run)
+        error = one_error(run.returncode, run.stderr)
         assert f"holds no {command} images" in error and option in error, error
 
 

@@ -142,7 +142,7 @@ def _newest_last(config, subcommand: str) -> str | None:
     """
     if config.checkpoint.dirpath:
         roots = [Path(config.checkpoint.dirpath)]
-        found = roots[0] / "last.ckpt" if (roots[0] / "last.ckpt").is_file() else None
+        found = find_last(roots, ("last.ckpt",))
     else:
         logger = config.trainer.logger
         save_dir = logger.init_args.get("save_dir") if hasattr(logger, "init_args") else None

@@ -197,13 +197,16 @@ def _requeue() -> None:
         print(f"requeued SLURM job {job}", flush=True)
 
 
-def find_last(roots: list[Path]) -> Path | None:
+RUN_FOLDERS = ("checkpoints/last.ckpt", "*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
+
+
+def find_last(roots: list[Path], patterns: tuple[str, ...] = RUN_FOLDERS) -> Path | None:
     """The newest `last.ckpt` in a run folder under `roots`, for `--ckpt_path last`.
 
     A run folder is where Lightning puts checkpoints: `<root>/<name>/<version>/checkpoints/`
     under a logger (CSV, TensorBoard, MLflow, W&B), `<root>/checkpoints/` without one. Only those
     depths are looked at, never the whole tree: the data may live under the same folder.
+    `patterns`: where under each root, ("last.ckpt",) for a `--checkpoint.dirpath`.
     """
-    patterns = ("checkpoints/last.ckpt", "*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
     found = [path for root in roots for pattern in patterns for path in root.glob(pattern)]
     return max(found, key=lambda path: path.stat().st_mtime, default=None)
