@@ -89,7 +89,7 @@ def test_bench_times_the_shards_beside_the_folder(colour_root: Path, tmp_path: P
     command = [sys.executable, "-m", PACKAGE, "bench", "--data.root", str(colour_root)]
     options = ["--data.stream", str(out), "--data.image_size", "16", "--data.batch_size", "4"]
     timed = subprocess.run(
-        [*command, *options, "--workers", "[0]", "--epochs", "1", "--json", "bench.json"],
+        [*command, *options, "--workers", "[1]", "--epochs", "1", "--json", "bench.json"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -99,6 +99,7 @@ def test_bench_times_the_shards_beside_the_folder(colour_root: Path, tmp_path: P
     results = json.loads((tmp_path / "bench.json").read_text())
     assert [r["pipeline"] for r in results] == ["naive", "decode", "stream"]
     assert all(r["images_per_s"] > 0 for r in results)
+    assert all(r["worker_pss_mib"] > 0 for r in results)  # LitData's workers measured too
     assert "| stream " in timed.stdout
 
 

@@ -9,6 +9,7 @@ ratios, the loader workers' memory, and the `num_workers` to use.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -75,7 +76,7 @@ def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) 
             images, targets = batch[0].to(device, non_blocking=True), batch[1].to(device)
             images = prepare((images, targets))[0]
             count += images.shape[0]
-            if epoch == epochs - 1 and step == 2:
+            if epoch == epochs - 1 and step == 2 and loader.num_workers > 0:
                 memory = _workers_memory_mib(iterator)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -104,7 +105,10 @@ def _workers_memory_mib(iterator) -> dict[str, float | None]:
     that sum RSS (SLURM's accounting, dashboards) count that file once per worker.
     """
     totals = dict.fromkeys(("Private_Dirty", "Pss", "Rss"), 0)
-    for worker in getattr(iterator, "_workers", []):
+    # torch's iterator lists its workers; LitData's loader wraps it in a generator that does not,
+    # and its workers are then this process's children (the bench starts no others).
+    workers = getattr(iterator, "_workers", None) or multiprocessing.active_children()
+    for worker in workers:
         try:
             with open(f"/proc/{worker.pid}/smaps_rollup") as file:
                 for line in file:
