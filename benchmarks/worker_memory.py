@@ -6,8 +6,8 @@
 For each size N, a labels CSV of N files (`class_042/img_00001234.jpg,class_042`, written once
 under DIR), read in a fresh process into the bake's `ImageFolderDataset` (`read_labels_csv`:
 paths packed in one byte buffer, numpy targets) and, in another, into the baseline: the way
-torchvision's `ImageFolder` keeps its files (`samples`, a Python list of `(path, label)` tuples). One
-forked loader worker (as on Linux) visits every item in a scattered order and does what
+torchvision's `ImageFolder` keeps its files (`samples`, a Python list of `(path, label)`
+tuples). One forked loader worker (as on Linux) visits every item in a scattered order and does what
 `__getitem__` does with the index before it opens the file (the path and label of item i); no
 image is read, so the pass takes seconds and needs no files. After the first batch and after the
 whole pass the parent reads the worker's memory from /proc: `Private_Dirty`, the pages the worker
@@ -136,7 +136,7 @@ def measure(package: str, kind: str, path: Path) -> dict:
         samples = [(os.path.join(root, name), index[label]) for name, label in rows]
         del rows
         lookup = samples.__getitem__
-    size = sum(1 for _ in open(path)) - 1
+    size = len(ours) if kind == "ours" else len(samples)
     first, after, seconds = worker_memory(lookup, size)
     return {"first": first, "after": after, "seconds": seconds}
 
@@ -151,7 +151,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(args.package, args.one[0], Path(args.one[1]))))
         return
-    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(f"{os.cpu_count()} CPUs, load {load}; one forked worker, every item once, scattered")
     print("| images | index | worker Private_Dirty: first batch -> all items | Pss after | pass |")
     print("|--------|-------|------------------------------------------------|-----------|------|")
