@@ -1,19 +1,21 @@
-"""Building the index at scale: labels CSVs of 100k and 1M rows, a class-folder tree of 100k files.
+"""Building the index at scale: labels CSVs of 100k and 1M rows, class-folder trees as large.
 
     PYTHONPATH=<bake>/src python benchmarks/index_scale.py <package> [--rounds 5] [--dir DIR] \
-        [--rows 100000 1000000]
+        [--rows 100000 1000000] [--against PACKAGE]
 
 Writes the inputs once under DIR (default build/bench/index): labels CSVs of 100k and 1M rows
-(`class_042/img_00001234.jpg,class_042`, classes drawn at random) and, as empty files in 100 class
-folders, the 100k files that the smaller CSV names. Times, in alternating rounds so that both see
-the same machine minutes, the baseline (BASELINE below: a copy of the index code before it was
-vectorised, a csv-module reader, os.walk listing and `np.isin` on path strings) against the bake's
-`data/labels_csv.py` and `data/index.py`: `read_labels_csv` + `encode_labels`, `make_dataset` on
-the tree (listed, and with the listing remembered from an earlier call), and `find_missing` of the
-100k CSV against the tree. Prints median wall and CPU seconds and old/new (CPU time is the steadier
-on a shared machine), the bytes of the index arrays (the same for both), and the peak heap of one
-1M-row read (tracemalloc, which counts numpy's arrays). Where fresh memory is dear (a VM where
-numpy's huge-page advice on large arrays costs system time once the baseline has freed its heap),
+(`class_042/img_00001234.jpg,class_042`, classes drawn at random) and, as empty files in 100
+class folders, the files that each CSV names (a million empty files: about a minute, once).
+Times, in alternating rounds so that both see the same machine minutes, the baseline (BASELINE
+below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing
+and `np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
+`read_labels_csv` + `encode_labels`, `make_dataset` on each tree (listed, and with the listing
+remembered from an earlier call), and `find_missing` of the 100k CSV against its tree; with
+--against, the CSV reading of another bake too (of an earlier commit, say, on PYTHONPATH beside
+the first). Prints median wall and CPU seconds and old/new (CPU time is the steadier on a shared
+machine), the bytes of the index arrays (the same for both), and the peak heap of one 1M-row
+read (tracemalloc, which counts numpy's arrays). Where fresh memory is dear (a VM where numpy's
+huge-page advice on large arrays costs system time once the baseline has freed its heap),
 NUMPY_MADVISE_HUGEPAGE=0 shows the difference that makes.
 """
 
@@ -92,8 +94,8 @@ def baseline_find_missing(table, root: Path, extensions: tuple[str, ...]) -> Non
 # ---- end of BASELINE ----
 
 
-def write_inputs(folder: Path, small: int, large: int) -> tuple[dict[int, Path], Path]:
-    """The CSVs, and the tree of the files that the smaller CSV names."""
+def write_inputs(folder: Path, small: int, large: int) -> tuple[dict[int, Path], dict[int, Path]]:
+    """The CSVs, and for each the tree of the files that it names."""
     folder.mkdir(parents=True, exist_ok=True)
     csvs = {}
     for rows in (small, large):
@@ -103,13 +105,14 @@ def write_inputs(folder: Path, small: int, large: int) -> tuple[dict[int, Path],
             names = (f"class_{c:03d}/img_{i:08d}.jpg" for i, c in enumerate(classes))
             lines = (f"{name},{name.split('/')[0]}\n" for name in names)
             csvs[rows].write_text("filename,label\n" + "".join(lines))
-    tree = folder / f"tree_{small}"
-    if sum(1 for _ in tree.glob("*/*.jpg")) != small:
-        with open(csvs[small]) as file:
-            for row in list(csv.reader(file))[1:]:
-                (tree / row[0]).parent.mkdir(parents=True, exist_ok=True)
-                (tree / row[0]).touch()
-    return csvs, tree
+    trees = {rows: folder / f"tree_{rows}" for rows in (small, large)}
+    for rows, tree in trees.items():
+        if sum(1 for _ in tree.glob("*/*.jpg")) != rows:
+            with open(csvs[rows]) as file:
+                for row in list(csv.reader(file))[1:]:
+                    (tree / row[0]).parent.mkdir(parents=True, exist_ok=True)
+                    (tree / row[0]).touch()
+    return csvs, trees
 
 
 def seconds(call) -> tuple[float, float]:
@@ -125,19 +128,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=Path("build/bench/index"))
     parser.add_argument("--rows", type=int, nargs=2, default=[100_000, 1_000_000])
+    parser.add_argument("--against", help="another bake's package: its CSV reader timed too")
     args = parser.parse_args()
     index = importlib.import_module(f"{args.package}.data.index")
     labels = importlib.import_module(f"{args.package}.data.labels_csv")
     listing = importlib.import_module(f"{args.package}.data.listing")
     extensions = importlib.import_module(f"{args.package}.data.images").IMG_EXTENSIONS
     small, large = args.rows
-    csvs, tree = write_inputs(args.dir, small, large)
+    csvs, trees = write_inputs(args.dir, small, large)
+    tree = trees[small]
     classes = index.find_classes(tree)
     class_to_idx = {name: i for i, name in enumerate(classes)}
     small_table = labels.read_labels_csv(csvs[small])
 
-    def encode(table):
-        return labels.encode_labels(table, labels.classes_from_labels(table))
+    against = args.against and importlib.import_module(f"{args.against}.data.labels_csv")
+
+    def encode(table, module=labels):
+        return module.encode_labels(table, module.classes_from_labels(table))
 
     steps = {}
     for rows, path in csvs.items():
@@ -145,23 +152,29 @@ def main() -> None:
             lambda path=path: encode(baseline_read_labels_csv(labels, path)),
             lambda path=path: encode(labels.read_labels_csv(path)),
         )
-    steps[f"class folders, {small:,} files: make_dataset"] = (
-        lambda: baseline_make_dataset(tree, class_to_idx, extensions),
-        lambda: index.make_dataset(tree, class_to_idx),
-    )
+        if against:
+            steps[f"  {args.against}'s reader, {rows:,} rows"] = (
+                lambda path=path: encode(baseline_read_labels_csv(labels, path)),
+                lambda path=path: encode(against.read_labels_csv(path), against),
+            )
     # The listing remembered (data/listing.py): a first call lists and stores, the timed ones reuse
     # it. Folders changed in the last 2 s are never remembered: the tree's are set a minute back.
     memo = args.dir / "listings"
     past = time.time_ns() - 60 * 10**9
-    for folder in [tree, *(p for p in tree.iterdir() if p.is_dir())]:
-        os.utime(folder, ns=(past, past))
-    listing.listed_tree(tree, True, memo)
-    steps["  the same, listing remembered"] = (
-        lambda: baseline_make_dataset(tree, class_to_idx, extensions),
-        lambda: index.make_dataset(
-            tree, class_to_idx, listed=listing.listed_tree(tree, True, memo)
-        ),
-    )
+    for rows, folder_tree in trees.items():
+        steps[f"class folders, {rows:,} files: make_dataset"] = (
+            lambda t=folder_tree: baseline_make_dataset(t, class_to_idx, extensions),
+            lambda t=folder_tree: index.make_dataset(t, class_to_idx),
+        )
+        for folder in [folder_tree, *(p for p in folder_tree.iterdir() if p.is_dir())]:
+            os.utime(folder, ns=(past, past))
+        listing.listed_tree(folder_tree, True, memo)
+        steps[f"  the same, listing remembered ({rows:,})"] = (
+            lambda t=folder_tree: baseline_make_dataset(t, class_to_idx, extensions),
+            lambda t=folder_tree: index.make_dataset(
+                t, class_to_idx, listed=listing.listed_tree(t, True, memo)
+            ),
+        )
     steps[f"CSV of {small:,} rows against the tree: find_missing"] = (
         lambda: baseline_find_missing(small_table, tree, extensions),
         lambda: labels.find_missing(small_table, tree),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import random
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from {{ cookiecutter.package_name }}.data import csv_split
 from {{ cookiecutter.package_name }}.data import labels_csv as index
 from {{ cookiecutter.package_name }}.data.index import list_images, make_dataset
 from {{ cookiecutter.package_name }}.data.labels_csv import LabelsTable, find_missing, read_labels_csv
@@ -19,6 +21,12 @@ from {{ cookiecutter.package_name }}.data.listing import listed_tree
 from {{ cookiecutter.package_name }}.errors import DataError
 
 COLUMNS = ("filename", "label")
+
+
+def same_keys(monkeypatch: pytest.MonkeyPatch, keys) -> None:
+    """Hash strings with `keys` wherever the CSV reader does (labels, and paths)."""
+    for module in (index, csv_split):
+        monkeypatch.setattr(module, "string_keys", keys)
 
 
 def both_readers(raw: bytes, csv_file: Path, columns: tuple[str, str] = COLUMNS) -> list:
@@ -134,6 +142,48 @@ def test_errors_on_the_numpy_path_name_the_line(tmp_path: Path) -> None:
         index._read_plain(raw, tmp_path / "big.csv", *COLUMNS)
 
 
+@pytest.mark.parametrize("block", [1, 30])
+def test_lines_split_in_blocks_read_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    """Lines taken a few bytes at a time: labels new in later blocks, of other widths, equal hashes
+    of different labels across blocks, and errors past the first block, all as the csv module."""
+    monkeypatch.setattr(csv_split, "BLOCK", block)
+    rng = random.Random(30)
+
+    def rows(labels: list[str]) -> str:
+        rows = [f"{i}.jpg ,{rng.choice(labels)}{rng.choice(['', ',x'])}" for i in range(20)]
+        return "filename,label\n" + "\n".join(rows) + rng.choice(["", "\n", "\n0.jpg,cat"])
+
+    texts = [*QUIRKS, "filename,label\na.jpg,cat\n\nb.jpg\nc.jpg,dog\n", "filename,label\n"]
+    labels = ["cat", " dog", "猫\u3000", "0", "a much longer label", "cat "]
+    texts += [rows(labels) for _ in range(30)]
+    for text in texts:
+        columns = ("File", "Label") if text.startswith(" Label") else COLUMNS
+        plain, with_csv = both_readers(text.encode(), tmp_path / "labels.csv", columns)
+        assert plain == with_csv, text
+    long_labels = ["a long label", " another label", "a long label ", "yet another label"]
+    texts = [rows(long_labels) for _ in range(10)]  # labels of <= 8 bytes never share a hash
+    answers = [both_readers(text.encode(), tmp_path / "labels.csv") for text in texts]
+    same_keys(monkeypatch, lambda strings: np.zeros(len(strings), np.uint64))
+    for text, answer in zip(texts, answers, strict=True):
+        assert both_readers(text.encode(), tmp_path / "labels.csv") == answer, text
+
+
+def test_a_long_line_after_an_error_takes_the_csv_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line over the csv field limit anywhere hands the file over, before any error is raised."""
+    monkeypatch.setattr(csv_split, "BLOCK", 1)
+    long_row = b"c.jpg," + b"x" * 60 + b"\n"
+    limit = csv.field_size_limit(50)
+    try:
+        for raw in (b"filename,label\na.jpg,cat\nb.jpg\n", b"file,label\na.jpg,cat\n"):
+            assert index._read_plain(raw + long_row, Path("labels.csv"), *COLUMNS) is None
+            with pytest.raises(DataError, match="line 3 has 1 columns|has no column 'filename'"):
+                index._read_plain(raw, Path("labels.csv"), *COLUMNS)
+    finally:
+        csv.field_size_limit(limit)
+
+
 @pytest.mark.parametrize(
     "raw", [b'filename,label\na.jpg,"cat"\n', b"filename,label\na.jpg,cat\rb.jpg,dog\n"]
 )
@@ -182,7 +232,7 @@ def test_hash_collisions_change_nothing(tmp_path: Path, monkeypatch: pytest.Monk
         "filename,label\na.jpg,a long label\nb.jpg,another label\nc.jpg,a long label\n"
     )
     table = as_tuple(read_labels_csv(csv_file))
-    monkeypatch.setattr(index, "string_keys", lambda strings: np.zeros(len(strings), np.uint64))
+    same_keys(monkeypatch, lambda strings: np.zeros(len(strings), np.uint64))
     assert as_tuple(read_labels_csv(csv_file)) == table
     assert table[2:4] == (["a long label", "another label"], [0, 1, 0])
     with pytest.raises(DataError, match=r"2 of 3 rows .*line 3 'b\.jpg', line 4 'c\.jpg'$"):
@@ -201,9 +251,7 @@ def test_labels_whose_keys_share_top_bits(tmp_path: Path, monkeypatch: pytest.Mo
     """Small keys: the labels' table slots collide, and rows are looked up by a sorted search."""
     raw = b"filename,label\na.jpg,x\nb.jpg,y\nc.jpg,x\nd.jpg,z\n"
     expected = both_readers(raw, tmp_path / "labels.csv")
-    monkeypatch.setattr(
-        index, "string_keys", lambda s: np.unique(s, return_inverse=True)[1].astype(np.uint64)
-    )
+    same_keys(monkeypatch, lambda s: np.unique(s, return_inverse=True)[1].astype(np.uint64))
     assert both_readers(raw, tmp_path / "labels.csv") == expected
     assert expected[0][2:4] == (["x", "y", "z"], [0, 1, 0, 2])
 

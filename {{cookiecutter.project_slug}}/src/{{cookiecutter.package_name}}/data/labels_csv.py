@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from {{ cookiecutter.package_name }}.data.csv_split import LabelCoder, Lines, blocks
 from {{ cookiecutter.package_name }}.data.index import (
     check_dir,
     check_file,
     encode_paths,
-    gather_strings,
     preview,
     string_keys,
 )
@@ -76,17 +76,6 @@ def read_labels_csv(
     return _read_with_csv(raw, csv_file, *columns) if table is None else table
 
 
-_SPACES = [chr(c) for c in range(0x3001) if chr(c).isspace()]  # what str.strip removes
-_ASCII_SPACE = np.zeros(256, dtype=bool)
-_ASCII_SPACE[[ord(c) for c in _SPACES if c.isascii()]] = True
-_SPACE_FIRST_BYTE = np.zeros(256, dtype=bool)  # of the UTF-8 of a non-ASCII space
-_SPACE_FIRST_BYTE[[c.encode()[0] for c in _SPACES if not c.isascii()]] = True
-_SPACE_LAST_BYTE = np.zeros(256, dtype=bool)
-_SPACE_LAST_BYTE[[c.encode()[-1] for c in _SPACES if not c.isascii()]] = True
-_FIRST_BYTE = _ASCII_SPACE | _SPACE_FIRST_BYTE  # a span that may start with a space
-_LAST_BYTE = _ASCII_SPACE | _SPACE_LAST_BYTE
-
-
 def _read_plain(
     raw: bytes, csv_file: Path, filename_column: str, label_column: str
 ) -> LabelsTable | None:
@@ -95,126 +84,56 @@ def _read_plain(
     Each line's fields lie between consecutive delimiters (commas and newlines), so field j of a
     row starts after its line's j-th delimiter: a row's spans come from one index into them.
     """
-    # Why: the csv module makes a Python list per row, 2.5-4.3 s for a million rows; split with
-    # numpy on the positions of commas and newlines they take 3-9x less CPU time
-    # (benchmarks/index_scale.py). np.loadtxt alone takes 0.6 s, and pandas or pyarrow would be
-    # new dependencies. What this does not handle goes to the csv module, which defines the
-    # behaviour: quotes, NUL bytes, lone CRs, lines longer than the csv field limit.
+    # Why: the csv module makes a Python list per row, 1.9-2.1 s for a million rows; split with
+    # numpy on the positions of commas and newlines they take 0.15-0.21 s, 10x less CPU time
+    # (benchmarks/index_scale.py). np.loadtxt takes 0.36 s only to split them, and pandas or
+    # pyarrow would be new dependencies. The lines are split 1 MB at a time (`csv_split.BLOCK`):
+    # arrays of a few hundred kB, reused from block to block. numpy asks for huge pages for arrays
+    # of 4 MiB or more, and on this VM a fresh one cost up to 6 ms a MB in page faults: split all
+    # at once, into a dozen arrays of 8-16 MB, the same rows took 0.27-0.67 s (BENCHMARKS.md).
+    # What this does not handle goes to the csv module, which defines the behaviour: quotes, NUL
+    # bytes, lone CRs, lines longer than the csv field limit.
     if b'"' in raw or b"\0" in raw:
         return None
     if not raw.endswith(b"\n"):
         raw += b"\n"
+    if b"\r" in raw and raw.count(b"\r") > raw.count(b"\r\n"):  # a lone CR
+        return None
     buf = np.frombuffer(raw, dtype=np.uint8)
-    step = 1 << 22  # bytes at a time: small masks, reused, not three the size of the file
-    delims = np.concatenate([_delimiters(buf[i : i + step]) + i for i in range(0, len(buf), step)])
-    line_ends = np.flatnonzero(buf[delims] == ord("\n"))  # index in `delims` of each "\n"
-    newlines = delims[line_ends]
-    starts = np.concatenate(([0], newlines[:-1] + 1))
-    crlf = (buf[newlines - 1] == ord("\r")) & (newlines > starts)
-    lengths = newlines - starts - crlf
-    if lengths.max() > csv.field_size_limit():
-        return None
-    if b"\r" in raw and raw.count(b"\r") > crlf.sum():
-        return None
-    header = raw[: lengths[0]].decode()
-    columns = [name.strip() for name in header.split(",")] if header else []
-    file_at = _column(columns, filename_column, "filename_column", csv_file)
-    label_at = _column(columns, label_column, "label_column", csv_file)
+    header_end = raw.index(b"\n")
+    header = raw[:header_end].removesuffix(b"\r")
+    ranges = blocks(raw, header_end + 1)
+    limit = csv.field_size_limit()
+    columns = [name.strip() for name in header.decode().split(",")] if header else []
+    try:
+        file_at = _column(columns, filename_column, "filename_column", csv_file)
+        label_at = _column(columns, label_column, "label_column", csv_file)
+    except DataError:
+        if len(header) > limit or any(Lines(buf, *block).longest > limit for block in ranges):
+            return None
+        raise
     needed = max(file_at, label_at) + 1
-    counts = np.diff(line_ends) * (lengths[1:] > 0)  # the fields of each row; blank lines: 0
-    keep = counts >= needed
-    for i in np.flatnonzero(~keep & (counts > 0)).tolist():  # short rows: blank, or an error
-        text = raw[starts[i + 1] : starts[i + 1] + lengths[i + 1]].decode()
-        if text.replace(",", "").strip():
-            raise DataError(
-                f"{csv_file} line {i + 2} has {counts[i]} columns, expected "
-                f"{len(columns)} ({','.join(columns)}): {text!r}"
-            )
-    first = line_ends[:-1][keep]  # each kept row's first delimiter: the previous line's "\n"
-    lines = np.flatnonzero(keep) + 2
-    file_starts, file_ends = _field(buf, delims, first, file_at)
-    label_starts, label_ends = _field(buf, delims, first, label_at)
-    del delims, line_ends, newlines, starts, lengths, counts, keep, first  # room for what follows
-    _strip(raw, buf, file_starts, file_ends)
-    paths = gather_strings(buf, file_starts, file_ends)
-    firsts, raw_codes = _distinct(gather_strings(buf, label_starts, label_ends))
-    index: dict[str, int] = {}
-    recode = [
-        index.setdefault(raw[s:e].decode().strip(), len(index))
-        for s, e in zip(label_starts[firsts].tolist(), label_ends[firsts].tolist(), strict=True)
-    ]
-    codes = np.array(recode, dtype=np.int64)[raw_codes]
-    return _checked(LabelsTable(csv_file, paths, list(index), codes, lines))
-
-
-def _delimiters(buf: np.ndarray) -> np.ndarray:
-    return np.flatnonzero((buf == ord(",")) | (buf == ord("\n")))
-
-
-def _field(
-    buf: np.ndarray, delims: np.ndarray, first: np.ndarray, at: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of field `at` of each row: after delimiter `first + at`, before the next."""
-    starts = delims[first + at] + 1
-    ends = delims[first + at + 1]
-    ends -= buf[ends - 1] == ord("\r")  # only before a "\n": lone CRs take the csv module
-    return starts, ends
-
-
-def _strip(raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-    """Narrow the spans past surrounding whitespace in place, exactly as `str.strip` would."""
-    rows = np.flatnonzero(_FIRST_BYTE[buf[starts]] | _LAST_BYTE[buf[np.maximum(ends - 1, 0)]])
-    for step, edge in ((1, starts), (-1, ends)):
-        active = rows
-        while len(active):
-            active = active[starts[active] < ends[active]]
-            active = active[_ASCII_SPACE[buf[edge[active] - (step < 0)]]]
-            edge[active] += step
-    # A non-ASCII space (U+00A0, U+3000, ...) at either end: those few rows strip in Python.
-    rows = rows[starts[rows] < ends[rows]]
-    odd = _SPACE_FIRST_BYTE[buf[starts[rows]]] | _SPACE_LAST_BYTE[buf[ends[rows] - 1]]
-    for i in rows[odd].tolist():
-        text = raw[starts[i] : ends[i]].decode()
-        starts[i] = ends[i] - len(text.lstrip().encode())
-        ends[i] = starts[i] + len(text.strip().encode())
-
-
-def _distinct(strings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The first of each distinct item, in order of appearance, and each item's index into them."""
-    keys = string_keys(strings)
-    if len(np.unique(keys[: 1 << 16])) > 4096:  # many labels: sort the rows
-        _, firsts, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    else:  # few labels, many rows: look each row's label up, and sort only the labels
-        distinct = np.unique(keys)
-        inverse = _lookup(keys, distinct)
-        firsts = _first_rows(inverse, len(distinct))
-    if strings.dtype.itemsize > 8 and not (strings == strings[firsts[inverse]]).all():
-        _, firsts, inverse = np.unique(strings, return_index=True, return_inverse=True)
-    order = np.argsort(firsts)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return firsts[order], rank[inverse.ravel()]
-
-
-def _lookup(keys: np.ndarray, distinct: np.ndarray) -> np.ndarray:
-    """The index of each key in `distinct`, from a table by its top 20 bits where they differ."""
-    slots = distinct >> np.uint64(44)
-    if len(np.unique(slots)) < len(distinct):
-        return np.searchsorted(distinct, keys)
-    table = np.zeros(1 << 20, dtype=np.intp)
-    table[slots] = np.arange(len(distinct))
-    return table[keys >> np.uint64(44)]
-
-
-def _first_rows(inverse: np.ndarray, count: int) -> np.ndarray:
-    """The first i with `inverse[i] == k`, for each k < count: looked for a chunk at a time."""
-    firsts = np.full(count, len(inverse))
-    for start in range(0, len(inverse), 1 << 16):
-        codes, at = np.unique(inverse[start : start + (1 << 16)], return_index=True)
-        firsts[codes] = np.minimum(firsts[codes], at + start)
-        if (firsts < len(inverse)).all():
-            break
-    return firsts
+    labels = LabelCoder()
+    parts = []  # of each block: its rows' paths, label codes and line numbers
+    short = None  # the first row with too few fields that is not blank: (line, fields, text)
+    longest, line = len(header), 2
+    for lo, hi in ranges:  # a too-long line anywhere hands the file to the csv module: read on
+        lines = Lines(buf, lo, hi)
+        longest = max(longest, lines.longest)
+        short = short or lines.first_short_row(raw, needed, line)
+        if short is None:
+            paths, label_bytes, numbers = lines.rows(raw, buf, file_at, label_at, needed, line)
+            parts.append((paths, labels.encode(label_bytes), numbers))
+        line += len(lines.counts)
+    if longest > limit:
+        return None
+    if short is not None:
+        raise DataError(
+            f"{csv_file} line {short[0]} has {short[1]} columns, expected "
+            f"{len(columns)} ({','.join(columns)}): {short[2]!r}"
+        )
+    paths, codes, numbers = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
+    return _checked(LabelsTable(csv_file, paths, list(labels.values), codes, numbers))
 
 
 def _read_with_csv(
@@ -267,7 +186,8 @@ def _checked(table: LabelsTable) -> LabelsTable:
     if "" in table.values:
         row = table.first_row(table.values.index(""))
         raise DataError(f"{table.where(row)} has an empty label")
-    keys = np.sort(string_keys(table.paths))
+    keys = string_keys(table.paths)
+    keys.sort()
     if (keys[1:] == keys[:-1]).any():  # equal paths or, rarely, equal hashes: compare the paths
         _refuse_duplicates(table)
     return table
