@@ -8,6 +8,9 @@
 #
 # COUNT, EPOCHS, BATCH, WORKERS, ACCELERATOR and PRECISION override the defaults below (the
 # script also runs on a CPU, for a dry run: ACCELERATOR=cpu PRECISION=32-true COUNT=64 BATCH=8).
+# Where the Python has LitData (the stream extra), a third run trains from shards of the same
+# photos (`shard`, outside the timed run). PROJECT=<a baked project> uses that bake instead of
+# baking one (for a machine without cookiecutter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="$(mkdir -p "${1:-build/gpu}" && cd "${1:-build/gpu}" && pwd)"
@@ -15,15 +18,33 @@ COUNT="${COUNT:-8000}" EPOCHS="${EPOCHS:-4}" BATCH="${BATCH:-256}" WORKERS="${WO
 ACCELERATOR="${ACCELERATOR:-gpu}" PRECISION="${PRECISION:-bf16-mixed}"
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo "$PWD/.venv/bin/python" || echo python3 )}"
 
-"$PYTHON" benchmarks/make_images.py "$OUT/photos" --count "$COUNT" --size 500x375
-"$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Gpu Proj"
-cd "$OUT/gpu-proj"
+[ -d "$OUT/photos" ] || "$PYTHON" benchmarks/make_images.py "$OUT/photos" --count "$COUNT" --size 500x375
+if [ -n "${PROJECT:-}" ]; then
+    PROJECT="$(cd "$PROJECT" && pwd)"
+else
+    "$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Gpu Proj"
+    PROJECT="$OUT/gpu-proj"
+fi
+PACKAGE="$(basename "$(dirname "$(ls "$PROJECT"/src/*/__main__.py)")")"
+cd "$PROJECT"
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $COUNT images, batch $BATCH, $EPOCHS epochs"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-for cache in none memmap; do
+modes="none memmap"
+if PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "import litdata" 2>/dev/null; then
+    modes="$modes stream"
+else
+    echo "no LitData in this Python: the shards run is left out"
+fi
+for cache in $modes; do
+    data=(--data.cache "$cache")
     if [ "$cache" = memmap ]; then  # built outside the timed run, as a second run would find it
-        PYTHONPATH=src "$PYTHON" -c "from gpu_proj.data import ImageDataModule as D; \
+        PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "from $PACKAGE.data import ImageDataModule as D; \
 D(root='$OUT/photos', image_size=224, cache='memmap', cache_dir='$OUT/cache').setup('fit')"
+    elif [ "$cache" = stream ]; then  # shards of the same photos, written outside the timed run
+        rm -rf "$OUT/shards"
+        PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m "$PACKAGE" shard --data.root "$OUT/photos" \
+            --output "$OUT/shards" 2>&1 | tail -1
+        data=(--data.stream "$OUT/shards")
     fi
     sampler=""
     if command -v nvidia-smi >/dev/null; then
@@ -32,9 +53,10 @@ D(root='$OUT/photos', image_size=224, cache='memmap', cache_dir='$OUT/cache').se
         sampler=$!
     fi
     rm -rf "$OUT/runs-$cache" && mkdir -p "$OUT/runs-$cache"
-    (cd "$OUT/runs-$cache" && PYTHONPATH="$OUT/gpu-proj/src" "$PYTHON" -m gpu_proj fit \
+    (cd "$OUT/runs-$cache" && PYTHONPATH="$PROJECT/src${PYTHONPATH:+:$PYTHONPATH}" \
+        "$PYTHON" -m "$PACKAGE" fit \
         --data.root "$OUT/photos" --data.image_size 224 --data.batch_size "$BATCH" \
-        --data.num_workers "$WORKERS" --data.cache "$cache" --data.cache_dir "$OUT/cache" \
+        --data.num_workers "$WORKERS" "${data[@]}" --data.cache_dir "$OUT/cache" \
         --trainer.accelerator "$ACCELERATOR" --trainer.devices 1 --trainer.precision "$PRECISION" \
         --trainer.max_epochs "$EPOCHS" --trainer.enable_progress_bar false \
         > "$OUT/fit-$cache.log" 2>&1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -85,5 +86,6 @@ def test_gpu_benchmark_dry_run_on_the_cpu(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("cache=")]
-    assert [line.split()[0] for line in lines] == ["cache=none", "cache=memmap"]
+    shards = ["cache=stream"] if find_spec("litdata") else []  # LitData: the stream extra
+    assert [line.split()[0] for line in lines] == ["cache=none", "cache=memmap", *shards]
     assert all("data_wait_fraction" in line for line in lines)

@@ -1,0 +1,133 @@
+"""On one CUDA GPU: training through the CLI gets pinned uint8 batches normalised on the device,
+and the model it saves predicts there as on the CPU; the same from shards. Marked `gpu` and skipped
+where no CUDA device is found (CI has none): run them with `pytest -m gpu` on a GPU machine."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import CSV_LOGGER, tiny_run_options
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+TESTS = Path(__file__).parent
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+class Probe(L.Callback):
+    """Writes what the first training batch looked like, before and after its transfer, to
+    $PROBE_FILE: the loader's pinning, the dtype it sent, and where and as what it arrived."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if batch_idx == 0 and trainer.current_epoch == 0:
+            loader = trainer.train_dataloader
+            record = {
+                "pin_memory": bool(loader.pin_memory),
+                "device": batch[0].device.type,
+                "dtype": str(batch[0].dtype),
+                "mean": float(batch[0].float().mean()),
+                "loader": type(loader).__name__,
+            }
+            Path(os.environ["PROBE_FILE"]).write_text(json.dumps(record))
+
+
+def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    run = subprocess.run(
+        [sys.executable, "-m", PACKAGE, *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def fit_on_gpu(data: list[str], tmp_path: Path) -> dict:
+    probe = tmp_path / "probe.json"
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "2"]
+    gpu = ["--trainer.accelerator", "gpu", "--trainer.devices", "1"]
+    cli(
+        "fit",
+        *data,
+        *gpu,
+        "--trainer.precision",
+        "bf16-mixed",
+        *quiet,
+        *CSV_LOGGER,
+        "--trainer.callbacks+=test_gpu.Probe",
+        cwd=tmp_path,
+        env={"PROBE_FILE": str(probe)},
+    )
+    return json.loads(probe.read_text())
+
+
+def predictions(path: Path) -> dict[str, tuple[str, float]]:
+    with open(path, newline="") as file:
+        rows = csv.DictReader(file)
+        return {row["path"]: (row["label"], float(row["probability"])) for row in rows}
+
+
+def test_fit_on_one_gpu_normalises_on_the_device_and_predicts_as_the_cpu(
+    image_root: Path, tmp_path: Path
+) -> None:
+    data = [*tiny_run_options(image_root), "--data.num_workers", "2"]
+    seen = fit_on_gpu(data, tmp_path)
+    assert seen["pin_memory"] and seen["device"] == "cuda" and seen["dtype"] == "torch.float32"
+    assert -3 < seen["mean"] < 3  # normalised, not 0-255
+    checkpoint = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
+    assert checkpoint.is_file()
+
+    outputs = {}
+    for accelerator in ("gpu", "cpu"):
+        outputs[accelerator] = tmp_path / f"{accelerator}.csv"
+        cli(
+            "predict",
+            "--ckpt_path",
+            str(checkpoint),
+            "--data.predict_root",
+            str(image_root),
+            "--trainer.accelerator",
+            accelerator,
+            "--predictions.output",
+            str(outputs[accelerator]),
+            cwd=tmp_path,
+        )
+    on_gpu, on_cpu = predictions(outputs["gpu"]), predictions(outputs["cpu"])
+    assert on_gpu.keys() == on_cpu.keys() and len(on_gpu) == 24
+    for path, (label, probability) in on_gpu.items():
+        assert on_cpu[path][1] == pytest.approx(probability, abs=2e-3), path
+        assert label == on_cpu[path][0] or abs(probability - on_cpu[path][1]) < 2e-3, path
+
+
+def test_the_normaliser_gives_on_the_gpu_what_it_gives_on_the_cpu() -> None:
+    from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
+
+    normalise = BatchNormalizer((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    images = torch.randint(0, 256, (8, 3, 64, 48), dtype=torch.uint8)
+    on_gpu = normalise(images.cuda()).cpu()
+    assert torch.allclose(on_gpu, normalise(images), atol=1e-5)
+
+
+needs_litdata = pytest.mark.skipif(find_spec("litdata") is None, reason="the stream extra")
+
+
+@needs_litdata
+def test_shards_train_on_the_gpu(image_root: Path, tmp_path: Path) -> None:
+    cli("shard", "--data.root", str(image_root), "--output", str(tmp_path / "shards"), cwd=tmp_path)
+    data = ["--data.stream", str(tmp_path / "shards"), "--data.image_size", "16"]
+    seen = fit_on_gpu([*data, "--data.batch_size", "4", "--data.num_workers", "2"], tmp_path)
+    assert seen["loader"] == "StreamingDataLoader" and seen["pin_memory"]
+    assert seen["device"] == "cuda" and seen["dtype"] == "torch.float32"
