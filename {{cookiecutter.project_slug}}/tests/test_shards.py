@@ -3,6 +3,7 @@ folder and from a real S3 API server (moto's) on 127.0.0.1, over HTTPS with a th
 
 from __future__ import annotations
 
+import csv
 import datetime
 import ipaddress
 import json
@@ -15,7 +16,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from conftest import one_error
+from conftest import one_error, write_image
 from test_mid_epoch import colour_root as colour_root  # the fixture, shared
 from test_mid_epoch import fit, interrupted_and_resumed
 
@@ -219,8 +220,12 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
 ) -> None:
     """Shard to s3://, then 2-process DDP from there: each rank trains on its own images, none
     shared; stopped in epoch 1 and resumed with `--ckpt_path last`, each rank ends as the
-    uninterrupted run did; then `validate` from the same shards."""
-    done = shard(colour_root, "s3://shards/colours", cwd=tmp_path)
+    uninterrupted run did; then `validate` and `predict` from the same shards."""
+    unlabelled = tmp_path / "unlabelled"
+    for i in range(5):
+        write_image(unlabelled / f"u{i}.png", (50 * i, 100, 150))
+    predict = ["--data.predict_root", str(unlabelled)]
+    done = shard(colour_root, "s3://shards/colours", *predict, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     stored = {item["Key"] for item in s3.list_objects_v2(Bucket="shards")["Contents"]}
     assert {"colours/dataset.json", "colours/train/index.json"} <= stored
@@ -240,6 +245,18 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
     )
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert "val_acc" in scored.stdout
+    predicted = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "predict", "--ckpt_path", "last"]
+        + ["--data.stream", "s3://shards/colours", "--predictions.output", "s3.csv"],
+        cwd=parts,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    with open(parts / "s3.csv", newline="") as file:
+        paths = [row[0] for row in list(csv.reader(file))[1:]]
+    assert sorted(paths) == [f"u{i}.png" for i in range(5)]  # each image once
 
 
 @pytest.mark.skipif(find_spec("litdata") is not None, reason="this bake has the stream extra")

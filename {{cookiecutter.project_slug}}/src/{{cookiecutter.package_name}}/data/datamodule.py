@@ -234,7 +234,10 @@ class ImageDataModule(L.LightningDataModule):
                 self.predict_dataset = self._streamed_split("predict")
                 return
             if self.predict_root is None:
-                raise DataError("predict needs --data.predict_root: a folder of images")
+                raise DataError(
+                    "predict needs --data.predict_root: a folder of images (or --data.stream: "
+                    "shards written with --data.predict_root)"
+                )
             index = once(self.trainer, partial(unlabelled_folder, self.predict_root))
             predict = self._eval_dataset(index)
             if self.skip_bad_images:
