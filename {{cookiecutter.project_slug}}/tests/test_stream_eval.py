@@ -151,3 +151,25 @@ def test_shard_shuffles_training_images_and_keeps_to_its_own_staging_folders(
     labels = [int(stored[i]["label"]) for i in range(len(stored))]
     assert Counter(labels) == {0: 8, 1: 8, 2: 8}
     assert np.any(np.diff(labels) < 0) and labels != sorted(labels), labels
+
+
+@needs_litdata
+def test_folder_options_that_shards_cannot_honour_are_refused(
+    colour_root: Path, tmp_path: Path
+) -> None:
+    assert shard(colour_root, str(tmp_path / "shards"), cwd=tmp_path).returncode == 0
+    for option, value in (
+        ("balance_classes", "true"),
+        ("cache", "memmap"),
+        ("skip_bad_images", "true"),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-m", PACKAGE, "fit", "--data.stream", str(tmp_path / "shards")]
+            + [f"--data.{option}", value],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        error = one_error(run.returncode, run.stderr)
+        assert f"--data.stream does not take --data.{option} {value}" in error, error

@@ -179,6 +179,8 @@ class ImageDataModule(L.LightningDataModule):
         self.stream = str(stream).rstrip("/") if stream else None
         self.stream_cache_dir = str(stream_cache_dir)
         self.stream_cache_limit = stream_cache_limit
+        if self.stream is not None:
+            _refuse_with_stream(balance_classes, cache, skip_bad_images)
         self.predict_root = Path(predict_root) if predict_root is not None else None
         self.test_root = Path(test_root) if test_root is not None else None
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.test_csv")
@@ -380,6 +382,18 @@ class ImageDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Turn the uint8 images of a batch into normalised float, on whatever device they are."""
         return (self.normalizer(batch[0]), *batch[1:])
+
+
+def _refuse_with_stream(balance_classes: bool, cache: str, skip_bad_images: bool) -> None:
+    """Folder-path options that shards cannot honour: an error before training, not ignored."""
+    given = {
+        "--data.balance_classes true (LitData draws the order)": balance_classes,
+        f"--data.cache {cache} (shards are read as stored)": cache != "none",
+        "--data.skip_bad_images true (pass it to `shard`)": skip_bad_images,
+    }
+    if any(given.values()):
+        options = "; ".join(option for option, on in given.items() if on)
+        raise DataError(f"--data.stream does not take {options}")
 
 
 def require_shards():
