@@ -141,7 +141,9 @@ def run(data: dict, workers: list[int], epochs: int, device: torch.device) -> li
     if data.get("cache") == "memmap":
         pipelines.append(("memmap", {"cache": "memmap", "stream": None}))
     if data.get("stream"):
-        pipelines.append(("stream", {"cache": "none"}))
+        # what shards cannot do (`--data.stream` refuses it) is left to the folder rows
+        off = {"cache": "none", "balance_classes": False, "skip_bad_images": False}
+        pipelines.append(("stream", off))
     modules = {}
     for name, options in pipelines:
         if options is None:
