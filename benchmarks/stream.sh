@@ -6,6 +6,7 @@
 #
 #   benchmarks/stream.sh [OUT_DIR] [WORKERS]      e.g. benchmarks/stream.sh build/bench "[1,2]"
 #
+# COUNT=8000 (default 2000) writes a larger set, for longer epochs; use a new OUT_DIR with it.
 # Needs a Python with the template's dev requirements and litdata (`pip install litdata`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ WORKERS="${2:-[1,2]}"
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo "$PWD/.venv/bin/python" || echo python3 )}"
 SET="$OUT/photos-500x375"
 
-[ -d "$SET" ] || "$PYTHON" benchmarks/make_images.py "$SET" --count 2000 --size 500x375
+[ -d "$SET" ] || "$PYTHON" benchmarks/make_images.py "$SET" --count "${COUNT:-2000}" --size 500x375
 "$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Bench Proj"
 cd "$OUT/bench-proj"
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -20,7 +20,8 @@ import time
 from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
-from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, require_shards
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.stream_extra import require_shards
 from {{ cookiecutter.package_name }}.errors import DataError
 
 PROG = "python -m {{ cookiecutter.package_name }} shard"

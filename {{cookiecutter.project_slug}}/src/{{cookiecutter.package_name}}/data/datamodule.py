@@ -2,7 +2,8 @@
 
 A source (`sources.py`) indexes the files; `dataset.py` decodes them lazily; `scan.py` leaves out
 unreadable ones; `cache.py` serves pre-decoded pixels; `loaders.py` makes the DataLoaders;
-`normalize.py` turns uint8 batches into normalised floats on the device.
+`normalize.py` turns uint8 batches into normalised floats on the device; `shards.py` reads LitData
+shards, reached through `stream_extra.py`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from {{ cookiecutter.package_name }}.data.sources import (
     labelled_source,
     unlabelled_folder,
 )
+from {{ cookiecutter.package_name }}.data.stream_extra import refuse_with_stream, require_shards
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -180,7 +182,7 @@ class ImageDataModule(L.LightningDataModule):
         self.stream_cache_dir = str(stream_cache_dir)
         self.stream_cache_limit = stream_cache_limit
         if self.stream is not None:
-            _refuse_with_stream(balance_classes, cache, skip_bad_images)
+            refuse_with_stream(balance_classes, cache, skip_bad_images)
         self.predict_root = Path(predict_root) if predict_root is not None else None
         self.test_root = Path(test_root) if test_root is not None else None
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.test_csv")
@@ -382,31 +384,6 @@ class ImageDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Turn the uint8 images of a batch into normalised float, on whatever device they are."""
         return (self.normalizer(batch[0]), *batch[1:])
-
-
-def _refuse_with_stream(balance_classes: bool, cache: str, skip_bad_images: bool) -> None:
-    """Folder-path options that shards cannot honour: an error before training, not ignored."""
-    given = {
-        "--data.balance_classes true (LitData draws the order)": balance_classes,
-        f"--data.cache {cache} (shards are read as stored)": cache != "none",
-        "--data.skip_bad_images true (pass it to `shard`)": skip_bad_images,
-    }
-    if any(given.values()):
-        options = "; ".join(option for option, on in given.items() if on)
-        raise DataError(f"--data.stream does not take {options}")
-
-
-def require_shards():
-    """The shards module (`data/shards.py`), once LitData, an optional dependency, is found."""
-    try:
-        import litdata  # noqa: F401
-    except ImportError as err:
-        raise DataError(
-            '--data.stream needs LitData: pip install ".[stream]" (the stream extra)'
-        ) from err
-    from {{ cookiecutter.package_name }}.data import shards
-
-    return shards
 
 
 def _fields(index: ImageIndex) -> tuple:

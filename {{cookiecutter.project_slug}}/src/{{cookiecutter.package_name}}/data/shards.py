@@ -10,7 +10,7 @@ index lists all its images: shards without it are incomplete, whatever a killed 
 node) its own part of every epoch and keeps downloaded chunks in a bounded local cache.
 
 LitData is an optional dependency (`pip install ".[stream]"`): this module is imported only once
-`datamodule.require_shards` has found it. Storage goes through LitData's own clients (boto3 and
+`stream_extra.require_shards` has found it. Storage goes through LitData's own clients (boto3 and
 obstore for S3), which read the usual AWS variables: `AWS_ENDPOINT_URL` for an S3-compatible store.
 """
 
