@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX"),
 ]
-MAX_EPOCHS = 6
+MAX_EPOCHS = 10  # enough that the kills, up to 3 s after a checkpoint, land before the end
 
 
 def fit(*options: str, cwd: Path) -> subprocess.Popen:
@@ -64,6 +64,8 @@ def test_killed_at_random_moments_a_run_always_resumes(tmp_path: Path) -> None:
             written = tmp_path / re.findall(r"resume with --ckpt_path (\S+)", output)[-1]
             deadline = time.time() + 300
             while not (written.exists() and written.stat().st_mtime > started):
+                if run.poll() == 0:  # training ended (a fast machine) before a checkpoint was due
+                    break
                 assert run.poll() is None and time.time() < deadline, output
                 time.sleep(0.05)
             delay = rng.uniform(0.0, 3.0)

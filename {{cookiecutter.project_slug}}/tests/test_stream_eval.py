@@ -48,8 +48,10 @@ def cli(command: str, checkpoint: Path, *options: str, cwd: Path) -> subprocess.
 
 
 def scores(run: subprocess.CompletedProcess) -> dict[str, float]:
-    """The metrics of Lightning's results table, e.g. {"test_acc": 0.33, "test_loss": 1.1}."""
-    found = re.findall(r"[│|]\s*(\w+_(?:acc|loss))\s*[│|]\s*([-+.0-9eE]+)\s*[│|]", run.stdout)
+    """The metrics of Lightning's results table, e.g. {"test_acc": 0.33, "test_loss": 1.1}: in
+    boxes where `rich` is installed, plain columns where not (the bake does not require it)."""
+    row = r"^[│|\s]*(\w+_(?:acc|loss))[│|\s]+([-+.0-9eE]+)[│|\s]*$"
+    found = re.findall(row, run.stdout, flags=re.MULTILINE)
     assert found, run.stdout[-3000:]
     return {name: float(value) for name, value in found}
 
