@@ -26,11 +26,12 @@ else
     PROJECT="$OUT/gpu-proj"
 fi
 PACKAGE="$(basename "$(dirname "$(ls "$PROJECT"/src/*/__main__.py)")")"
+export PYTHONPATH="$PROJECT/src${PYTHONPATH:+:$PYTHONPATH}"
 cd "$PROJECT"
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $COUNT images, batch $BATCH, $EPOCHS epochs"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 modes="none memmap"
-if PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "import litdata" 2>/dev/null; then
+if "$PYTHON" -c "import litdata" 2>/dev/null; then
     modes="$modes stream"
 else
     echo "no LitData in this Python: the shards run is left out"
@@ -38,12 +39,11 @@ fi
 for cache in $modes; do
     data=(--data.cache "$cache")
     if [ "$cache" = memmap ]; then  # built outside the timed run, as a second run would find it
-        PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "from $PACKAGE.data import ImageDataModule as D; \
+        "$PYTHON" -c "from $PACKAGE.data import ImageDataModule as D; \
 D(root='$OUT/photos', image_size=224, cache='memmap', cache_dir='$OUT/cache').setup('fit')"
     elif [ "$cache" = stream ]; then  # shards of the same photos, written outside the timed run
         rm -rf "$OUT/shards"
-        PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m "$PACKAGE" shard --data.root "$OUT/photos" \
-            --output "$OUT/shards" 2>&1 | tail -1
+        "$PYTHON" -m "$PACKAGE" shard --data.root "$OUT/photos" --output "$OUT/shards" 2>&1 | tail -1
         data=(--data.stream "$OUT/shards")
     fi
     sampler=""
@@ -53,8 +53,7 @@ D(root='$OUT/photos', image_size=224, cache='memmap', cache_dir='$OUT/cache').se
         sampler=$!
     fi
     rm -rf "$OUT/runs-$cache" && mkdir -p "$OUT/runs-$cache"
-    (cd "$OUT/runs-$cache" && PYTHONPATH="$PROJECT/src${PYTHONPATH:+:$PYTHONPATH}" \
-        "$PYTHON" -m "$PACKAGE" fit \
+    (cd "$OUT/runs-$cache" && "$PYTHON" -m "$PACKAGE" fit \
         --data.root "$OUT/photos" --data.image_size 224 --data.batch_size "$BATCH" \
         --data.num_workers "$WORKERS" "${data[@]}" --data.cache_dir "$OUT/cache" \
         --trainer.accelerator "$ACCELERATOR" --trainer.devices 1 --trainer.precision "$PRECISION" \
