@@ -1,4 +1,5 @@
-"""Render-only checks of every option combination: exact files, no Jinja, configs parse, ruff."""
+"""Render-only checks of every option combination: exact files, no Jinja, configs parse, ruff,
+every file the docs and comments name is there."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from conftest import (
     files_of,
     run,
 )
+from test_docs_paths import missing_paths
 
 try:
     import tomllib
@@ -155,6 +157,7 @@ def test_combination_renders_clean(cookies, options: dict[str, str]) -> None:
     for name in BINARY_FILES:
         assert (project / name).read_bytes() == (PROJECT_TEMPLATE / name).read_bytes()
     assert parse_config_files(project) >= 3
+    assert missing_paths(project, "image_classifier") == []  # tests/test_docs_paths.py
     run(sys.executable, "-m", "ruff", "check", "--no-cache", ".", cwd=project)
     run(sys.executable, "-m", "ruff", "format", "--no-cache", "--check", ".", cwd=project)
 
@@ -337,6 +340,7 @@ def test_dataset_layout_option_sets_the_documented_default(cookies, layout: str)
             "labels_csv": "labels.csv",
             "filename_column": "filename",
             "label_column": "label",
+            "label_kind": "auto",
         }
         assert "--config configs/labels_csv.yaml" in makefile
         assert "--data.labels_csv labels.csv" in readme

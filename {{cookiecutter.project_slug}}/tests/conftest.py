@@ -10,7 +10,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
+
 CLASSES = ("ant", "bee", "cat")
+
+
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The per-user cache folder (`data/cache_dirs.py`), a fresh temporary one for each test:
+    tests never write to the real one in the home folder. Commands started by a test inherit it."""
+    folder = tmp_path_factory.mktemp("user-cache")
+    monkeypatch.setenv(CACHE_ENV, str(folder))
+    return folder
 
 
 def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> Path:

@@ -166,8 +166,10 @@ def test_one_rank_failing_ends_the_job_with_its_error(image_root: Path, tmp_path
 
 
 ONCE_SCRIPT = """
-import json, sys
+import json, sys, time
+from datetime import timedelta
 import lightning as L, torch
+from lightning.pytorch.strategies import DDPStrategy
 from {{ cookiecutter.package_name }}.data import cache, scan, sources
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 
@@ -181,6 +183,14 @@ def counted(name, function):
 
 sources.SeededSplit.split = counted("split", sources.SeededSplit.split)
 scan.find_unreadable = counted("scan", scan.find_unreadable)
+slow = len(sys.argv) > 3  # a scan that outlasts the collective timeout: sys.argv[3] seconds
+if slow:
+    timeout = timedelta(seconds=float(sys.argv[3]) / 2)
+    find_unreadable = scan.find_unreadable
+    def slow_scan(*args, **kwargs):
+        time.sleep(float(sys.argv[3]))
+        return find_unreadable(*args, **kwargs)
+    scan.find_unreadable = slow_scan
 cache.cache_key = counted("cache key", cache.cache_key)
 
 class Recorder(L.LightningModule):
@@ -204,18 +214,19 @@ class Recorder(L.LightningModule):
 if __name__ == "__main__":
     data = ImageDataModule(root=sys.argv[1], image_size=8, batch_size=4, num_workers=0,
                            skip_bad_images=True, cache="memmap", cache_dir=f"{sys.argv[2]}/cache")
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
+    strategy = DDPStrategy(timeout=timeout) if slow else "ddp"
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0)
     trainer.fit(Recorder(), data)
 """
 
 
-def run_once_script(root: Path, out: Path) -> subprocess.CompletedProcess:
+def run_once_script(root: Path, out: Path, *slow: str) -> subprocess.CompletedProcess:
     script = out / "once.py"
     script.write_text(ONCE_SCRIPT)
     return subprocess.run(
-        [sys.executable, str(script), str(root), str(out)],
+        [sys.executable, str(script), str(root), str(out), *slow],
         cwd=out,
         capture_output=True,
         text=True,
@@ -236,6 +247,19 @@ def test_whole_dataset_work_runs_once_per_job(image_root: Path, tmp_path: Path) 
     assert ranks[0]["cache"] == ranks[1]["cache"]
     everything = ranks[0]["train"] + ranks[0]["val"]
     assert len(everything) == 24 and not any("broken" in path for path in everything)
+
+
+@pytest.mark.slow
+def test_work_done_once_may_outlast_the_collective_timeout(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """Rank zero's scan takes 30 s, twice the process group's timeout: rank 1 waits on. (That
+    timeout also bounds starting the processes, hence not shorter.)"""
+    done = run_once_script(image_root, tmp_path, "30")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["calls"]["scan"] == 1 and ranks[1]["calls"]["scan"] == 0
+    assert ranks[0]["train"] == ranks[1]["train"]
 
 
 @pytest.mark.slow

@@ -178,7 +178,8 @@ def test_approximate_decode_is_close_to_the_exact_one(tmp_path: Path) -> None:
     assert approximate.shape == exact.shape == (3, 48, 64)
     assert approximate.stride() == exact.stride()  # the same layout for the transforms
     difference = (approximate.int() - exact.int()).abs()
-    assert difference.float().mean() < 3  # 1.9 here; 1.3 on benchmarks/make_images.py's
+    # 1.9 here; 1.3 on the photos of the template's benchmarks/make_images.py
+    assert difference.float().mean() < 3
     assert difference.max() > 0  # it did take libjpeg's fast path, which is not exact
 
 

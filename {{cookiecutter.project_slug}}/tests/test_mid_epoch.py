@@ -7,6 +7,7 @@ its loader workers, its SIGTERM handling and `last.ckpt`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -40,13 +42,17 @@ class Fingerprints(L.Callback):
 
 
 class TermAt(L.Callback):
-    """Sends this process SIGTERM (or $TERM_SIGNAL), as a scheduler would, after batch
-    $TERM_BATCH of epoch 1 (rank zero only: the ranks agree to stop together)."""
+    """Sends this process SIGTERM (or $TERM_SIGNAL; $TERM_TIMES times, once unless set), as a
+    scheduler would, after batch $TERM_BATCH of epoch 1 (on rank $TERM_RANK only, zero unless set:
+    the ranks agree to stop together)."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         at = int(os.environ["TERM_BATCH"])
-        if trainer.is_global_zero and (trainer.current_epoch, batch_idx) == (1, at):
-            os.kill(os.getpid(), signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")])
+        rank = int(os.environ.get("TERM_RANK", "0"))
+        if trainer.global_rank == rank and (trainer.current_epoch, batch_idx) == (1, at):
+            (Path(os.environ["RECORD_DIR"]) / "signalled_at").write_text(str(time.time()))
+            for _ in range(int(os.environ.get("TERM_TIMES", "1"))):
+                os.kill(os.getpid(), signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")])
 
 
 class KeepAtEpoch2(L.Callback):
@@ -59,9 +65,12 @@ class KeepAtEpoch2(L.Callback):
 
 @pytest.fixture
 def colour_root(tmp_path: Path) -> Path:
+    return colour_images(tmp_path / "colours")
+
+
+def colour_images(root: Path) -> Path:
     """30 images in three classes, each with a flat red of its own (which names it, whatever the
     crop) and noisy green and blue (so that crops change what is learnt)."""
-    root = tmp_path / "colours"
     rng = np.random.default_rng(0)
     for i in range(30):
         folder = root / CLASSES[i % 3]
@@ -89,14 +98,51 @@ def fit(
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
     data = ["--data.root", str(root), "--data.image_size", "16", "--data.batch_size", "2"]
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    return subprocess.run(
-        [*command, *data, *quiet, *CSV_LOGGER, "--trainer.max_epochs", "3", *callbacks, *options],
+    args = [*command, *data, *quiet, *CSV_LOGGER, "--trainer.max_epochs", "3", *callbacks]
+    return run_group([*args, *options], cwd=cwd, env=env)
+
+
+class Run(subprocess.CompletedProcess):
+    """A finished command, with when it ended and what it left running (pids)."""
+
+    ended_at: float
+    lingering: list[int]
+
+
+def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> Run:
+    """Run `args` in a process group of its own (with its DDP processes and loader workers), with
+    Ctrl-C as in a terminal, and end the whole group when it returns, whatever the outcome."""
+    with subprocess.Popen(
+        args,
         cwd=cwd,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
-    )
+        start_new_session=True,
+        preexec_fn=default_ctrl_c,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+            done = Run(args, process.returncode, stdout, stderr)
+            done.ended_at, done.lingering = time.time(), running_in_group(process.pid)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    return done
+
+
+def default_ctrl_c() -> None:
+    """In the child before it runs: Ctrl-C as in a terminal, whatever the parent had (a shell
+    starts background jobs with SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def running_in_group(group: int) -> list[int]:
+    """The processes of process group `group` still running (not ended and waiting to be reaped)."""
+    table = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True, text=True)
+    rows = [line.split() for line in table.stdout.splitlines()]
+    return [int(row[0]) for row in rows if int(row[1]) == group and not row[2].startswith("Z")]
 
 
 def recorded(record: Path, rank: int) -> dict[int, list[float]]:
@@ -108,18 +154,18 @@ def recorded(record: Path, rank: int) -> dict[int, list[float]]:
     return epochs
 
 
-def final_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The weights in the newest `last.ckpt` under `folder`."""
-    last = max(folder.glob("lightning_logs/*/checkpoints/last.ckpt"), key=os.path.getmtime)
+def final_weights(folder: Path, run: str = "*") -> dict[str, torch.Tensor]:
+    """The weights in the newest `last.ckpt` of `run` (any run) under `folder`."""
+    last = max(folder.glob(f"lightning_logs/{run}/checkpoints/last.ckpt"), key=os.path.getmtime)
     return torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
 
 
 TIMINGS = ("data_wait_fraction", "train_images_per_s")  # the data monitor's: not repeatable
 
 
-def logged(folder: Path) -> list[dict[str, str]]:
+def logged(folder: Path, run: str = "version_0") -> list[dict[str, str]]:
     """The rows of the run's metrics.csv."""
-    with open(folder / "lightning_logs/version_0/metrics.csv", newline="") as file:
+    with open(folder / "lightning_logs" / run / "metrics.csv", newline="") as file:
         return list(csv.DictReader(file))
 
 
@@ -137,9 +183,13 @@ def assert_same_log(got: list[dict[str, str]], expected: list[dict[str, str]]) -
                 assert math.isclose(float(row[key]), float(value), rel_tol=1e-4), (key, row, want)
 
 
-def interrupted_and_resumed(root: Path, tmp_path: Path, options: list[str], ranks: int) -> None:
-    """An uninterrupted run, then one stopped by SIGTERM in epoch 1 and resumed with
-    `--ckpt_path last` (as the first run was started too, finding none): every rank trains on the
+def interrupted_and_resumed(
+    root: Path, tmp_path: Path, options: list[str], ranks: int, stop: dict | None = None
+) -> Run:
+    """An uninterrupted run, then one stopped by SIGTERM (or as `stop`, TermAt's variables, says)
+    in epoch 1 and resumed with
+    `--ckpt_path last` (as the first run was started too, finding none; the run named as
+    Lightning names a first run, so that both leave the same folders): every rank trains on the
     same images in the same order, none twice, none missed, the weights end the same, and the
     resumed run logs on in the same metrics.csv as if it had never stopped."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
@@ -148,16 +198,18 @@ def interrupted_and_resumed(root: Path, tmp_path: Path, options: list[str], rank
     done = fit(root, whole, whole, *options)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    stopped = fit(root, parts, parts, *options, "--ckpt_path", "last", term_batch=2)
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    assert "--ckpt_path last: no last.ckpt under .; starting a new run" in stopped.stdout
     last = Path("lightning_logs/version_0/checkpoints/last.ckpt")
-    assert f"saved {last}" in stopped.stdout
+    run = ["--run", "version_0", "--ckpt_path", "last"]
+    stopped = fit(root, parts, parts, *options, *run, term_batch=2, env=stop)
+    signum = signal.Signals[(stop or {}).get("TERM_SIGNAL", "SIGTERM")]
+    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    assert f"run version_0 has no {last} yet; starting it" in stopped.stdout
+    assert f"{signum.name}: saved {last}" in stopped.stdout
     for rank in range(ranks):
         assert len(recorded(parts, rank)[1]) == 3 * 2  # stopped after 3 batches of 2 images
-    resumed = fit(root, parts, parts, *options, "--ckpt_path", "last")
+    resumed = fit(root, parts, parts, *options, *run)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"--ckpt_path last: resuming from {last}" in resumed.stdout
+    assert f"--ckpt_path last: resuming run version_0 from {last}" in resumed.stdout
     assert "before the epoch ended" not in resumed.stderr  # Lightning's warning: not needed
     assert not (parts / "lightning_logs/version_1").exists()  # logged on in version_0
     assert_same_log(logged(parts), logged(whole))
@@ -172,6 +224,7 @@ def interrupted_and_resumed(root: Path, tmp_path: Path, options: list[str], rank
         torch.testing.assert_close(weights[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
     if ranks == 2:  # the ranks' shares are disjoint
         assert not set(recorded(parts, 0)[1]) & set(recorded(parts, 1)[1])
+    return stopped
 
 
 @pytest.mark.slow
@@ -209,7 +262,7 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused(
     resume = ["--ckpt_path", str(last), "--data.batch_size", "3"]
     refused = fit(colour_root, tmp_path, tmp_path, *resume)
     error = one_error(refused.returncode, refused.stderr)
-    assert "stopped 3 batches into epoch 1" in error and "batch size 2 -> 3" in error
+    assert "resuming run" in error and "--data.batch_size 3 (the run's: 2)" in error
     assert last.read_bytes() == before  # the checkpoint to resume from is kept as it was
 
 
@@ -219,7 +272,9 @@ def test_a_run_resumed_from_an_epoch_end_checkpoint_logs_each_epoch_once(
 ) -> None:
     """Resumed from the end of epoch 1 in the run's own folder, as after a SIGKILL there: the
     rows logged after that checkpoint are replaced by the resumed run's, and the log and weights
-    end as the uninterrupted run's."""
+    end as the uninterrupted run's. The run history, saved in that checkpoint, holds epoch 1
+    (`last.ckpt` is written after the history records the epoch), so `history.json` and the
+    report show every epoch once."""
     keep = ["--data.num_workers", "0", "--trainer.callbacks+=test_mid_epoch.KeepAtEpoch2"]
     done = fit(colour_root, tmp_path, tmp_path, *keep)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -231,6 +286,14 @@ def test_a_run_resumed_from_an_epoch_end_checkpoint_logs_each_epoch_once(
     assert_same_log(logged(tmp_path), whole_log)
     for name, value in whole_weights.items():
         torch.testing.assert_close(final_weights(tmp_path)[name], value, rtol=1e-5, atol=1e-6)
+    saved = torch.load(tmp_path / "epoch1.ckpt", map_location="cpu", weights_only=False)
+    history = next(v for k, v in saved["callbacks"].items() if k.startswith("RunHistory"))
+    assert [row["epoch"] for row in history["epochs"]] == [0, 1]
+    run_folder = tmp_path / "lightning_logs/version_0"
+    history = json.loads((run_folder / "history.json").read_text())
+    assert [row["epoch"] for row in history["epochs"]] == [0, 1, 2]
+    head = f"3 epochs, {history['epochs'][-1]['step']} steps"
+    assert head in (run_folder / "report.html").read_text()
 
 
 @pytest.mark.slow
@@ -239,7 +302,8 @@ def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes(
 ) -> None:
     """A SLURM job (its variables, and a stand-in `scontrol` that notes its arguments) gets the
     requeue signal mid-epoch: it saves last.ckpt and requeues itself; the job run again with the
-    same command (`--ckpt_path last`, as scripts/slurm.sbatch) ends as an uninterrupted run."""
+    same command (`--ckpt_path last`, as a SLURM batch script gives it) resumes its own run, not
+    another run's newer last.ckpt beside it, and ends as an uninterrupted run."""
     whole, parts, bin_dir = tmp_path / "whole", tmp_path / "parts", tmp_path / "bin"
     for folder in (whole, parts, bin_dir):
         folder.mkdir()
@@ -265,15 +329,21 @@ def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes(
     assert done.returncode == 0, done.stderr[-3000:]
 
     first = fit(colour_root, parts, parts, *job, term_batch=2, env=slurm)
-    assert first.returncode == 143, first.stderr[-3000:]
-    assert "SIGUSR1: saved lightning_logs/version_0/checkpoints/last.ckpt" in first.stdout
+    assert first.returncode == 128 + signal.SIGUSR1, first.stderr[-3000:]
+    own = Path("lightning_logs/slurm_4242/checkpoints/last.ckpt")  # the job is the run
+    assert f"SIGUSR1: saved {own}" in first.stdout
     assert "requeued SLURM job 4242" in first.stdout
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     assert not list(parts.glob("hpc_ckpt_*.ckpt"))  # Lightning's own handler did not run
 
+    other = parts / "lightning_logs/version_0/checkpoints/last.ckpt"  # another run's, newer
+    other.parent.mkdir(parents=True)
+    shutil.copy(whole / "lightning_logs/version_0/checkpoints/last.ckpt", other)
     again = fit(colour_root, parts, parts, *job, env=slurm)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert f"--ckpt_path last: resuming run slurm_4242 from {own}" in again.stdout
     assert recorded(parts, 0) == recorded(whole, 0)
-    assert_same_log(logged(parts), logged(whole))
+    assert_same_log(logged(parts, "slurm_4242"), logged(whole))
     for name, value in final_weights(whole).items():
-        torch.testing.assert_close(final_weights(parts)[name], value, rtol=1e-5, atol=1e-6)
+        resumed = final_weights(parts, "slurm_4242")[name]
+        torch.testing.assert_close(resumed, value, rtol=1e-5, atol=1e-6)

@@ -81,6 +81,27 @@ def test_local_weights_file_is_loaded_and_the_classifier_replaced(tmp_path: Path
         )
 
 
+@pytest.mark.parametrize(
+    ("architecture", "options"),
+    [("googlenet", {"aux_logits": True, "init_weights": True}), ("squeezenet1_1", {})],
+)
+def test_weights_with_auxiliary_heads_or_a_convolutional_classifier_load(
+    tmp_path: Path, architecture: str, options: dict
+) -> None:
+    pretrained = torchvision.models.get_model(architecture, weights=None, **options)
+    torch.save(pretrained.state_dict(), tmp_path / "weights.pth")
+    model = ImageClassifier(
+        class_names=["a", "b", "c"],
+        image_size=32,
+        architecture=architecture,
+        weights_path=str(tmp_path / "weights.pth"),
+    )
+    torch.testing.assert_close(next(model.net.parameters()), next(pretrained.parameters()))
+    model.train()
+    logits = model(torch.randn(2, 3, 32, 32))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 3)
+
+
 def test_no_weight_decay_on_norms_and_biases() -> None:
     model = ImageClassifier(class_names=["a", "b"], image_size=32, weight_decay=0.1)
     trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)

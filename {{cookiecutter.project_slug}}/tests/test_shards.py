@@ -235,7 +235,8 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
     interrupted_and_resumed(colour_root, tmp_path, options, ranks=2)
 
     parts = tmp_path / "parts"
-    validate = [sys.executable, "-m", PACKAGE, "validate", "--ckpt_path", "last"]
+    validate = [sys.executable, "-m", PACKAGE, "validate", "--run", "version_0", "--ckpt_path"]
+    validate.append("last")
     scored = subprocess.run(
         [*validate, "--trainer.enable_progress_bar", "false"],
         cwd=parts,
@@ -246,7 +247,7 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert "val_acc" in scored.stdout
     predicted = subprocess.run(
-        [sys.executable, "-m", PACKAGE, "predict", "--ckpt_path", "last"]
+        [sys.executable, "-m", PACKAGE, "predict", "--run", "version_0", "--ckpt_path", "last"]
         + ["--data.stream", "s3://shards/colours", "--predictions.output", "s3.csv"],
         cwd=parts,
         capture_output=True,

@@ -27,8 +27,11 @@ from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.training.outputs import check_output
 
 PROG = "python -m {{ cookiecutter.package_name }} bench"
+# The --data.* options that name files bench reads: --json is never written among them.
+DATA_INPUTS = ("root", "labels_csv", "val_root", "val_csv", "test_root", "test_csv")
 
 
 class NaiveDataset(Dataset):
@@ -223,6 +226,22 @@ def report(results: list[Result], pipeline: str) -> str:
     return "\n".join(lines)
 
 
+def _is_bench_json(path: Path) -> bool:
+    """Whether `path` holds results as `--json` writes them: a list of Result fields."""
+    try:
+        if path.stat().st_size > 1 << 24:
+            return False
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    fields = {"pipeline", "num_workers", "images_per_s"}
+    return (
+        isinstance(rows, list)
+        and bool(rows)
+        and all(isinstance(r, dict) and fields <= r.keys() for r in rows)
+    )
+
+
 def main(args: list[str] | None = None) -> None:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_class_arguments(ImageDataModule, "data")
@@ -235,9 +254,22 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3, help="epochs per measurement")
     parser.add_argument("--device", type=str, default="auto", help="auto, cpu or cuda")
     parser.add_argument("--json", type=Path | None, default=None, help="also write results here")
+    parser.add_argument(
+        "--overwrite", type=bool, default=False, help="replace a --json file bench did not write"
+    )
     cfg = parser.parse_args(args)
     data = cfg.data.as_dict()
     try:
+        if cfg.json is not None:  # refused before the minutes of measuring, not after
+            check_output(
+                cfg.json,
+                "--json",
+                ours=_is_bench_json,
+                what="results that bench wrote",
+                overwrite=cfg.overwrite,
+                way_out="pass --overwrite true",
+                inputs=[(f"--data.{name}", data.get(name)) for name in DATA_INPUTS],
+            )
         device_name = cfg.device
         if device_name == "auto":
             device_name = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,9 +7,10 @@ import inspect
 import os
 {%- endif %}
 import sys
-from pathlib import Path
+from argparse import ArgumentError
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -25,15 +26,25 @@ from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
-from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint, find_last
+from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
 from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
+from {{ cookiecutter.package_name }}.training.precision import default_precision
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
 from {{ cookiecutter.package_name }}.training.resume import ResumeInEpoch
 from {{ cookiecutter.package_name }}.training.run_log import (
     RunLogMark,
     continue_metrics_csv,
     resumed_version,
+)
+from {{ cookiecutter.package_name }}.training.runs import (
+    RunMark,
+    apply_limits,
+    changed_options,
+    finished,
+    known_runs,
+    name_run,
+    run_checkpoints,
 )
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
 from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, resume_run
@@ -56,16 +67,30 @@ class ImageCLI(LightningCLI):
         # Checked here, before LightningCLI reads the file's hyperparameters into the config and
         # long before the Trainer loads it: a bad file stops with one sentence, never a traceback.
         subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else {}
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        typed = _typed_options(self, parser, args, subcommand)
+        name_run(config, typed)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
-            ckpt_path = config.ckpt_path = _newest_last(config, subcommand)
+            ckpt_path = config.ckpt_path = _run_last(config, subcommand)
         if ckpt_path:
             self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
-            if subcommand == "fit":
+            if subcommand == "fit":  # the classes first: the plainest reason not to resume
                 _check_resumed_classes(config, self.ckpt_contents)
+                _resume_run(config, typed, self.ckpt_contents)
+        elif subcommand == "fit":
+            _refuse_run_taken(config)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--run",
+            type=str | None,
+            default=None,
+            help="The run's name: its folder, and what `--ckpt_path last` resumes (default: a "
+            "new run for each fit; under SLURM the job's, slurm_<job id>)",
+        )
         for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -103,8 +128,11 @@ class ImageCLI(LightningCLI):
         if config.get("enable_checkpointing") is False:
             kinds = (ModelCheckpoint, LastCheckpoint)
             callbacks = [c for c in callbacks if not isinstance(c, kinds)]
+        if config.get("logger") is False or config.get("logger") == []:
+            # Lightning refuses a LearningRateMonitor without a logger: no logger, nothing to log.
+            callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
         # No options: parts of resuming, never turned off.
-        callbacks += [ResumeInEpoch(), RunLogMark()]
+        callbacks += [ResumeInEpoch(), RunLogMark(), RunMark()]
         return self._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
@@ -118,7 +146,7 @@ class ImageCLI(LightningCLI):
             if self.subcommand == "fit":  # a CSV or TensorBoard logger: on in the same folder
                 resumed_version(config.trainer.logger, self.ckpt_contents)
         if config.trainer.precision is None:
-            config.trainer.precision = _default_precision(config.trainer.accelerator)
+            config.trainer.precision = default_precision(config.trainer.accelerator)
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
 
@@ -132,33 +160,96 @@ class ImageCLI(LightningCLI):
 {%- endif %}
 
 
-def _newest_last(config, subcommand: str) -> str | None:
-    """`--ckpt_path last`: the newest `last.ckpt` of this run's folders; for `fit`, None when
-    there is none (a fresh start).
+def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
+    """The options given on the command line or in config files, without the defaults: what
+    a resume must not quietly replace with the checkpoint's values.
 
-    Looked for where `fit` with these options writes its own: in `--checkpoint.dirpath`, else
-    under the logger's `save_dir` and `--trainer.default_root_dir`. Nothing there is not an error
-    for `fit`: the first run of a job requeued with the same command (SLURM) starts afresh.
+    Parsed again without defaults; where that parse cannot stand alone (a logger class given
+    without an argument it requires, which the full parse took from the default logger), the
+    options whose values differ from their defaults.
     """
-    if config.checkpoint.dirpath:
-        roots = [Path(config.checkpoint.dirpath)]
-        found = find_last(roots, ("last.ckpt",))
-    else:
-        logger = config.trainer.logger
-        save_dir = logger.init_args.get("save_dir") if hasattr(logger, "init_args") else None
-        folders = (save_dir, config.trainer.default_root_dir)
-        roots = list(dict.fromkeys(Path(folder or ".") for folder in folders))
-        found = find_last(roots)
-    where = " or ".join(str(root) for root in roots)
-    if found is None and subcommand != "fit":
-        raise DataError(f"--ckpt_path last: no last.ckpt under {where}")
-    if rank_zero_only.rank == 0:
-        if found is not None:
-            verb = "resuming from" if subcommand == "fit" else "using"
-            print(f"--ckpt_path last: {verb} {found}", flush=True)
+    exit_on_error, parser.exit_on_error = parser.exit_on_error, False
+    try:
+        if isinstance(args, dict):
+            typed = parser.parse_object(args, defaults=False)
         else:
-            print(f"--ckpt_path last: no last.ckpt under {where}; starting a new run", flush=True)
-    return None if found is None else str(found)
+            typed = parser.parse_args(sys.argv[1:] if args is None else args, defaults=False)
+        return typed.get(subcommand) or Namespace()
+    except ArgumentError:
+        pass
+    finally:
+        parser.exit_on_error = exit_on_error
+    config, defaults = cli.config[subcommand], cli._parser(subcommand).get_defaults()
+    typed = Namespace()
+    for key, value in config.items():
+        if key not in defaults or defaults[key] != value:
+            typed[key] = value
+    return typed
+
+
+def _run_last(config, subcommand: str) -> str | None:
+    """`--ckpt_path last`: this run's `last.ckpt` (`--run`, or `--checkpoint.dirpath`); for
+    `fit`, None when the run has none yet (a fresh start, as a SLURM job's first).
+
+    Never another run's, however new: an unnamed `fit` is a new run, with nothing to resume.
+    """
+    folder = run_checkpoints(config)
+    last = folder / "last.ckpt" if folder is not None else None
+    if last is not None and last.is_file():
+        if rank_zero_only.rank == 0:
+            verb = "resuming" if subcommand == "fit" else "using"
+            print(f"--ckpt_path last: {verb} run {config.run or folder} from {last}", flush=True)
+        return str(last)
+    if folder is None:
+        runs = known_runs(config)
+        named = f" (runs here: {', '.join(runs)})" if runs else ""
+        if subcommand != "fit":
+            raise DataError(f"--ckpt_path last: name the run with --run NAME{named}")
+        notice = f"a new run has no last.ckpt; to resume one, name it with --run NAME{named}"
+    elif subcommand != "fit":
+        raise DataError(f"--ckpt_path last: run {config.run or folder} has no {last}")
+    else:
+        notice = f"run {config.run or folder} has no {last} yet; starting it"
+    if rank_zero_only.rank == 0:
+        print(f"--ckpt_path last: {notice}", flush=True)
+    return None
+
+
+def _resume_run(config, typed, checkpoint: dict) -> None:
+    """Resume with the run's options: refuse typed `--model.*`/`--data.*` values that differ
+    from the checkpoint's, apply typed training limits (and say so), and end a run that has
+    nothing left to train with one line and exit status 0."""
+    run = config.run or config.ckpt_path
+    changes = changed_options(typed, checkpoint)
+    if changes:
+        raise DataError(
+            f"--ckpt_path {config.ckpt_path}: resuming run {run} keeps its options, and these "
+            f"differ: {', '.join(changes)}; drop them, or start a new run (without --ckpt_path, "
+            "or with another --run)"
+        )
+    applied = changed_options(typed, checkpoint, movable=True)
+    applied += apply_limits(config.trainer, typed, checkpoint)
+    done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
+    if rank_zero_only.rank == 0 and applied and not done:
+        print(f"resuming run {run} with {', '.join(applied)}", flush=True)
+    if done:
+        if rank_zero_only.rank == 0:
+            print(
+                f"run {run} already finished {done}: nothing to train (to train on, resume with "
+                "a larger --trainer.max_epochs)",
+                flush=True,
+            )
+        sys.exit(0)
+
+
+def _refuse_run_taken(config) -> None:
+    """A fresh `fit` of a named run that already has a `last.ckpt` would mix two runs."""
+    folder = run_checkpoints(config)
+    if config.get("run") is not None and (folder / "last.ckpt").is_file():
+        raise DataError(
+            f"--run {config.run}: that run exists ({folder / 'last.ckpt'}); resume it with "
+            "--ckpt_path last, or name a new run"
+        )
 
 
 def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
@@ -203,12 +294,6 @@ def _check_resumed_classes(config, checkpoint: dict) -> None:
         source = f"--data.root {data.root}" if data.root is not None else "the demo data"
     saved = list(checkpoint["hyper_parameters"]["class_names"])
     check_classes_present(config.ckpt_path, saved, data.class_names, source)
-
-
-def _default_precision(accelerator: object) -> str | None:
-    """bf16 mixed precision where training runs on a CUDA GPU that has it; else Lightning's fp32."""
-    on_cuda = accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    return "bf16-mixed" if on_cuda and torch.cuda.is_bf16_supported() else None
 
 
 def _message(err: DataError) -> str:
@@ -269,8 +354,10 @@ def main(args: list[str] | None = None) -> None:
     except DataError as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         sys.exit(2)
-    except SIGTERMException:
-        sys.exit(143)  # 128 + SIGTERM, as if killed: schedulers see an unfinished run
+    except SIGTERMException as stop:
+        # 128 + the signal's number (143: SIGTERM, 130: Ctrl-C), as if killed: schedulers and
+        # shells see an unfinished run.
+        sys.exit(getattr(stop, "exit_status", 143))
     finally:
         _close_process_group()
 

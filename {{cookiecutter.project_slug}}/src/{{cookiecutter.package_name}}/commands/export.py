@@ -10,6 +10,10 @@ The model takes a uint8 RGB batch `(N, 3, image_size, image_size)` of any `N`, n
 training did and returns logits. What a server needs to know besides (class names, the
 preprocessing rule, where the model came from) is inside the file, as `metadata.json` (extra files
 for pt2 and TorchScript, `metadata_props` for ONNX), and beside it in `model.json`.
+
+An existing output is replaced only when it is an earlier export's (a model with `metadata.json`
+inside, export's `.json` beside it), or with `--overwrite`; an output that is the checkpoint read
+is refused either way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import subprocess
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -28,6 +33,7 @@ from torch import Tensor, nn
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
+from {{ cookiecutter.package_name }}.training.outputs import check_output
 
 # --format -> (what metadata["format"] says, the suffix of the default --output)
 FORMATS = {
@@ -134,15 +140,36 @@ def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedCl
 
 
 def export_checkpoint(
-    ckpt_path: str | Path, output: str | Path | None = None, fmt: str = "pt2"
+    ckpt_path: str | Path,
+    output: str | Path | None = None,
+    fmt: str = "pt2",
+    overwrite: bool = False,
 ) -> list[Path]:
     """Write the checkpoint as `fmt` to `output` (default: `model.pt2`, `.onnx` or `.pt`) and
-    its metadata beside it (`model.json`); return both paths."""
+    its metadata beside it (`model.json`); return both paths.
+
+    Raises:
+        DataError: besides a bad checkpoint, an output (or the `.json` beside it) that is the
+            checkpoint, or that holds a file an earlier export did not write and `overwrite` is off.
+    """
     if fmt not in FORMATS:
         raise DataError(f"--format {fmt} is not one of {', '.join(FORMATS)}")
     output = Path(output if output is not None else "model" + FORMATS[fmt][1])
     if output.suffix == ".json":
         raise DataError(f"--output {output}: .json is the name of the metadata file beside it")
+    sidecar = output.with_suffix(".json")
+    for path, option, ours, what in (
+        (output, "--output", is_export, "a model that export wrote"),
+        (sidecar, f"--output {output}: its metadata file", is_export_metadata, "export's metadata"),
+    ):
+        check_output(
+            path,
+            option,
+            ours=ours,
+            what=what,
+            overwrite=overwrite,
+            inputs=[("--ckpt_path", ckpt_path)],
+        )
     if fmt == "onnx":
         _check_onnx_installed()
     module, metadata = load_for_export(ckpt_path, fmt)
@@ -160,12 +187,44 @@ def export_checkpoint(
             _write_onnx(module, example, output, text)
         else:
             _write_torchscript(module, example, output, text)
-    sidecar = output.with_suffix(".json")
     sidecar.write_text(json.dumps(metadata, indent=2) + "\n")
     return [output, sidecar]
 
 
 _DYNAMIC_BATCH = {"images": {0: torch.export.Dim.DYNAMIC}}
+
+
+def is_export(path: Path) -> bool:
+    """Whether `path` is a model export wrote: `metadata.json` inside (an entry of the `.pt2` and
+    TorchScript archives, a `metadata_props` key of an ONNX model, read when onnx is installed)."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                return any(name.endswith("/" + METADATA_FILE) for name in archive.namelist())
+        if path.suffix.lower() != ".onnx" or importlib.util.find_spec("onnx") is None:
+            return False
+        import onnx
+
+        model = onnx.load(path, load_external_data=False)
+    except Exception:  # unreadable, or not the protobuf an ONNX model is: not ours
+        return False
+    return any(prop.key == METADATA_FILE for prop in model.metadata_props)
+
+
+def is_export_metadata(path: Path) -> bool:
+    """Whether `path` is the `.json` an export wrote: its format, class names and preprocessing."""
+    try:
+        if path.stat().st_size > 1 << 24:  # far larger than any metadata export writes
+            return False
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return (
+        isinstance(metadata, dict)
+        and metadata.get("format") in {name for name, _ in FORMATS.values()}
+        and isinstance(metadata.get("class_names"), list)
+        and isinstance(metadata.get("preprocessing"), dict)
+    )
 
 
 def _write_onnx(module: nn.Module, example: tuple[Tensor], output: Path, metadata: str) -> None:
@@ -228,6 +287,11 @@ def main(args: list[str] | None = None) -> None:
         help="where to write it (default: model.pt2, model.onnx or model.pt); --format alone "
         "decides the format; the metadata also goes beside it, as .json",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output that an earlier export did not write",
+    )
     options = parser.parse_args(args)
     suffix = FORMATS[options.format][1]
     if options.output is not None and Path(options.output).suffix != suffix:
@@ -238,5 +302,7 @@ def main(args: list[str] | None = None) -> None:
         )
     if options.format == "torchscript":
         print(TORCHSCRIPT_NOTE, file=sys.stderr)
-    for path in export_checkpoint(options.ckpt_path, options.output, options.format):
+    for path in export_checkpoint(
+        options.ckpt_path, options.output, options.format, options.overwrite
+    ):
         print(f"wrote {path}")

@@ -11,8 +11,10 @@ so the predictions are `predict`'s. Besides torch, this needs only the decoders 
 simplejpeg) and torchvision's transforms: neither Lightning nor the training code is imported.
 
 Output: one line per image, `path<TAB>label<TAB>probability<TAB>top_k`, or with `--csv` a file
-with the columns of `predict`'s CSV. An image that is missing or cannot be read is named on
-stderr, one line each, and the others are still classified; the exit code is then 1.
+with the columns of `predict`'s CSV (written only outside the images and the model read, and over
+an existing file only when it is such a CSV or with `--overwrite`). An image that is missing or
+cannot be read is named on stderr, one line each, and the others are still classified; the exit
+code is then 1.
 
 Load only models you trust: like any PyTorch model file, a `.pt2` or TorchScript file is
 unpickled in part when loaded.
@@ -36,6 +38,7 @@ from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS, read_ima
 from {{ cookiecutter.package_name }}.data.index import list_images
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.training.outputs import check_output, starts_with_line
 
 HEADER = ["path", "label", "probability", "top_k"]  # predict's columns (training/predictions.py)
 TOP_K = 5
@@ -221,9 +224,23 @@ def main(args: list[str] | None = None) -> int:
         help="write the rows to this CSV file, as predict does, instead of printing them",
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --csv file that is not a predictions CSV of predict or infer",
+    )
+    parser.add_argument(
         "--batch-size", type=_positive, default=32, metavar="N", help="images per batch (32)"
     )
     options = parser.parse_args(args)
+    if options.csv is not None:  # before anything is read or written
+        check_output(
+            options.csv,
+            "--csv",
+            ours=lambda path: starts_with_line(path, ",".join(HEADER)),
+            what="a predictions CSV that predict or infer wrote",
+            overwrite=options.overwrite,
+            inputs=[("--model", options.model), *(("IMAGE", name) for name in options.images)],
+        )
 
     model = load_exported(options.model)
     paths, problems = find_images(options.images)

@@ -5,6 +5,8 @@
 writes `report.html` (one self-contained page: learning curves, waiting for data, the confusion
 matrix, per-class precision and recall, the most confident mistakes) and its PNGs into the run
 folder. `fit` writes the same at its end; this command redraws it, e.g. for an interrupted run.
+It replaces an earlier report there; a file of those names that no report wrote stays, unless
+`--overwrite`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,14 @@ def main(args: list[str] | None = None) -> int:
         epilog="Exits with code 2, saying why, when the folder holds no readable history.json.",
     )
     parser.add_argument("run_dir", help="the run folder of a fit: lightning_logs/version_N")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a report.html or PNG of the report's names that no report wrote",
+    )
     config = parser.parse_args(sys.argv[1:] if args is None else list(args))
     started = time.perf_counter()
-    path = write_report(config.run_dir)  # a DataError becomes one `error:` line in __main__
+    # a DataError becomes one `error:` line in __main__
+    path = write_report(config.run_dir, config.overwrite)
     print(f"report: {path} (written in {time.perf_counter() - started:.1f} s)")
     return 0

@@ -8,7 +8,9 @@ the seeded `val_fraction` split, `skip_bad_images`) and writes the training and 
 `--data.predict_root` are given) as `--data.stream` reads them: the files' bytes as they are, or
 with `--resize N` re-encoded as JPEG at a short side of N pixels (smaller shards, for training at
 a smaller size). Running it again on the same images and options does nothing; other images or
-options at the same `--output` need `--overwrite`. Needs the `stream` extra
+options at the same `--output` need `--overwrite`. An `--output` that is, holds or lies inside the
+data is refused, as is one holding files `shard` did not write (unless `--overwrite`, which still
+removes only the files listed in `shard-manifest.json`, `shard`'s own). Needs the `stream` extra
 (`pip install ".[stream]"`).
 """
 
@@ -21,6 +23,7 @@ from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.shard_output import ShardOutput, refuse_overlap
 from {{ cookiecutter.package_name }}.data.stream_extra import require_shards
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -33,12 +36,21 @@ def main(args: list[str] | None = None) -> int:
     parser.add_class_arguments(ImageDataModule, "data", skip=skip)
     parser.add_argument("--output", required=True, help="folder or s3://bucket/prefix to write")
     parser.add_argument("--resize", type=int | None, default=None, help="short side to re-encode")
-    parser.add_argument("--overwrite", type=bool, default=False, help="replace other shards there")
+    parser.add_argument(
+        "--overwrite",
+        type=bool,
+        default=False,
+        help="replace shards written there (only files in its manifest), or write beside others'",
+    )
     args = sys.argv[1:] if args is None else list(args)
     config = parser.parse_args(_with_config_defaults(parser, args))
     if config.resize is not None and config.resize < 8:
         raise DataError(f"--resize must be at least 8 pixels, got {config.resize}")
+    # before the data is read (or anything written): never among the images, `--overwrite` or not
+    refuse_overlap(config.output, config.data.as_dict())
+    output = ShardOutput(config.output)  # a folder (not a file) or s3://bucket/prefix
     shards = require_shards()  # before the data is read: says which extra to install
+    output.claim([], config.overwrite)  # others' files there: refused before the data is read
     datamodule = ImageDataModule(**config.data.as_dict())
     datamodule.setup("fit")
     datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}

@@ -3,9 +3,11 @@
 datamodule: options and composition; sources: folders, labels CSV and splits; index: the numpy index
 of class folders; listing: folder listings remembered between runs; labels_csv: a labels CSV read to
 numpy arrays; dataset: the lazy Dataset; images: decoding; transforms: uint8 crops; cache:
-pre-decoded pixels; locks: the cache's file locks; scan: unreadable files; loaders: DataLoader
+pre-decoded pixels; cache_dirs: where caches live (never in a dataset) and which ones may be
+removed; locks: the cache's file locks; scan: unreadable files; loaders: DataLoader
 settings and samplers; normalize: uint8 to normalised float; cpus: worker arithmetic; once: work
-done on rank zero and sent to the others; demo: the generated demo set.
+done on rank zero and sent to the others; demo: the generated demo set; shards and shard_output:
+LitData shards, and the output folder `shard` writes them to (its manifest, what it may remove).
 """
 
 

@@ -26,8 +26,9 @@ every time and the default key would rebuild the cache every job.
 
 One process builds a missing cache (it holds the cache's lock file exclusively); the others wait
 for it and then read what it built, holding the lock shared while they read. After a build, only
-the newest `keep` caches of the folder are kept, less any that another process is reading
-(`data/locks.py`: where a file system has no locks, none is removed).
+the newest `keep` caches of the same dataset are kept, less any that another process is reading
+(`data/locks.py`: where a file system has no locks, none is removed); caches of other datasets
+and folders the project did not make are never removed (`data/cache_dirs.py`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from {{ cookiecutter.package_name }}.data.cache_dirs import mark_owner, prune
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
@@ -256,6 +258,7 @@ def build(
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
             _write(dataset, staging, size, num_workers, progress, skip_unreadable)
+            mark_owner(staging, dataset.root)
             try:
                 os.replace(staging, folder)
             except OSError:
@@ -265,28 +268,7 @@ def build(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     if keep:
-        _prune(folder.parent, keep, folder)
-
-
-def _prune(cache_dir: Path, keep: int, current: Path) -> None:
-    """Remove all but the `keep` newest complete caches of `cache_dir`, never `current` and never
-    one that a process is reading (it holds the lock shared) or that nobody can tell about."""
-    complete = [p.parent for p in cache_dir.glob("*/index.npy") if p.parent != current]
-    complete.sort(key=lambda p: (p / "index.npy").stat().st_mtime, reverse=True)
-    for old in complete[max(0, keep - 1) :]:
-        with open(lock_path(old), "a") as lock:
-            held = try_lock(lock, exclusive=True, wait=False)
-            if held is False:
-                log.info("Keeping an older image cache that another process is reading: %s", old)
-            if not held:
-                continue
-            log.info("Removing an older image cache (--data.cache_keep %d): %s", keep, old)
-            # Out of sight first (a reader either finds it whole or not at all), then deleted.
-            doomed = cache_dir / f".{old.name}-removed"
-            shutil.rmtree(doomed, ignore_errors=True)
-            old.rename(doomed)
-            lock_path(old).unlink(missing_ok=True)
-        shutil.rmtree(doomed, ignore_errors=True)
+        prune(folder.parent, keep, folder)
 
 
 class _Decoded(Dataset):

@@ -18,6 +18,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.data.cache import cached
+from {{ cookiecutter.package_name }}.data.cache_dirs import DATASET_OPTIONS, cache_folders
 from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, DEMO_DIR, ensure_demo_data
@@ -67,10 +68,13 @@ class ImageDataModule(L.LightningDataModule):
         test_csv: test labels, in the same format as `labels_csv`; its files are relative to
             `test_root` when set, else to `root`.
         class_names: the classes, in label order; by default the class folder names, or the CSV's
-            label names, sorted (integer CSV labels: "0".."K-1").
+            label names, sorted (index labels: "0".."K-1").
         labels_csv: CSV with a header row and columns `filename_column` (path relative to `root`)
-            and `label_column` (class name or integer index). A relative path that does not exist
+            and `label_column` (class name or index). A relative path that does not exist
             is also looked for inside `root`.
+        label_kind: "index" reads CSV labels as class indices, "name" as class names; "auto"
+            reads indices only when the training labels are exactly 0..K-1 (ASCII, no leading
+            zeros). Validation and test CSVs are read as the training labels are.
         val_root: validation images in class folders, or the image folder of `val_csv`.
         val_csv: validation labels, in the same format as `labels_csv`; its files are relative to
             `val_root` when set, else to `root`.
@@ -83,7 +87,9 @@ class ImageDataModule(L.LightningDataModule):
             files. A speed switch only: the same random crops and flips run on the stored pixels.
             Built in `setup`, by one process per machine, for the whole dataset (changing
             `val_fraction` or `seed` reuses it); rebuilt when the files or the size change.
-        cache_dir: where `cache: memmap` keeps its files (one sub-folder per dataset version).
+        cache_dir: where `cache: memmap` keeps its files (one sub-folder per dataset version)
+            and folder listings are kept; never inside a dataset. Unset: the per-user cache
+            folder (`data/cache_dirs.py`: `~/.cache/{{ cookiecutter.package_name }}` on Linux).
         cache_keep: how many caches `cache_dir` keeps, newest first, after building one (older
             versions of the dataset, other image sizes); 0 keeps them all.
         cache_key: what of each file decides whether the cache is current: "stat" (size, times
@@ -101,7 +107,7 @@ class ImageDataModule(L.LightningDataModule):
             `predict` read the shards' test and predict images unless `test_root`/`test_csv`
             or `predict_root` is given. Needs the `stream` extra (LitData).
         stream_cache_dir: where chunks streamed from object storage are kept while in use
-            (shards in a local folder are read in place).
+            (shards in a local folder are read in place); unset: `stream` in the user's cache.
         stream_cache_limit: the most that `stream_cache_dir` holds, e.g. "50GB"; older chunks
             are deleted first.
     """
@@ -125,16 +131,17 @@ class ImageDataModule(L.LightningDataModule):
         val_csv: str | Path | None = None,
         filename_column: str = "filename",
         label_column: str = "label",
+        label_kind: Literal["auto", "index", "name"] = "auto",
         balance_classes: bool = False,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
-        cache_dir: str | Path = "data/cache",
+        cache_dir: str | Path | None = None,
         cache_keep: int = 3,
         cache_key: Literal["stat", "mtime"] = "stat",
         crop_scale: tuple[float, float] = (0.6, 1.0),
         hflip: bool = False,
         stream: str | None = None,
-        stream_cache_dir: str | Path = "data/cache/stream",
+        stream_cache_dir: str | Path | None = None,
         stream_cache_limit: str = "50GB",
     ) -> None:
         super().__init__()
@@ -165,6 +172,7 @@ class ImageDataModule(L.LightningDataModule):
         self.val_csv = find_csv(val_csv, self.val_root or self.root, "data.val_csv")
         self.filename_column = filename_column
         self.label_column = label_column
+        self.label_kind = label_kind
         self.image_size = image_size
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -173,19 +181,19 @@ class ImageDataModule(L.LightningDataModule):
         self.balance_classes = balance_classes
         self.skip_bad_images = skip_bad_images
         self.cache = cache
-        self.cache_dir = Path(cache_dir)
         self.cache_keep = cache_keep
         self.cache_key = cache_key
         self.crop_scale = tuple(crop_scale)
         self.hflip = hflip
         self.stream = str(stream).rstrip("/") if stream else None
-        self.stream_cache_dir = str(stream_cache_dir)
         self.stream_cache_limit = stream_cache_limit
         if self.stream is not None:
             refuse_with_stream(balance_classes, cache, skip_bad_images)
         self.predict_root = Path(predict_root) if predict_root is not None else None
         self.test_root = Path(test_root) if test_root is not None else None
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.test_csv")
+        named = {option: getattr(self, option) for option in DATASET_OPTIONS}
+        self.cache_dir, self.stream_cache_dir = cache_folders(cache_dir, stream_cache_dir, named)
         self.test_dataset: ImageFolderDataset | None = None
         self._class_names = list(class_names) if class_names else None
         self.mean = tuple(mean)
@@ -199,11 +207,11 @@ class ImageDataModule(L.LightningDataModule):
     def source(self) -> Split:
         """Where the training and validation images come from, as the options say."""
         root = self.root or DEMO_DIR
-        columns = (self.filename_column, self.label_column, self.listings)
+        columns = (self.filename_column, self.label_column, self.label_kind, self.listings)
         train = labelled_source(root, self.labels_csv, *columns)
         if self.val_root is None and self.val_csv is None:
             return SeededSplit(train, self.val_fraction, self.seed)
-        val = labelled_source(self.val_root or root, self.val_csv, *columns, role="validation")
+        val = labelled_source(self.val_root or root, self.val_csv, *columns, "validation", train)
         return SeparateValidation(train, val)
 
     @property
@@ -314,9 +322,9 @@ class ImageDataModule(L.LightningDataModule):
             return self._streamed_split("test")
         if self.test_root is None and self.test_csv is None:
             raise DataError("test needs --data.test_root (class folders) or --data.test_csv")
-        columns = (self.filename_column, self.label_column, self.listings)
+        columns = (self.filename_column, self.label_column, self.label_kind, self.listings)
         root = self.test_root or self.root or self.test_csv.parent
-        source = labelled_source(root, self.test_csv, *columns, role="test")
+        source = labelled_source(root, self.test_csv, *columns, "test", self.source.train)
         test = self._eval_dataset(once(self.trainer, partial(source.index, self.class_names)))
         return self._drop_unreadable(test)[0] if self.skip_bad_images else test
 

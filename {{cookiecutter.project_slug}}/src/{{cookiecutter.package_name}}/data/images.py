@@ -34,9 +34,10 @@ MAX_IMAGE_PIXELS = 2 * 89_478_485
 logging.getLogger("PIL").addHandler(logging.NullHandler())
 
 # Which decoder reads what was chosen by fuzzing first, speed second: no file may kill
-# the process that reads it. benchmarks/fuzz_decoders.py (--per-kind 40 --seed 14) gave each
-# decoder every mutant of the formats it reads (3091 files from the bake's tests/test_fuzz.py:
-# 843 JPEG, 562 PNG of which 281 16-bit, 281 GIF, 562 WebP, 281 BMP, 562 TIFF), each in a child:
+# the process that reads it. The template's benchmarks/fuzz_decoders.py (--per-kind 40
+# --seed 14) gave each decoder every mutant of the formats it reads (3091 files from the bake's
+# tests/test_fuzz.py: 843 JPEG, 562 PNG of which 281 16-bit, 281 GIF, 562 WebP, 281 BMP, 562
+# TIFF), each in a child:
 #   decoder                        files  crashed  printed to stderr
 #   torchvision decode_image        2248      211        580
 #   torchvision decode_png           562      211        423  (SIGSEGV: every bit flip or zeroed
@@ -72,15 +73,15 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
     `min_size`: the short side the caller needs. A JPEG at least twice that is decoded at 1/2, 1/4
     or 1/8 scale in libjpeg's DCT domain (`PIL.Image.draft`), keeping the short side >= `min_size`:
     2000x1500 photos to a 256 short side took 90 ms against 130-197 ms for a full decode and resize
-    (BENCHMARKS.md).
+    (the template's BENCHMARKS.md).
 
     `approximate`: for training. A JPEG is decoded with libjpeg-turbo's fast integer IDCT and fast
-    chroma upsampling (`simplejpeg`, which also does the reduction above, at any n/8 scale): 0.53
-    ms against 0.58 ms exactly for a noisy 500x375 photo, and cold training epochs about 10%
-    faster on 2 CPUs (BENCHMARKS.md). Pixels differ from the exact decode by 1.2-1.3 levels on
-    average, up to ~60 at a few sharp colour edges: far less than random crops change, but not
-    what a model should be evaluated or served on, so validation, prediction and the pixel cache
-    decode exactly.
+    chroma upsampling (`simplejpeg`, which also does the reduction above, at any n/8 scale): 0.53 ms
+    against 0.58 ms exactly for a noisy 500x375 photo, and cold training epochs about 10% faster on
+    2 CPUs (the template's BENCHMARKS.md). Pixels differ from the exact decode by 1.2-1.3 levels on
+    average, up to ~60 at a few sharp colour edges: far less than random crops change, but not what
+    a model should be evaluated or served on, so validation, prediction and the pixel cache decode
+    exactly.
 
     Raises:
         DataError: naming the file, when it cannot be decoded or declares more than
@@ -274,7 +275,7 @@ def _decode_jpeg(data: bytearray, fast: bool, min_size: int = 0) -> np.ndarray:
     `fast`: the fast integer IDCT and chroma upsampling, for training. With `min_size`, scaled in
     the DCT domain to the smallest of libjpeg's n/8 sizes whose sides are both at least
     `min_size`: 6.2 ms against 6.9 ms for `_decode_jpeg_reduced` on a 2000x1500 photo
-    (BENCHMARKS.md).
+    (the template's BENCHMARKS.md).
     """
     return simplejpeg.decode_jpeg(
         data,

@@ -14,6 +14,23 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 # Folders that archivers and operating systems leave beside the data; never classes.
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
+# Folders that training writes in the working folder (logs, runs, checkpoints, the demo set in
+# `data/demo`): with `--data.root .` (or `--data.root data` beside the demo set) they sit beside
+# the class folders. One of them is a class only when it holds images directly, as a class folder
+# of the user's would.
+OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints", "data", "demo")
+
+
+def _is_class_folder(entry: os.DirEntry) -> bool:
+    if not entry.is_dir() or not _is_data_folder(entry.name):
+        return False
+    if entry.name not in OUTPUT_FOLDERS:
+        return True
+    try:
+        with os.scandir(entry.path) as inside:
+            return any(e.name.lower().endswith(IMG_EXTENSIONS) and e.is_file() for e in inside)
+    except OSError:  # a run folder that cannot be read holds no class
+        return False
 
 
 def _is_data_folder(name: str) -> bool:
@@ -21,10 +38,11 @@ def _is_data_folder(name: str) -> bool:
 
 
 def find_classes(root: Path, option: str = "data.root") -> list[str]:
-    """The sorted names of the class folders under `root` (hidden and `__MACOSX` left out)."""
+    """The sorted names of the class folders under `root` (hidden, `__MACOSX` and the run
+    folders of `OUTPUT_FOLDERS` left out)."""
     check_dir(root, option)
     with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir() and _is_data_folder(e.name))
+        classes = sorted(e.name for e in entries if _is_class_folder(e))
     if not classes:
         raise DataError(f"--{option} {root} has no class folders: expected {root}/<class>/<image>")
     return classes
@@ -64,7 +82,8 @@ def _scan(
     folder: str, prefix: str, images_only: bool, found: list[str], walked: list | None
 ) -> None:
     # One scandir per folder and a prefix for its paths, not os.walk and an os.path.join per
-    # file: make_dataset of 100k files in ~0.6x the time (benchmarks/index_scale.py).
+    # file: make_dataset of 100k files in ~0.6x the time (the template's
+    # benchmarks/index_scale.py).
     try:
         if walked is not None:  # taken before the names: a change while listing is seen later
             walked.append((prefix, os.stat(folder).st_mtime_ns, len(found)))

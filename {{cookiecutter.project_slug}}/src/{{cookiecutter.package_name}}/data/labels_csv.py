@@ -85,12 +85,13 @@ def _read_plain(
     row starts after its line's j-th delimiter: a row's spans come from one index into them.
     """
     # Why: the csv module makes a Python list per row, 1.9-2.1 s for a million rows; split with
-    # numpy on the positions of commas and newlines they take 0.15-0.21 s, 10x less CPU time
-    # (benchmarks/index_scale.py). np.loadtxt takes 0.36 s only to split them, and pandas or
-    # pyarrow would be new dependencies. The lines are split 1 MB at a time (`csv_split.BLOCK`):
+    # numpy on the positions of commas and newlines they take 0.15-0.21 s, 10x less CPU time (the
+    # template's benchmarks/index_scale.py). np.loadtxt takes 0.36 s only to split them, and pandas
+    # or pyarrow would be new dependencies. The lines are split 1 MB at a time (`csv_split.BLOCK`):
     # arrays of a few hundred kB, reused from block to block. numpy asks for huge pages for arrays
-    # of 4 MiB or more, and on this VM a fresh one cost up to 6 ms a MB in page faults: split all
-    # at once, into a dozen arrays of 8-16 MB, the same rows took 0.27-0.67 s (BENCHMARKS.md).
+    # of 4 MiB or more, and on this VM a fresh one cost up to 6 ms a MB in page faults: split all at
+    # once, into a dozen arrays of 8-16 MB, the same rows took 0.27-0.67 s (the template's
+    # BENCHMARKS.md).
     # What this does not handle goes to the csv module, which defines the behaviour: quotes, NUL
     # bytes, lone CRs, lines longer than the csv field limit.
     if b'"' in raw or b"\0" in raw:
@@ -224,42 +225,71 @@ def _refuse_duplicates(table: LabelsTable) -> None:
         )
 
 
-def classes_from_labels(table: LabelsTable) -> list[str]:
-    """Class names for a CSV without given class names: the sorted label names, or "0".."K-1"."""
-    numbers = [_as_int(v) for v in table.values]
-    if any(n is None for n in numbers):
+LABEL_KINDS = ("auto", "index", "name")
+
+
+def label_reading(table: LabelsTable, kind: str) -> str:
+    """How the labels of a training CSV are read: "index" or "name", as `kind` says or decided.
+
+    "auto" reads them as class indices only when the distinct labels are exactly "0".."K-1"
+    written as `str(int)` writes them; anything else is a class name: years (2019, 2020 are two
+    classes), 1-based ids, "07", "1_0" or non-ASCII digits ("٣"), which Python's `int` accepts.
+    """
+    if kind != "auto":
+        return kind
+    values = set(table.values)
+    return "index" if values == {str(i) for i in range(len(values))} else "name"
+
+
+def classes_from_labels(table: LabelsTable, reading: str) -> list[str]:
+    """Class names for a CSV without given class names: its labels sorted, or "0".."K-1"."""
+    if reading == "name":
         return sorted(table.values)
-    if min(numbers) < 0:
-        row = table.first_row(numbers.index(min(numbers)))
-        raise DataError(f"{table.where(row)}: label {min(numbers)} is negative")
-    return [str(i) for i in range(max(numbers) + 1)]
+    indices = _as_indices(table.values)
+    if (indices < 0).any():
+        code = int(np.flatnonzero(indices < 0)[0])
+        where, value = table.where(table.first_row(code)), table.values[code]
+        raise DataError(
+            f"{where}: label {value!r} is not a class index (0, 1, 2, ... in ASCII digits), "
+            "as --data.label_kind index reads every label"
+        )
+    return [str(i) for i in range(int(indices.max()) + 1)]
 
 
 def encode_labels(
-    table: LabelsTable, class_names: list[str], split: str = "training"
+    table: LabelsTable, class_names: list[str], reading: str, split: str = "training"
 ) -> np.ndarray:
-    """The int64 targets of a table's labels; a label is a class name or an integer index."""
-    class_to_idx = {name: i for i, name in enumerate(class_names)}
-    targets = np.empty(len(table.values), dtype=np.int64)
-    for code, value in enumerate(table.values):
-        index = class_to_idx.get(value, _as_int(value))
-        if index is None or not 0 <= index < len(class_names):
-            row = table.first_row(code)
-            known = f"classes: {preview(class_names)}; integer labels 0..{len(class_names) - 1}"
-            if split == "training":
-                raise DataError(f"{table.where(row)}: unknown label {value!r} ({known})")
-            raise DataError(
-                f"{table.where(row)}: {split} class {value!r} is not present in training ({known})"
-            )
-        targets[code] = index
+    """The int64 targets of a table's labels, read as class names or as indices (`reading`).
+
+    Validation and test tables are read as the training one is, so that a label means the same
+    class in each; a label that is not a training class stops with its file, line and value.
+    """
+    if reading == "index":
+        targets = _as_indices(table.values)
+        known = f"class indices 0..{len(class_names) - 1}"
+    else:
+        class_to_idx = {name: i for i, name in enumerate(class_names)}
+        targets = np.array([class_to_idx.get(v, -1) for v in table.values], dtype=np.int64)
+        known = f"classes: {preview(class_names)}"
+    bad = np.flatnonzero((targets < 0) | (targets >= len(class_names)))
+    if len(bad):  # codes number the labels in order of appearance: the first bad row's is first
+        value, row = table.values[bad[0]], table.first_row(int(bad[0]))
+        if reading == "name" and value.isascii() and value.isdigit():
+            known += "; --data.label_kind index reads labels as class indices"
+        if split == "training":
+            raise DataError(f"{table.where(row)}: unknown label {value!r} ({known})")
+        raise DataError(
+            f"{table.where(row)}: {split} label {value!r} is not a training class ({known})"
+        )
     return targets[table.codes]
 
 
-def _as_int(value: str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
-        return None
+def _as_indices(values: list[str]) -> np.ndarray:
+    """Each label as an integer where it is ASCII digits (of int64 size), else -1."""
+    return np.array(
+        [int(v) if v.isascii() and v.isdigit() and len(v) < 19 else -1 for v in values],
+        dtype=np.int64,
+    )
 
 
 def find_missing(table: LabelsTable, root: Path, listings: Path | None = None) -> None:

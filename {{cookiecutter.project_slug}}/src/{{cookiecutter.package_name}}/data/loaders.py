@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from {{ cookiecutter.package_name }}.data.transforms import Draw
+from {{ cookiecutter.package_name }}.errors import DataError
 
 
 def make_loader(
@@ -35,9 +40,6 @@ def make_loader(
             every epoch) it decides the order, so a resumed run draws what an uninterrupted one
             would have, in one process or many.
     """
-    # Dropping the last partial training batch keeps BatchNorm away from tiny batches; shuffling
-    # means every image is still seen, just not in every epoch.
-    drop_last = train and len(dataset) > batch_size
     sampler = None
     if train and balance_classes is not None:
         targets, num_classes, seed = balance_classes
@@ -48,6 +50,16 @@ def make_loader(
         sampler = EpochShuffle(dataset, seed, *(shard or (0, 1)))
     if not train and shard is not None:
         sampler = EvalShardSampler(dataset, *shard)
+        if 0 < len(dataset) < shard[1]:  # a process without a batch would leave others waiting
+            raise DataError(
+                f"{len(dataset)} images to validate, test or predict cannot be shared among "
+                f"{shard[1]} processes: each process needs at least one; give more images, or "
+                "run fewer processes (--trainer.devices, --trainer.num_nodes)"
+            )
+    # Dropping the last partial training batch keeps BatchNorm away from tiny batches; shuffling
+    # means every image is still seen, just not in every epoch. The batches are this process's:
+    # a share smaller than one batch (800 images, 16 processes, batches of 64) is one batch.
+    drop_last = train and len(sampler) > batch_size
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -57,7 +69,18 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        worker_init_fn=partial(_worker_init, rank=shard[0] if shard else 0),
     )
+
+
+def _worker_init(worker_id: int, rank: int) -> None:
+    """Loader workers ignore Ctrl-C: a terminal's Ctrl-C reaches the whole process group, and a
+    worker it ended would fail the next batch, while the training process stops at a batch end and
+    saves (`training/checkpoints.py`). Then Lightning's worker seeding, which Lightning adds itself
+    only to loaders without a `worker_init_fn`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id, rank)
 
 
 def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:

@@ -52,7 +52,8 @@ class BatchNormalizer:
     def _cpu(self, images: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         # On the CPU the loader workers are busy on the same cores: a multi-threaded conversion
         # stalls on descheduled threads, and its idle threads spin, taking CPU from the workers
-        # (~40% of the loader's throughput on 2 cores, BENCHMARKS.md). One thread avoids both.
+        # (~40% of the loader's throughput on 2 cores, the template's BENCHMARKS.md). One thread
+        # avoids both.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -71,7 +72,7 @@ class BatchNormalizer:
         whenever glibc has given the last one back to the system, which it does in some runs and
         not in others. Recycled, the main process needs 4.9 ms of CPU per cached batch instead of
         6.4 ms, and cached epochs ran at 6,400-7,200 images/s on 2 cores against 3,000-5,400
-        (BENCHMARKS.md, `benchmarks/cpu_normalise.py`).
+        (the template's BENCHMARKS.md and `benchmarks/cpu_normalise.py`).
 
         Each tensor is made from a fresh numpy view of the memory, which torch keeps alive as long
         as any tensor or view of that batch exists; the memory is lent again only once a weak

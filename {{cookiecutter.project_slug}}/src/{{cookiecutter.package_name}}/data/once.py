@@ -4,16 +4,26 @@ Listing the folders, reading the labels CSV and checking its files, the cache ke
 file and the scan for unreadable images cost the same on every rank, and under DDP every rank
 would do them at the same moment, on the same (often shared) file system. `once` is the one place
 where the data side waits for other processes.
+
+The wait is as long as rank zero's work takes (a scan of millions of files on a network file system
+takes hours): not the process group's collective timeout (30 minutes by default), which would stop
+the other ranks while rank zero still works. The result comes through a gloo group of its own,
+whose timeout is `_WAIT`; a rank zero that fails says so to the others, and one that dies closes
+its connections, which ends their wait too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TypeVar
+
+import torch.distributed as dist
 
 from {{ cookiecutter.package_name }}.errors import DataError
 
 T = TypeVar("T")
+_WAIT = timedelta(days=7)  # how long the other ranks wait for rank zero's work
 
 
 def once(trainer, compute: Callable[[], T]) -> T:
@@ -24,18 +34,39 @@ def once(trainer, compute: Callable[[], T]) -> T:
     """
     if trainer is None or trainer.world_size <= 1:
         return compute()
+    group = _patient_group()
     outcome: tuple | None = None
-    if trainer.is_global_zero:
-        try:
-            outcome = (compute(), None)
-        except DataError as err:
-            outcome = (None, err)
-        except Exception as err:
-            # The other ranks would wait in the broadcast until its timeout: tell them, then
-            # raise the original here, with its traceback.
-            trainer.strategy.broadcast((None, RuntimeError(f"rank 0 failed: {err!r}")), src=0)
-            raise
-    value, error = trainer.strategy.broadcast(outcome, src=0)
+    try:
+        if trainer.is_global_zero:
+            try:
+                outcome = (compute(), None)
+            except DataError as err:
+                outcome = (None, err)
+            except Exception as err:
+                # The other ranks would wait in the broadcast until its timeout: tell them, then
+                # raise the original here, with its traceback.
+                _broadcast(trainer, (None, RuntimeError(f"rank 0 failed: {err!r}")), group)
+                raise
+        value, error = _broadcast(trainer, outcome, group)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
     if error is not None:
         raise error
     return value
+
+
+def _patient_group():
+    """A gloo group of every process that waits up to `_WAIT` (None without torch.distributed,
+    as with a strategy that does not use it). Made by every rank: a collective, like `once`."""
+    if not (dist.is_available() and dist.is_initialized() and dist.is_gloo_available()):
+        return None
+    return dist.new_group(backend="gloo", timeout=_WAIT)
+
+
+def _broadcast(trainer, outcome: tuple | None, group) -> tuple:
+    if group is None:
+        return trainer.strategy.broadcast(outcome, src=0)
+    carrier = [outcome]
+    dist.broadcast_object_list(carrier, src=0, group=group)
+    return carrier[0]

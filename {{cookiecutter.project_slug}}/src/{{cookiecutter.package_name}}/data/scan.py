@@ -31,8 +31,8 @@ class _ReadCheck:
     """Image i of `datasets` (numbered one after the other), read as its dataset reads it.
 
     `ImageFolderDataset.read` decodes a large JPEG at a DCT-reduced size, which scanned 4000x3000
-    photos about twice as fast as a full decode (BENCHMARKS.md). Every byte of the file is still
-    decoded, so a truncated or damaged file is found either way.
+    photos about twice as fast as a full decode (the template's BENCHMARKS.md). Every byte of the
+    file is still decoded, so a truncated or damaged file is found either way.
     """
 
     def __init__(self, datasets: Sequence[ImageFolderDataset]) -> None:
@@ -194,7 +194,9 @@ def drop_unreadable(
 ) -> list[ImageFolderDataset]:
     """`datasets` without their unreadable images, with one warning listing what was left out.
 
-    The whole list goes to `listing_dir/skipped_images.txt` when `write_listing` (rank zero).
+    The whole list goes to `listing_dir/skipped_images.txt` when `write_listing` (rank zero),
+    replacing an earlier run's, unless `listing_dir` lies inside a dataset's root: nothing the
+    project writes goes among the user's images.
     Nothing readable at all is an error: that is a wrong folder, not a few damaged files.
     `run_once(compute)`: how the scan is run (under DDP, `data.once`: on rank zero only).
     """
@@ -206,12 +208,15 @@ def drop_unreadable(
     if len(bad) == total:
         raise DataError(f"none of the {total} images can be read: {bad[0][1]}")
     where = ""
-    if listing_dir is not None:
+    roots = {os.path.realpath(dataset.root) for dataset in datasets}
+    if listing_dir is not None and _inside(os.path.realpath(listing_dir), roots):
+        where = f" (not listed in {listing_dir}: it lies inside the dataset)"
+    elif listing_dir is not None:
         listing = os.path.join(listing_dir, SKIPPED_FILE)
         where = f" (all listed in {listing})"
         if write_listing:
             os.makedirs(listing_dir, exist_ok=True)
-            with open(listing, "a", encoding="utf-8") as file:
+            with open(listing, "w", encoding="utf-8") as file:  # this run's list only
                 file.writelines(f"{message}\n" for _, message in bad)
     shown = "\n".join(message for _, message in bad[:_SHOWN])
     more = f"\n... and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
@@ -226,3 +231,7 @@ def drop_unreadable(
         kept.append(dataset.subset(keep[start : start + len(dataset)]))
         start += len(dataset)
     return kept
+
+
+def _inside(folder: str, roots: set[str]) -> bool:
+    return any(folder == root or folder.startswith(root.rstrip(os.sep) + os.sep) for root in roots)

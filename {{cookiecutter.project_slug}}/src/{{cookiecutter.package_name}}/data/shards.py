@@ -5,7 +5,8 @@ with `resize`, re-encoded as a JPEG at that short side), its label and its relat
 `litdata.optimize`, into `<output>/train` and `<output>/val` (and `<output>/test`,
 `<output>/predict` where those sets were given), then writes `<output>/dataset.json` (class names,
 image counts, what the shards were made from). That file comes last, once every split's LitData
-index lists all its images: shards without it are incomplete, whatever a killed run left.
+index lists all its images: shards without it are incomplete, whatever a killed run left. What
+`shard` may write and remove there (never the user's files) is decided by `shard_output.py`.
 `StreamedImages` reads them back through `litdata.StreamingDataset`, which gives each process (and
 node) its own part of every epoch and keeps downloaded chunks in a bounded local cache.
 
@@ -21,7 +22,7 @@ import io
 import json
 import os
 import random
-import shutil
+import re
 import sys
 import tempfile
 import warnings
@@ -35,9 +36,9 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import decode_image
+from {{ cookiecutter.package_name }}.data.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.errors import DataError
 
-META = "dataset.json"
 SPLITS = ("train", "val", "test", "predict")
 CHUNK_BYTES = "64MB"  # LitData's advice for images: large enough for few requests per epoch
 
@@ -73,20 +74,6 @@ def _write_meta(url: str, meta: dict) -> None:
         local = os.path.join(folder, META)
         Path(local).write_text(text, encoding="utf-8")
         _get_fs_provider(url).upload_file(local, f"{url}/{META}")
-
-
-def _remove_shards(url: str) -> None:
-    """Delete what an earlier `shard` wrote at `url` (its marker first), nothing else there."""
-    if not is_remote(url):
-        (Path(url) / META).unlink(missing_ok=True)
-        for split in SPLITS:
-            shutil.rmtree(Path(url) / split, ignore_errors=True)
-        return
-    provider = _get_fs_provider(url)
-    if provider.exists(f"{url}/{META}"):
-        provider.delete_file_or_directory(f"{url}/{META}")
-    for split in SPLITS:
-        provider.delete_file_or_directory(f"{url}/{split}/")
 
 
 def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
@@ -155,23 +142,28 @@ def write_shards(
     items only within a few chunks, so images stored class by class would give batches of one
     class. The other splits keep their order.
 
+    Only what `shard` wrote is ever removed (its manifest, `shard_output.py`); a run killed
+    before its end is replaced without `overwrite`, being this command's own.
+
     Raises:
-        DataError: `output` holds shards of other images or options, and `overwrite` is off, or
-            a split's shards lack images once written (LitData interrupted).
+        DataError: `output` holds shards of other images or options, or files that `shard` did
+            not write, and `overwrite` is off; files that `shard` did not write sit where the
+            shards go; or a split's shards lack images once written (LitData interrupted).
     """
     output = str(output).rstrip("/")
     made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
-    existing = read_meta(output)
+    place = ShardOutput(output)
+    earlier = place.claim(list(datasets), overwrite)  # the files an earlier `shard` wrote here
+    existing = read_meta(output) if earlier else None
     if existing is not None and not overwrite:
         if existing.get("made_of") == made_of:
             return False
         raise DataError(
-            f"--output {output} holds shards of other images or options: pass --overwrite to "
-            "replace them, or choose another --output"
+            f"--output {output} holds shards of other images or options: pass --overwrite true "
+            "to replace them, or choose another --output"
         )
-    _remove_shards(output)  # also what a killed run left: shards without dataset.json
-    if not is_remote(output):
-        Path(output).mkdir(parents=True, exist_ok=True)
+    place.remove(earlier)  # also what a killed run left: shards without dataset.json
+    place.start(list(datasets))
     # LitData stages chunks in $TMPDIR/chunks and $TMPDIR/data and empties both at every start:
     # two jobs on one machine would delete each other's chunks. This job gets folders of its own.
     with tempfile.TemporaryDirectory(prefix="shard-") as staging:
@@ -195,6 +187,7 @@ def write_shards(
                 f"{output}/{split}: the shards do not hold all {count} images (interrupted?); "
                 "run `shard` again to rewrite them"
             )
+    place.finish(list(datasets))
     meta = {"format": 1, "class_names": class_names, "images": images, "made_of": made_of}
     _write_meta(output, meta)
     return True
@@ -208,18 +201,29 @@ def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool
     items = [
         (dataset.path(i), int(targets[i]), os.fsdecode(dataset.paths[i]), resize) for i in order
     ]
-    litdata.optimize(
-        fn=shard_item,
-        inputs=items,
-        output_dir=url,
-        chunk_bytes=CHUNK_BYTES,
-        num_workers=max(workers, 1),
-        reorder_files=False,  # LitData's default sorts the inputs by file size: ours are in order
-        # LitData's default, spawn, starts each worker by importing torch again (seconds); this
-        # process has started no threads that a fork could copy mid-lock.
-        start_method="fork" if sys.platform == "linux" else None,
-        verbose=True,
-    )
+    try:
+        litdata.optimize(
+            fn=shard_item,
+            inputs=items,
+            output_dir=url,
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=max(workers, 1),
+            reorder_files=False,  # LitData's default sorts by file size: ours are in order
+            # LitData's default, spawn, starts each worker by importing torch again (seconds);
+            # this process has started no threads that a fork could copy mid-lock.
+            start_method="fork" if sys.platform == "linux" else None,
+            verbose=True,
+        )
+    except RuntimeError as err:  # a worker's error, passed on by LitData as its traceback's text
+        causes = r"^(?:[\w.]*DataError|FileNotFoundError|PermissionError): (.+)$"
+        found = re.findall(causes, str(err), re.MULTILINE)
+        if not found:
+            raise
+        hint = "; --data.skip_bad_images true leaves it out" if "cannot read" in found[-1] else ""
+        print(file=sys.stderr)  # ends the line of LitData's progress bar, left where it stopped
+        raise DataError(
+            f"{url}: {found[-1]}{hint} (the next `shard` replaces what this one wrote)"
+        ) from err
 
 
 class StreamedImages(litdata.StreamingDataset):
@@ -312,12 +316,18 @@ def streaming_loader(
 ):
     """LitData's loader: it moves the dataset to the next epoch (its shuffle) at each pass.
 
-    Evaluation batches are made smaller where the images are fewer than `processes` batches: LitData
-    deals whole batches to each process, and one with none stops Lightning's evaluation loop.
+    Batches are made smaller where the images are fewer than `processes` batches: LitData deals
+    whole batches to each process, and one with none would train nothing (800 images, 16
+    processes, batches of 64: one batch of 50 each) or stop Lightning's evaluation loop.
     """
-    if not dataset.shuffle:
-        images = sum(end - start for start, end in dataset.region_of_interest)
-        batch_size = max(1, min(batch_size, images // processes))
+    images = sum(end - start for start, end in dataset.region_of_interest)
+    if 0 < images < processes:
+        raise DataError(
+            f"{images} images of {dataset.input_dir.url or dataset.input_dir.path} cannot be "
+            f"shared among {processes} processes: each process needs at least one; give more "
+            "images, or run fewer processes (--trainer.devices, --trainer.num_nodes)"
+        )
+    batch_size = max(1, min(batch_size, images // processes))
     # Lightning's predict loop asks every loader for its batch sampler's indices, which LitData's
     # has not; `PredictionWriter` takes each image's index and path from the batch instead.
     warnings.filterwarnings("ignore", "Couldn't infer the batch indices")

@@ -26,10 +26,12 @@ from {{ cookiecutter.package_name }}.data.index import (
     make_dataset,
 )
 from {{ cookiecutter.package_name }}.data.labels_csv import (
+    LABEL_KINDS,
     LabelsTable,
     classes_from_labels,
     encode_labels,
     find_missing,
+    label_reading,
     read_labels_csv,
 )
 from {{ cookiecutter.package_name }}.data.listing import listed_tree
@@ -53,7 +55,9 @@ class ImageIndex:
 
 
 class LabelledSource(Protocol):
-    """One labelled set of images."""
+    """One labelled set of images; `reading`: its labels are class "name"s or "index"es."""
+
+    reading: str
 
     def class_names(self) -> list[str]: ...
 
@@ -62,6 +66,8 @@ class LabelledSource(Protocol):
 
 class Split(Protocol):
     """Training and validation images, and the class names they are labelled with."""
+
+    train: LabelledSource
 
     def class_names(self) -> list[str]: ...
 
@@ -72,7 +78,8 @@ class ClassFolders:
     """`root/<class>/<image>`: an image's class is the name of its folder.
 
     `role` is "training" or "validation": validation folders must name training classes, while
-    training folders left out by given class names are only warned about.
+    training folders left out by given class names are only warned about. `reading`: how CSVs
+    of validation or test images read their labels alongside these folders (`LabelsCsv`).
     """
 
     def __init__(
@@ -81,11 +88,13 @@ class ClassFolders:
         option: str = "data.root",
         role: str = "training",
         listings: Path | None = None,
+        reading: str = "name",
     ) -> None:
         self.root = root
         self.option = option
         self.role = role
         self.listings = listings  # where the folder listing is remembered; None: not at all
+        self.reading = reading
 
     def class_names(self) -> list[str]:
         return find_classes(self.root, self.option)
@@ -107,7 +116,11 @@ class ClassFolders:
 
 
 class LabelsCsv:
-    """One image folder `root` and a CSV naming each file (relative to `root`) and its label."""
+    """One image folder `root` and a CSV naming each file (relative to `root`) and its label.
+
+    A training CSV's labels are read as `kind` says ("auto": `labels_csv.label_reading`); a
+    validation or test CSV's as those of the training source it `follows`.
+    """
 
     def __init__(
         self,
@@ -118,9 +131,13 @@ class LabelsCsv:
         option: str = "data.root",
         role: str = "training",
         listings: Path | None = None,
+        kind: str = "auto",
+        follows: LabelledSource | None = None,
     ) -> None:
         self.root = root
         self.listings = listings
+        self.kind = kind
+        self.follows = follows
         self.csv_file = csv_file
         self.columns = (filename_column, label_column)
         self.option = option
@@ -131,11 +148,17 @@ class LabelsCsv:
         # Read once: the class names are needed at instantiation, the index again in `setup`.
         return read_labels_csv(self.csv_file, *self.columns)
 
+    @cached_property
+    def reading(self) -> str:
+        if self.follows is not None:
+            return self.follows.reading
+        return label_reading(self.table, self.kind)
+
     def class_names(self) -> list[str]:
-        return classes_from_labels(self.table)
+        return classes_from_labels(self.table, self.reading)
 
     def index(self, class_names: list[str]) -> ImageIndex:
-        targets = encode_labels(self.table, class_names, self.role)
+        targets = encode_labels(self.table, class_names, self.reading, self.role)
         check_dir(self.root, self.option)
         find_missing(self.table, self.root, self.listings)
         return ImageIndex(self.root, self.table.paths, targets)
@@ -144,16 +167,16 @@ class LabelsCsv:
 class SeededSplit:
     """Hold out `fraction` of each class of `source` for validation, drawn with `seed`."""
 
-    def __init__(self, source: ClassFolders | LabelsCsv, fraction: float, seed: int) -> None:
-        self.source = source
+    def __init__(self, train: ClassFolders | LabelsCsv, fraction: float, seed: int) -> None:
+        self.train = train
         self.fraction = fraction
         self.seed = seed
 
     def class_names(self) -> list[str]:
-        return self.source.class_names()
+        return self.train.class_names()
 
     def split(self, class_names: list[str], stage: str | None) -> tuple[ImageIndex, ImageIndex]:
-        index = self.source.index(class_names)
+        index = self.train.index(class_names)
         val_mask = stratified_split(index.targets, self.fraction, self.seed)
         if stage in ("fit", None) and val_mask.all():
             raise DataError(f"--data.val_fraction {self.fraction} leaves no training images")
@@ -179,15 +202,25 @@ def labelled_source(
     labels_csv: Path | None,
     filename_column: str,
     label_column: str,
+    label_kind: str = "auto",
     listings: Path | None = None,
     role: str = "training",
+    follows: LabelledSource | None = None,
 ) -> ClassFolders | LabelsCsv:
-    """Class folders under `root`, or the files `labels_csv` names in `root`."""
+    """Class folders under `root`, or the files `labels_csv` names in `root`.
+
+    `label_kind` ("auto", "index", "name"): how a training CSV's labels are read; validation and
+    test sources read theirs as the training source they `follows` does.
+    """
+    if label_kind not in LABEL_KINDS:
+        kinds = ", ".join(LABEL_KINDS)
+        raise DataError(f"--data.label_kind must be one of {kinds}, got {label_kind!r}")
     option = {"training": "data.root", "validation": "data.val_root"}.get(role, "data.test_root")
-    if labels_csv is None:
-        return ClassFolders(root, option, role, listings)
+    if labels_csv is None:  # folder names are class names; `reading` is for the CSVs that follow
+        reading = "name" if label_kind == "auto" else label_kind
+        return ClassFolders(root, option, role, listings, reading)
     columns = (filename_column, label_column)
-    return LabelsCsv(root, labels_csv, *columns, option, role, listings)
+    return LabelsCsv(root, labels_csv, *columns, option, role, listings, label_kind, follows)
 
 
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import torchvision
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -98,7 +99,7 @@ def build_network(
     """The compact CNN, or a torchvision model by name (`resnet18`, `efficientnet_b0`, ...).
 
     torchvision models start from random weights, or from `weights_path`: a local state dict for
-    the architecture as torchvision defines it (usually ImageNet, 1000 classes), whose last linear
+    the architecture as torchvision defines it (usually ImageNet, 1000 classes), whose classifier
     layer is then replaced to give `num_classes` outputs. Nothing is ever downloaded.
     """
     if architecture == COMPACT:
@@ -111,9 +112,10 @@ def build_network(
             f"--model.architecture {architecture!r} is neither {COMPACT!r} nor a torchvision "
             f"classification model (e.g. resnet18, resnet50, efficientnet_b0, convnext_tiny)"
         )
+    check_runs(architecture, num_classes, image_size)
     if weights_path is None:
-        return torchvision.models.get_model(architecture, weights=None, num_classes=num_classes)
-    network = torchvision.models.get_model(architecture, weights=None)
+        return _torchvision_network(architecture, num_classes)
+    network = _torchvision_network(architecture, None)
     path = Path(weights_path)
     if not path.is_file():
         raise DataError(f"--model.weights_path {path} is not a file")
@@ -122,13 +124,93 @@ def build_network(
         network.load_state_dict(state)
     except RuntimeError as err:
         raise DataError(f"--model.weights_path {path} does not fit {architecture}: {err}") from err
-    _replace_last_linear(network, num_classes)
+    _replace_classifier(network, num_classes)
     return network
 
 
-def _replace_last_linear(network: nn.Module, num_classes: int) -> None:
-    """Swap the last `nn.Linear` (the classifier of every torchvision model) for a fresh one."""
-    name, layer = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Linear)][-1]
+def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
+    """Refuse, before anything trains, a torchvision model that cannot train at `image_size`.
+
+    The model is built and run on the meta device (shapes only, no memory, no arithmetic) in
+    training and evaluation mode; a model that fails at this size (a ViT wants exactly 224
+    pixels, Inception v3 at least 75) or returns anything but `(N, num_classes)` logits is refused
+    in one line with the reason and, where one of torchvision's sizes for it runs, that size.
+    """
+    reason = _meta_failure(architecture, num_classes, image_size)
+    if reason is None:
+        return
+    weights = torchvision.models.get_model_weights(architecture)
+    sizes = sorted({224, *(w.meta["min_size"][0] for w in weights)})
+    runs = [s for s in sizes if _meta_failure(architecture, num_classes, s) is None]
+    way_out = f"--data.image_size {runs[0]} or " if runs else ""
+    raise DataError(
+        f"--model.architecture {architecture} does not run at --data.image_size {image_size} "
+        f"({reason}); use {way_out}another architecture"
+    )
+
+
+class _EmptyOnMeta(TorchFunctionMode):
+    """Puts what `torch.empty` allocates (layer weights) on the meta device, and nothing else.
+
+    Unlike `with torch.device("meta")` this keeps the small tensors some models compute their
+    layout from (RegNet's stage widths) real, so every torchvision model builds.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.empty:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def _meta_failure(architecture: str, num_classes: int, image_size: int) -> str | None:
+    """Why `architecture` cannot train at `image_size` pixels (a meta-device forward), or None."""
+    with _EmptyOnMeta():
+        network = _torchvision_network(architecture, num_classes).to("meta")
+    images = torch.empty(2, 3, image_size, image_size, device="meta")
+    for training in (True, False):
+        network.train(training)
+        try:
+            with torch.no_grad():
+                logits = network(images)
+        except NotImplementedError:
+            return None  # an operation without a meta kernel: only a real forward can tell
+        except (RuntimeError, AssertionError, ValueError) as err:  # shapes that do not fit
+            lines = str(err).strip().splitlines() or [type(err).__name__]
+            return lines[0].rstrip("!.")[:160]
+        if not isinstance(logits, Tensor) or tuple(logits.shape) != (2, num_classes):
+            mode = "training" if training else "evaluation"
+            return f"in {mode} mode it returns {type(logits).__name__}, not logits per class"
+    return None
+
+
+def _torchvision_network(architecture: str, num_classes: int | None) -> nn.Module:
+    """torchvision's `architecture`, randomly initialised, returning plain logits in every mode.
+
+    GoogLeNet and Inception v3 also return auxiliary logits while training; their auxiliary heads
+    are removed, as torchvision does for its own weights without them.
+    """
+    options: dict = {} if num_classes is None else {"num_classes": num_classes}
+    if architecture in ("googlenet", "inception_v3"):
+        options["init_weights"] = True  # torchvision's own initialisation for these two
+    network = torchvision.models.get_model(architecture, weights=None, **options)
+    if isinstance(network, torchvision.models.GoogLeNet):
+        network.aux_logits, network.aux1, network.aux2 = False, None, None
+    elif isinstance(network, torchvision.models.Inception3):
+        network.aux_logits, network.AuxLogits = False, None
+    return network
+
+
+def _replace_classifier(network: nn.Module, num_classes: int) -> None:
+    """Swap the last `nn.Linear` (the classifier of torchvision models) for a fresh one; in
+    SqueezeNet, which has none, the last convolution, its 1x1 classifier."""
+    layers = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Linear)]
+    if layers:
+        name, layer = layers[-1]
+        fresh: nn.Module = nn.Linear(layer.in_features, num_classes)
+    else:
+        name, layer = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Conv2d)][-1]
+        fresh = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
     parent_name, _, attribute = name.rpartition(".")
     parent = network.get_submodule(parent_name) if parent_name else network
-    setattr(parent, attribute, nn.Linear(layer.in_features, num_classes))
+    setattr(parent, attribute, fresh)

@@ -1,5 +1,4 @@
-"""Training callbacks: `last.ckpt` every few minutes, after every epoch and on interruption;
-`--ckpt_path last` finds the newest one."""
+"""Training callbacks: `last.ckpt` every few minutes, after every epoch and on interruption."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from jsonargparse.typing import NonNegativeFloat
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -22,24 +21,32 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 _DDP_CHECK_BATCHES = 16  # under DDP, how often the ranks agree on whether a save is due
 
 
-class LastCheckpoint(Callback):
+class LastCheckpoint(Checkpoint):
     """Save `last.ckpt` every `every_minutes`, at the end of every training epoch and when `fit` is
     interrupted.
 
     Interrupted means SIGTERM (a scheduler's time limit, `kill`), Ctrl-C or an exception: the
-    checkpoint then holds the step reached, and `fit --ckpt_path last` continues from it. On SLURM,
+    checkpoint then holds the step reached, and `fit --ckpt_path last` continues from it. A second
+    Ctrl-C ends the run at once, without saving. On SLURM,
     the requeue signal (SIGUSR1 unless `#SBATCH --signal` says otherwise) saves it too, then
     requeues the job with `scontrol requeue`; the requeued job's `--ckpt_path last` resumes.
     It is written beside the checkpoints of the `checkpoint` callback. That callback's own
     `save_last` is off: since Lightning 2.6 it refreshes `last.ckpt` only in epochs that also save
     a new best checkpoint, so a run that stops improving would resume from an old epoch.
 
-    SIGTERM and the requeue signal are handled here, not by Lightning: its handlers broadcast to
-    the other processes from inside the signal handler and stop each process where its own signal
-    found it, and a process stopping a batch before another then waits for it forever (a
-    2-process CPU run hung so); its requeue handler also saves mid-batch, into a file of its own.
-    Here a signal only sets a flag; after every batch the processes add up their flags (one small
-    all-reduce under DDP) and, if any was signalled, all save `last.ckpt` and stop together.
+    SIGTERM, Ctrl-C (SIGINT) and the requeue signal are handled here, all alike, not by Lightning
+    nor Python: their handlers stop each process where its own signal found it (Python's Ctrl-C
+    raises KeyboardInterrupt mid-batch), and a process stopping a batch before another then meets
+    it inside a collective: it waits forever, or its save meets the other's gradient all-reduce.
+    Lightning's requeue handler also saves mid-batch, into a file of its own. Here a signal only
+    sets a flag; after every batch the processes add up their flags (one small all-reduce under
+    DDP) and, if any was signalled, all save `last.ckpt` and stop together, at the same batch. With
+    `--trainer.accumulate_grad_batches N` that batch ends an accumulation (a save inside one would
+    lose the gradients accumulated so far), so a stop waits up to N - 1 batches.
+
+    Being a Lightning `Checkpoint`, it runs after every other callback (Lightning runs checkpoint
+    callbacks last): the epoch-end `last.ckpt` holds what the other callbacks recorded of that
+    epoch (the run history, the loader position).
 
     Args:
         every_minutes: also save during an epoch once this long has passed since the last save,
@@ -57,15 +64,19 @@ class LastCheckpoint(Callback):
         self._signal: int | None = None  # the stop signal received, until it is acted on
         self._replaced: dict[int, object] = {}  # signal -> the handler ours replaced
         self._stopped = False
+        self._hurried = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_at = time.monotonic()
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread() or trainer.fast_dev_run:
             return  # only the main thread may set signal handlers; Lightning's stay
         for signum in _stop_signals(trainer):
             self._replaced[signum] = signal.signal(signum, self._note_signal)
 
     def _note_signal(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self._signal is not None:
+            self._hurried = True  # a second Ctrl-C: no save, no waiting for the other processes
+            raise KeyboardInterrupt
         self._signal = self._signal or signum
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -75,13 +86,15 @@ class LastCheckpoint(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         self._trained = True
-        if trainer.fast_dev_run:
+        accumulate = trainer.accumulate_grad_batches
+        inside = (batch_idx + 1) % accumulate and batch_idx + 1 < trainer.num_training_batches
+        if trainer.fast_dev_run or inside:  # the same on every rank: the same collectives
             return
         if self._replaced and self._stop_requested(trainer):
             self._stop(trainer, self.save(trainer))
         if not self.every_minutes:
             return
-        if trainer.world_size > 1 and (batch_idx + 1) % _DDP_CHECK_BATCHES:
+        if trainer.world_size > 1 and (batch_idx + 1) % (_DDP_CHECK_BATCHES * accumulate):
             return
         due = time.monotonic() - self._saved_at >= 60 * self.every_minutes
         if trainer.world_size > 1:
@@ -112,23 +125,27 @@ class LastCheckpoint(Callback):
             return
         if not self._trained:
             return  # a resumed run stopped before its first batch keeps the file it resumed from
-        # Under DDP only Ctrl-C and SIGTERM (which reach every rank) stop all ranks together.
-        # Any other exception is one rank's: saving is collective, and would wait for ranks
-        # stuck in the gradient all-reduce until the job's time runs out.
-        signalled = isinstance(exception, KeyboardInterrupt | SIGTERMException)
-        if trainer.world_size > 1 and not signalled:
+        if self._hurried:
+            return  # a second Ctrl-C: end at once
+        # Under DDP, any exception but Lightning's own SIGTERM stop (raised at the same batch on
+        # every rank) is one rank's: saving is collective, and would wait for ranks stuck in the
+        # gradient all-reduce until the job's time runs out. Signals stop through the flag above.
+        if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
             return
         path = self.save(trainer)
         if trainer.is_global_zero:
             print(f"{type(exception).__name__}: saved {path}; resume with --ckpt_path {path}")
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
-        """Whether any process has received a stop signal (the same answer on every rank)."""
-        signalled = self._signal is not None
+        """Whether any process has received a stop signal (the same answer on every rank). A
+        process that has not takes the signal of one that has (the largest number), for the
+        message and the exit status."""
         if trainer.world_size == 1:
-            return signalled
-        flag = torch.tensor([int(signalled)], device=trainer.strategy.root_device)
-        return bool(trainer.strategy.reduce(flag, reduce_op="sum").item())
+            return self._signal is not None
+        flag = torch.tensor([self._signal or 0], device=trainer.strategy.root_device)
+        agreed = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        self._signal = self._signal or agreed or None
+        return bool(agreed)
 
     def _stop(self, trainer: L.Trainer, path: Path) -> None:
         """After `last.ckpt` was saved on a signal: requeue on SLURM's signal, then stop `fit`."""
@@ -137,9 +154,10 @@ class LastCheckpoint(Callback):
         if trainer.is_global_zero:
             name = signal.Signals(self._signal).name if self._signal else "a signal"
             print(f"{name}: saved {path}; resume with --ckpt_path {path}", flush=True)
-            if self._signal not in (None, signal.SIGTERM):
+            if self._signal not in (None, signal.SIGTERM, signal.SIGINT):
                 _requeue()
-        raise SIGTERMException  # every rank, at the same batch: `fit` ends, the CLI exits 143
+        # Every rank, at the same batch: `fit` ends, the CLI exits 128 + the signal's number.
+        raise Stopped(self._signal or signal.SIGTERM)
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._replaced.items():
@@ -163,17 +181,28 @@ class LastCheckpoint(Callback):
 
     @staticmethod
     def _path(trainer: L.Trainer) -> Path:
-        callback = trainer.checkpoint_callback
+        kept = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+        callback = kept[0] if kept else None
         folder = callback.dirpath if callback is not None and callback.dirpath else None
         return Path(folder or trainer.default_root_dir) / "last.ckpt"
 
 
+class Stopped(SIGTERMException):
+    """`fit` stopped on a signal, after saving `last.ckpt`; `exit_status` is 128 + its number.
+
+    A `SIGTERMException`, which Lightning passes on as the end of a run stopped from outside."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_status = 128 + signum
+
+
 def _stop_signals(trainer: L.Trainer) -> list[int]:
-    """SIGTERM (not on Windows, which cannot send it to a running process), and SLURM's requeue
-    signal where SLURM runs the job and Lightning would requeue it."""
+    """Ctrl-C (SIGINT); SIGTERM (not on Windows, which cannot send it to a running process); and
+    SLURM's requeue signal where SLURM runs the job and Lightning would requeue it."""
     if sys.platform == "win32":
-        return []
-    signals = [signal.SIGTERM]
+        return [signal.SIGINT]
+    signals = [signal.SIGINT, signal.SIGTERM]
     # Where Lightning's own signal handling looks (a one-device strategy has no environment).
     environment = trainer._accelerator_connector.cluster_environment
     if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
@@ -195,18 +224,3 @@ def _requeue() -> None:
         print(f"warning: scontrol requeue {job}: {done.stderr.strip()}", file=sys.stderr)
     else:
         print(f"requeued SLURM job {job}", flush=True)
-
-
-RUN_FOLDERS = ("checkpoints/last.ckpt", "*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
-
-
-def find_last(roots: list[Path], patterns: tuple[str, ...] = RUN_FOLDERS) -> Path | None:
-    """The newest `last.ckpt` in a run folder under `roots`, for `--ckpt_path last`.
-
-    A run folder is where Lightning puts checkpoints: `<root>/<name>/<version>/checkpoints/`
-    under a logger (CSV, TensorBoard, MLflow, W&B), `<root>/checkpoints/` without one. Only those
-    depths are looked at, never the whole tree: the data may live under the same folder.
-    `patterns`: where under each root, ("last.ckpt",) for a `--checkpoint.dirpath`.
-    """
-    found = [path for root in roots for pattern in patterns for path in root.glob(pattern)]
-    return max(found, key=lambda path: path.stat().st_mtime, default=None)

@@ -9,7 +9,15 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from {{ cookiecutter.package_name }}.training.outputs import check_output, starts_with_line
+
 HEADER = ["path", "label", "probability", "top_k"]
+# The first line of each CSV written here: how a file that is there already is known as
+# predict's (or infer's) own, to be replaced without --overwrite.
+MARK = ",".join(HEADER)
+PART_MARK = ",".join(["index", *HEADER])
+# The DataModule's options that name what predict may read: no CSV is written among them.
+INPUTS = ("root", "labels_csv", "val_root", "val_csv", "test_root", "test_csv", "predict_root")
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -24,13 +32,19 @@ class PredictionWriter(BasePredictionWriter):
             `version_N` folder). With several processes each writes its own `.rankN.csv` of its
             share (every image once over all of them), which rank zero then merges into `output`,
             in the images' order.
+            An output that is, or lies inside, a data folder, CSV or the checkpoint read is
+            refused; so is an existing file that is not a predictions CSV, unless `overwrite`.
         top_k: how many classes the `top_k` column lists.
+        overwrite: replace an existing `output` that is not a CSV of predict or infer.
     """
 
-    def __init__(self, output: str | Path | None = None, top_k: int = 5) -> None:
+    def __init__(
+        self, output: str | Path | None = None, top_k: int = 5, overwrite: bool = False
+    ) -> None:
         super().__init__(write_interval="batch")
         self.output = Path(output) if output is not None else None
         self.top_k = top_k
+        self.overwrite = overwrite
         self.path: Path | None = None
         self._file = None
         self._writer = None
@@ -40,8 +54,10 @@ class PredictionWriter(BasePredictionWriter):
         path = self.output or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
         self.path = path
         self._sharded = trainer.world_size > 1
+        self._check(trainer, path, MARK)
         if self._sharded:
             path = self._shard(path, trainer.global_rank)
+            self._check(trainer, path, PART_MARK)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end)
         self._writer = csv.writer(self._file)
@@ -80,6 +96,21 @@ class PredictionWriter(BasePredictionWriter):
                 self._merge(trainer.world_size)
         if trainer.is_global_zero:
             print(f"predictions: {self.path}")
+
+    def _check(self, trainer: L.Trainer, path: Path, mark: str) -> None:
+        """Refuse, on every rank alike, a CSV among the inputs or over a file not predict's."""
+        datamodule = trainer.datamodule
+        inputs = [(f"--data.{name}", getattr(datamodule, name, None)) for name in INPUTS]
+        check_output(
+            path,
+            "--predictions.output" if self.output is not None else "predictions CSV",
+            ours=lambda existing: starts_with_line(existing, mark),
+            what="a predictions CSV that predict or infer wrote",
+            overwrite=self.overwrite,
+            way_out="pass --predictions.overwrite true",
+            instead="name another file with --predictions.output",
+            inputs=[*inputs, ("--ckpt_path", trainer.ckpt_path)],
+        )
 
     @staticmethod
     def _shard(path: Path, rank: int) -> Path:

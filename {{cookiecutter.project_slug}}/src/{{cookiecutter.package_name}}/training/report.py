@@ -15,9 +15,13 @@ from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.reports import precision_recall, save_confusion_png
 from {{ cookiecutter.package_name }}.training.monitor import starvation_advice
+from {{ cookiecutter.package_name }}.training.outputs import check_output, holds
 
 HISTORY_FILE = "history.json"  # written by training/history.py, RunHistory
 REPORT_FILE = "report.html"
+PICTURES = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_predictions.png")
+# In the page's head: how a report.html already in the run folder is known as this project's.
+GENERATOR = '<meta name="generator" content="{{ cookiecutter.package_name }} report">'
 THUMBNAIL = 96  # pixels, the long side of each image in the grid of mistakes
 
 
@@ -40,10 +44,25 @@ def read_history(folder: str | Path) -> dict:
     return history
 
 
-def write_report(folder: str | Path) -> Path:
-    """Write `report.html` into the run folder, with each of its pictures beside it as a PNG."""
+def write_report(folder: str | Path, overwrite: bool = False) -> Path:
+    """Write `report.html` into the run folder, with each of its pictures beside it as a PNG.
+
+    Files of those names that are there already are replaced when they are an earlier report's
+    (its page carries `GENERATOR`), else only with `overwrite`: a DataError names the first.
+    """
     folder = Path(folder)
     history = read_history(folder)
+    page = folder / REPORT_FILE
+    for name in (REPORT_FILE, *PICTURES):
+        check_output(
+            folder / name,
+            "the report's file",
+            ours=lambda _: holds(page, GENERATOR.encode(), 1024),  # the page marks its PNGs too
+            what="part of a report this project wrote",
+            overwrite=overwrite,
+            way_out=f"run `python -m {{ cookiecutter.package_name }} report {folder} --overwrite`",
+            instead="move it away",
+        )
     epochs, names = history["epochs"], history["class_names"]
     validation = history.get("validation") or {}
     sections = [_section("Learning curves", _image(_plot_curves(epochs, folder)))]
@@ -189,6 +208,7 @@ img { max-width: 100%; display: block; }
 def _page(title: str, head: str, body: str) -> str:
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>Run report: {title}</title>\n<style>{_STYLE}</style></head>\n"
+        + GENERATOR
+        + f"<title>Run report: {title}</title>\n<style>{_STYLE}</style></head>\n"
         f"<body><h1>Run report: {title}</h1>\n<p>{head}</p>\n{body}\n</body></html>\n"
     )

@@ -25,9 +25,12 @@ class ResumeInEpoch(Callback):
     already trained and builds the iterator again. No loader state needs saving, and the number of
     workers may change between runs. What the order also depends on (processes, batch size,
     number of training images) is saved in every checkpoint; resuming mid-epoch with another value
-    stops with an error rather than repeat or skip images. torchdata's `StatefulDataLoader`, the
-    library answer, is not used: Lightning 2.6 drops its restored state whenever the
-    learning-rate schedule asks for `estimated_stepping_batches` (Lightning #20550), as ours does.
+    stops with an error rather than repeat or skip images, as does resuming inside a gradient
+    accumulation (`training.checkpoints.LastCheckpoint` saves at their ends only; another
+    `--trainer.accumulate_grad_batches` may not end one there). torchdata's
+    `StatefulDataLoader`, the library answer, is not used: Lightning 2.6 drops its restored state
+    whenever the learning-rate schedule asks for `estimated_stepping_batches` (Lightning #20550),
+    as ours does.
 
     From shards (`--data.stream`), LitData's `StreamingDataLoader` keeps the position itself;
     Lightning saves its state in every checkpoint, and this callback restores it, for the same
@@ -58,6 +61,14 @@ class ResumeInEpoch(Callback):
         done = loop.batch_progress.current.completed + int(loop.restarted_on_train_batch_end)
         if done >= trainer.num_training_batches:
             done = 0  # saved after the last batch: the next epoch starts from its beginning
+        accumulate = trainer.accumulate_grad_batches
+        if done % accumulate:  # the gradients of the batches since the last step are not saved
+            raise DataError(
+                f"{trainer.ckpt_path} stopped {done} batches into epoch {trainer.current_epoch}, "
+                f"inside an accumulation of --trainer.accumulate_grad_batches {accumulate}: "
+                "resume with the value it was trained with, or from a checkpoint saved at the "
+                "end of an epoch"
+            )
         sampler, loader = _sampler(trainer), trainer.train_dataloader
         if sampler is not None:
             now = _order_inputs(trainer, sampler)

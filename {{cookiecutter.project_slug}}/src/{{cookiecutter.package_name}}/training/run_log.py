@@ -25,7 +25,8 @@ class RunLogMark(Callback):
     exactly those rows (`continue_metrics_csv`): what the interrupted run logged after saving the
     checkpoint is trained, and logged, again by the resumed run, so no step is there twice or
     missing. (Lightning alone starts a new `version_N`, or deletes `metrics.csv` when asked to
-    reuse one.) MLflow and W&B runs continue through `training/tracking.py` instead.
+    reuse one.){% if cookiecutter.logger in ("mlflow", "wandb") %} MLflow and W&B runs continue
+    through `training/tracking.py` instead.{% endif %}
     """
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
@@ -75,7 +76,9 @@ def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
         return
     if rank_zero_only.rank != 0 or os.environ.get("NODE_RANK", "0") != "0":
         return
-    if os.path.abspath(logger.root_dir) != mark["root_dir"] or logger.version != mark["version"]:
+    if os.path.abspath(logger.root_dir) != mark["root_dir"]:
+        return
+    if _folder(logger.version) != _folder(mark["version"]):  # `--run version_0` is version 0's
         return
     path = Path(logger.log_dir) / METRICS
     if not path.is_file():
@@ -94,6 +97,11 @@ def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
         experiment = logger.experiment  # Lightning's writer deletes metrics.csv here
     os.replace(staged, path)
     experiment.metrics_keys = list(header)  # so that its rows append under the same columns
+
+
+def _folder(version: int | str) -> str:
+    """A logger version's folder name, as Lightning's loggers name it."""
+    return version if isinstance(version, str) else f"version_{version}"
 
 
 def _count_rows(path: Path) -> int:

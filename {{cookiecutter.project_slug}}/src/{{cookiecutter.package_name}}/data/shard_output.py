@@ -1,0 +1,251 @@
+"""Where `shard` may write and what it may remove: its output checked against the data it reads,
+and a manifest of every file it writes there.
+
+`shard` writes `shard-manifest.json` at its output first, naming the split folders it claims
+(`train/`, `val/`, ...), each empty when claimed; once LitData has written them, it lists every
+file they hold in the manifest, and only then writes `dataset.json`. So whatever a run leaves,
+finished or killed half-way, the next run knows it as its own: the files the manifest lists, or
+for a run that never finished, the files inside the folders it claimed. Nothing else at the
+output is ever removed, `--overwrite` or not: a user's file beside the shards stays, and a
+non-empty output without a manifest of ours is refused unless `--overwrite` (which then writes
+beside what is there, never over it).
+
+Folders are local paths; `s3://bucket/prefix` goes through LitData's boto3 client, listing page by
+page (1,000 keys each) and deleting in batches of 1,000, S3's limits per request.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+from {{ cookiecutter.package_name }}.errors import DataError
+
+MANIFEST = "shard-manifest.json"
+META = "dataset.json"
+FORMAT = 1
+PAGE = 1000  # S3 lists and deletes at most 1,000 keys per request
+INPUTS = (
+    "root",
+    "labels_csv",
+    "val_root",
+    "val_csv",
+    "test_root",
+    "test_csv",
+    "predict_root",
+)
+
+
+def refuse_overlap(output: str, data: dict) -> None:
+    """Refuse a local `output` that is, contains or lies inside one of the inputs named in `data`
+    (the `--data.*` options), so that writing or replacing shards can never touch the images.
+
+    Raises:
+        DataError: naming the option, both paths and the way out; `--overwrite` does not lift it.
+    """
+    if "://" in str(output):
+        return  # object storage: the inputs are local files
+    out = Path(output).expanduser().resolve()
+    for name in INPUTS:
+        given = data.get(name)
+        if given is None:
+            continue
+        path = Path(given).expanduser().resolve()
+        if out == path:
+            relation = "is"
+        elif out in path.parents:
+            relation = "contains"
+        elif path in out.parents:
+            relation = "lies inside"
+        else:
+            continue
+        raise DataError(
+            f"--output {output} {relation} --data.{name} {given}: choose an output folder "
+            "outside the data (shard never writes among the files it reads)"
+        )
+
+
+class ShardOutput:
+    """A folder or an `s3://bucket/prefix` as `shard` sees it: its files (paths relative to it,
+    with `/`), and the manifest of those `shard` wrote."""
+
+    def __init__(self, url: str) -> None:
+        self.url = str(url).rstrip("/")
+        self.remote = "://" in self.url
+        if self.remote:
+            scheme, _, rest = self.url.partition("://")
+            if scheme != "s3" or not rest.split("/", 1)[0]:
+                raise DataError(
+                    f"--output {url}: shard writes to a folder or to s3://bucket/prefix "
+                    "(S3 or an S3-compatible store through AWS_ENDPOINT_URL)"
+                )
+            self.bucket, _, prefix = rest.partition("/")
+            self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        elif Path(self.url).exists() and not Path(self.url).is_dir():
+            raise DataError(f"--output {url} is a file: give a folder for the shards")
+
+    @functools.cached_property
+    def _s3(self):
+        """boto3's S3 client, as LitData configures it (the AWS variables and files)."""
+        from litdata.streaming.fs_provider import _get_fs_provider
+
+        return _get_fs_provider(self.url).client.client
+
+    def files(self, folder: str = "", limit: int | None = None) -> list[str]:
+        """The files under `folder` (all of the output by default), at most `limit` of them."""
+        found: list[str] = []
+        if self.remote:
+            paginator = self._s3.get_paginator("list_objects_v2")
+            start = self.prefix + (f"{folder}/" if folder else "")
+            pages = paginator.paginate(
+                Bucket=self.bucket, Prefix=start, PaginationConfig={"PageSize": PAGE}
+            )
+            for page in pages:  # ListObjectsV2's continuation token, page after page
+                found += [item["Key"][len(self.prefix) :] for item in page.get("Contents", [])]
+                if limit is not None and len(found) >= limit:
+                    break
+            return found[:limit]
+        top = Path(self.url, folder)
+        if not top.is_dir():
+            return []
+        for here, folders, names in os.walk(top):
+            links = [name for name in folders if Path(here, name).is_symlink()]  # not walked
+            for name in names + links:
+                found.append(Path(here, name).relative_to(self.url).as_posix())
+                if limit is not None and len(found) >= limit:
+                    return found
+        return found
+
+    def manifest(self) -> dict | None:
+        """The manifest of an earlier `shard` here; None where there is none of ours."""
+        text = self._read(MANIFEST)
+        try:
+            manifest = json.loads(text) if text is not None else None
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(manifest, dict) or manifest.get("shard_manifest") != FORMAT:
+            return None
+        return manifest
+
+    def owned(self, manifest: dict | None) -> set[str]:
+        """What `manifest` makes ours: the files it lists, or, for a run that never finished,
+        every file inside the folders it claimed (empty when it claimed them)."""
+        if manifest is None:
+            return set()
+        ours = {META, MANIFEST, f".{META}.partial", f".{MANIFEST}.partial"}
+        if manifest.get("files") is not None:
+            return {*manifest["files"], *ours}
+        folders = manifest.get("folders") or []
+        return {*(name for folder in folders for name in self.files(folder)), *ours}
+
+    def claim(self, splits: list[str], overwrite: bool) -> set[str]:
+        """Check that `shard` may write `splits` here and return the files of an earlier run that
+        it is to remove first.
+
+        Raises:
+            DataError: the output holds files that no manifest of ours lists, and `overwrite` is
+                off; or such files sit where the new shards go (`overwrite` or not).
+        """
+        manifest = self.manifest()
+        owned = self.owned(manifest)
+        if manifest is None and self.files(limit=1) and not overwrite:
+            raise DataError(
+                f"--output {self.url} holds files that shard did not write: choose an empty or "
+                "new --output, or pass --overwrite true to write the shards beside them (nothing "
+                "there is removed)"
+            )
+        there = [name for split in splits for name in self.files(split)]
+        there += [name for name in (META, MANIFEST) if self._exists(name)]
+        if not self.remote:  # a file where a split's folder goes
+            there += [split for split in splits if Path(self.url, split).is_file()]
+        self._refuse([name for name in there if name not in owned])
+        return owned
+
+    def _refuse(self, in_the_way: list[str]) -> None:
+        if in_the_way:
+            more = f" (and {len(in_the_way) - 1} more)" if len(in_the_way) > 1 else ""
+            raise DataError(
+                f"--output {self.url} holds {self._join(in_the_way[0])}{more}, which shard did "
+                "not write, where the shards go: move it away or choose another --output"
+            )
+
+    def remove(self, names: set[str]) -> None:
+        """Delete `names` (our `dataset.json` first, so that no reader takes the rest for
+        complete shards); never anything else."""
+        first = [META] if META in names else []
+        ordered = first + sorted(name for name in names if name not in (META, MANIFEST))
+        if not ordered:
+            return
+        if self.remote:
+            client = self._s3
+            keys = [self.prefix + name for name in ordered]
+            for start in range(0, len(keys), PAGE):
+                batch = {"Objects": [{"Key": key} for key in keys[start : start + PAGE]]}
+                done = client.delete_objects(Bucket=self.bucket, Delete={**batch, "Quiet": True})
+                if done.get("Errors"):
+                    error = done["Errors"][0]
+                    raise DataError(
+                        f"cannot delete {self._join(error['Key'][len(self.prefix) :])}: "
+                        f"{error.get('Message', error.get('Code'))}"
+                    )
+            return
+        for name in ordered:
+            Path(self.url, name).unlink(missing_ok=True)
+        folders = {Path(self.url, name).parent for name in ordered}
+        for folder in sorted(folders, key=lambda path: len(path.parts), reverse=True):
+            while folder != Path(self.url) and Path(self.url) in folder.parents:
+                try:
+                    folder.rmdir()  # only where emptied: a user's file keeps its folder
+                except OSError:
+                    break
+                folder = folder.parent
+
+    def start(self, splits: list[str]) -> None:
+        """Write the manifest that claims the `splits` folders, before any shard.
+
+        Raises:
+            DataError: a folder is not empty (a file put there while this ran): LitData would
+                refuse it, or empty it.
+        """
+        self._refuse([name for split in splits for name in self.files(split, limit=1)])
+        if not self.remote:
+            Path(self.url).mkdir(parents=True, exist_ok=True)
+        self._write(MANIFEST, {"shard_manifest": FORMAT, "folders": splits, "files": None})
+
+    def finish(self, splits: list[str]) -> None:
+        """List in the manifest every file the `splits` folders now hold (and `dataset.json`,
+        written next)."""
+        files = sorted({name for split in splits for name in self.files(split)} | {META})
+        self._write(MANIFEST, {"shard_manifest": FORMAT, "folders": splits, "files": files})
+
+    def _join(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def _exists(self, name: str) -> bool:
+        if not self.remote:
+            return Path(self.url, name).exists()
+        key = self.prefix + name
+        found = self._s3.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=1)
+        return any(item["Key"] == key for item in found.get("Contents", []))
+
+    def _read(self, name: str) -> str | None:
+        if not self.remote:
+            path = Path(self.url, name)
+            return path.read_text(encoding="utf-8") if path.is_file() else None
+        client = self._s3
+        try:
+            body = client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+        except client.exceptions.NoSuchKey:
+            return None
+        return body.read().decode("utf-8")
+
+    def _write(self, name: str, content: dict) -> None:
+        text = json.dumps(content, indent=1)
+        if self.remote:
+            self._s3.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=text)
+            return
+        staged = Path(self.url, f".{name}.partial")
+        staged.write_text(text, encoding="utf-8")
+        os.replace(staged, Path(self.url, name))

@@ -1,0 +1,218 @@
+"""Runs by name: the folder `fit` writes a run to, and what resuming that run may change.
+
+A run is named by `--run NAME`; unnamed, each `fit` is a new run (Lightning's next `version_N`),
+and under SLURM the job is the run (`slurm_<job id>`, `slurm_<array job>_<task>`), so that a
+requeued job finds its own. `--ckpt_path last` is the named run's `last.ckpt`: never another run's,
+whatever is newest beside it. Resuming keeps the run's model and data options (a typed one that
+differs is refused) and its `max_epochs`/`max_steps` unless given (then applied, and said).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+from {{ cookiecutter.package_name }}.errors import DataError
+
+RUN_KEY = "run"  # in every checkpoint: the limits the run was trained to
+LIMITS = ("max_epochs", "max_steps")
+# The logger argument that names its run folder: `<save_dir>/<name or project>/<run>/`.
+_VERSIONED = {"CSVLogger": "version", "TensorBoardLogger": "version", "WandbLogger": "id"}
+# Options that say how the data is read or the model run, not what is trained: free on resume.
+# (`weights_path` is not used on resume: the checkpoint holds the weights.)
+FREE_ON_RESUME = frozenset(
+    {
+        "num_workers",
+        "predict_root",
+        "test_root",
+        "test_csv",
+        "skip_bad_images",
+        "cache",
+        "cache_dir",
+        "cache_keep",
+        "cache_key",
+        "stream_cache_dir",
+        "stream_cache_limit",
+        "weights_path",
+        "compile",
+        "channels_last",
+    }
+)
+# Where the data lives, not what it is: it may move between jobs (a cluster job staging it to a
+# node-local disk each time). A resume applies a new place and says so; the classes found there
+# are checked against the run's before anything else.
+MOVABLE = frozenset({"root", "labels_csv", "val_root", "val_csv", "stream"})
+
+
+class RunMark(Callback):
+    """Note in every checkpoint the `max_epochs` and `max_steps` the run trains to, so that a
+    resume without those options ends where the run would have."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[RUN_KEY] = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
+
+
+def slurm_run_name() -> str | None:
+    """`slurm_<job id>` (`slurm_<array job>_<task>`) inside a SLURM batch job, else None.
+
+    As Lightning's own SLURM detection: an interactive allocation (job name `bash` or
+    `interactive`) is not a run of its own, each `fit` typed there is.
+    """
+    if not SLURMEnvironment.detect():
+        return None
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job:
+        return f"slurm_{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"slurm_{job}" if job else None
+
+
+def name_run(config, typed) -> str | None:
+    """Settle the run's name (`--run`, else SLURM's job) and folder; return the name.
+
+    Also puts the logger's folder under `--trainer.default_root_dir` unless its `save_dir` was
+    given, as Lightning does with its default logger. `config` is the subcommand's parsed
+    configuration, `typed` the part of it given on the command line or in config files.
+    """
+    root = config.trainer.default_root_dir
+    kind, init_args = _logger(config)
+    given = typed.get("trainer.logger.init_args.save_dir") is not None
+    if root and init_args is not None and "save_dir" in init_args and not given:
+        init_args.save_dir = root
+    if config.get("run") is None:
+        config.run = slurm_run_name()
+    run = config.run
+    if run is None:
+        return None
+    if not run or run in (".", "..") or "/" in run or os.sep in run:
+        raise DataError(f"--run {run!r}: a run's name is a folder name, without '/'")
+    if kind in _VERSIONED:
+        key = _VERSIONED[kind]
+        asked = init_args.get(key)
+        if asked is not None and str(asked) != run:
+            raise DataError(
+                f"--run {run} and --trainer.logger.init_args.{key} {asked} name two runs; "
+                "give one of them"
+            )
+        init_args[key] = run
+    elif not config.checkpoint.dirpath:  # MLflow names folders by run id; no logger, none
+        config.checkpoint.dirpath = str(runs_folder(config) / run / "checkpoints")
+        if kind == "MLFlowLogger" and not init_args.get("run_name"):
+            init_args.run_name = run
+    return run
+
+
+def runs_folder(config) -> Path:
+    """The folder that holds one folder per run, as `--ckpt_path last` and `--run` see it."""
+    kind, init_args = _logger(config)
+    if kind in _VERSIONED:
+        name = init_args.get("project" if kind == "WandbLogger" else "name") or ""
+        return Path(init_args.get("save_dir") or ".", name)
+    root = Path(config.trainer.default_root_dir or ".")
+    if kind == "MLFlowLogger":
+        return root / (init_args.get("experiment_name") or "lightning_logs")
+    return root
+
+
+def run_checkpoints(config) -> Path | None:
+    """The named run's checkpoint folder (`--checkpoint.dirpath` where given); None for a new,
+    unnamed run."""
+    if config.checkpoint.dirpath:
+        return Path(config.checkpoint.dirpath)
+    if config.get("run") is None:
+        return None
+    return runs_folder(config) / config.run / "checkpoints"
+
+
+def known_runs(config) -> list[str]:
+    """The runs beside this one that have a `last.ckpt`, by name."""
+    found = runs_folder(config).glob("*/checkpoints/last.ckpt")
+    return sorted(path.parent.parent.name for path in found)
+
+
+def changed_options(typed, checkpoint: dict, movable: bool = False) -> list[str]:
+    """`--model.*`/`--data.*` options given that differ from the run's, as
+    `--model.lr 0.5 (the run's: 0.003)`; those in FREE_ON_RESUME are not compared. With
+    `movable`, only the MOVABLE ones (the data's place); without, all others."""
+    hparams = checkpoint.get("hyper_parameters", {})
+    data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
+    changes = []
+    for group in ("model", "data"):
+        given = typed.get(group)
+        for key, value in (given.as_dict() if given is not None else {}).items():
+            # The linked options (classes, image size, normalisation) are the model's first.
+            saved = hparams.get(key, data_hparams.get(key, _MISSING))
+            if key in FREE_ON_RESUME or saved is _MISSING or _same(value, saved):
+                continue
+            if (group == "data" and key in MOVABLE) == movable:
+                changes.append(f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})")
+    return changes
+
+
+def apply_limits(trainer_config, typed, checkpoint: dict) -> list[str]:
+    """The run's `max_epochs`/`max_steps` where not given; those given and different are kept,
+    and returned as `--trainer.max_epochs 5 (the run's: 3)`."""
+    saved = checkpoint.get(RUN_KEY) or {}
+    applied = []
+    for name in LIMITS:
+        if name not in saved:
+            continue
+        if typed.get(f"trainer.{name}") is None:
+            trainer_config[name] = saved[name]
+        elif trainer_config[name] != saved[name]:
+            applied.append(f"--trainer.{name} {trainer_config[name]} (the run's: {saved[name]})")
+    return applied
+
+
+def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | None:
+    """Why a `fit` resumed from `checkpoint` to these limits would train nothing, or None.
+
+    As Lightning's fit loop decides: epochs completed (`epoch_progress.current.processed`) against
+    `max_epochs`, the global step against `max_steps`; or an EarlyStopping callback had stopped it.
+    """
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs = loops.get("epoch_progress", {}).get("current", {}).get("processed", 0)
+    step = checkpoint.get("global_step", 0)
+    if max_epochs is not None and max_epochs != -1 and epochs >= max_epochs:
+        return f"at epoch {epochs} of --trainer.max_epochs {max_epochs}"
+    if max_steps is not None and max_steps != -1 and step >= max_steps:
+        return f"at step {step} of --trainer.max_steps {max_steps}"
+    for key, state in checkpoint.get("callbacks", {}).items():
+        if key.startswith("EarlyStopping") and state.get("stopped_epoch"):
+            return f"stopped early by {key} at epoch {state['stopped_epoch']}"
+    return None
+
+
+_MISSING = object()
+
+
+def _logger(config) -> tuple[str | None, object]:
+    """The configured logger's class name and its `init_args` (None, None: none, or several)."""
+    logger = config.trainer.get("logger")
+    class_path = getattr(logger, "class_path", None)
+    if class_path is None:
+        return None, None
+    return str(class_path).rsplit(".", 1)[-1], logger.init_args
+
+
+def _same(given: object, saved: object) -> bool:
+    given, saved = _plain(given), _plain(saved)
+    if given == saved:
+        return True
+    if not (isinstance(given, str) and isinstance(saved, str)):
+        return False
+    return os.path.exists(given) and os.path.exists(saved) and os.path.samefile(given, saved)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return str(value) if isinstance(value, os.PathLike) else value
+
+
+def _shown(value: object) -> str:
+    return str(_plain(value))

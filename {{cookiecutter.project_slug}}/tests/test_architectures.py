@@ -1,0 +1,109 @@
+"""`--model.architecture`: every torchvision classification model is accepted only if it trains
+at the data's image size and returns plain logits, else refused in one line before training."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from conftest import one_error, tiny_run_options
+
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.model.networks import check_runs
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def walk() -> dict[str, str | None]:
+    """Every torchvision classification model at SIZE pixels: None (accepted) or its refusal."""
+    answers: dict[str, str | None] = {}
+    for name in torchvision.models.list_models(module=torchvision.models):
+        try:
+            check_runs(name, 7, SIZE)
+            answers[name] = None
+        except DataError as err:
+            answers[name] = str(err)
+    return answers
+
+
+@pytest.mark.slow
+def test_every_torchvision_model_is_accepted_or_refused_in_one_line(walk: dict) -> None:
+    refused = {name: message for name, message in walk.items() if message is not None}
+    for name, message in refused.items():
+        pattern = rf"--model.architecture {name} does not run at --data.image_size {SIZE} \(.+\)"
+        assert re.fullmatch(pattern + "; use .*another architecture", message), message
+        way_out = re.search(r"--data.image_size (\d+) or", message)
+        if way_out:  # the size it suggests is one that runs
+            check_runs(name, 7, int(way_out.group(1)))
+    assert {"vit_b_16", "inception_v3", "alexnet"} <= set(refused)
+    assert "Expected 224 but got 32" in refused["vit_b_16"]
+    accepted = set(walk) - set(refused)
+    assert {"resnet18", "googlenet", "regnet_x_400mf", "squeezenet1_1", "swin_t"} <= accepted
+
+
+@pytest.mark.slow
+def test_the_smallest_accepted_model_of_each_family_trains_one_cpu_step(walk: dict) -> None:
+    smallest: dict[str, tuple[int, str]] = {}
+    for name, refusal in walk.items():
+        if refusal is None:
+            family = re.match(r"[a-z]+", name).group()
+            size = torchvision.models.get_model_weights(name).DEFAULT.meta["num_params"]
+            smallest[family] = min(smallest.get(family, (size, name)), (size, name))
+    assert len(smallest) >= 12, smallest  # resnet, mobilenet, efficientnet, regnet, vgg, ...
+    torch.manual_seed(0)
+    images, targets = torch.randn(2, 3, SIZE, SIZE), torch.tensor([0, 2])
+    for _, name in smallest.values():
+        model = ImageClassifier(class_names=["a", "b", "c"], image_size=SIZE, architecture=name)
+        model.train()
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model.loss(model(images), targets)
+        loss.backward()
+        optimizer.step()
+        assert torch.isfinite(loss), name
+        after = list(model.parameters())
+        changed = [not torch.equal(a, b) for a, b in zip(before, after, strict=True)]
+        assert sum(changed) > len(changed) // 2, name
+
+
+def test_a_vit_at_another_size_is_refused_with_the_size_it_runs_at() -> None:
+    message = (
+        r"--model.architecture vit_b_16 does not run at --data.image_size 128 \(Wrong image "
+        r"height! Expected 224 but got 128\); use --data.image_size 224 or another architecture"
+    )
+    with pytest.raises(DataError, match=message):
+        ImageClassifier(class_names=["a", "b"], image_size=128, architecture="vit_b_16")
+
+
+def test_googlenet_trains_on_plain_logits_without_its_auxiliary_heads() -> None:
+    model = ImageClassifier(class_names=["a", "b", "c"], image_size=SIZE, architecture="googlenet")
+    model.train()
+    logits = model(torch.randn(2, 3, SIZE, SIZE))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 3)
+    assert model.net.aux1 is None and model.net.aux2 is None
+
+
+def test_a_model_built_from_computed_widths_is_checked_without_its_memory() -> None:
+    check_runs("regnet_y_128gf", 10, SIZE)  # about 645 million parameters, none allocated
+
+
+def test_fit_refuses_a_model_too_big_for_the_images(image_root: Path, tmp_path: Path) -> None:
+    fit = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *tiny_run_options(image_root)]
+        + ["--model.architecture", "inception_v3", "--trainer.max_epochs", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    line = one_error(fit.returncode, fit.stderr)
+    assert "inception_v3 does not run at --data.image_size 16" in line
+    assert "use --data.image_size 75 or another architecture" in line
+    assert not list(tmp_path.rglob("*.ckpt"))

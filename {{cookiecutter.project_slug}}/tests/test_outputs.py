@@ -1,0 +1,241 @@
+"""Writing commands never write among their inputs, nor over a file this project did not write.
+
+Through the real CLI: `export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` refuse,
+in one line that names the path and the way out, an output that is or lies inside what they read,
+and an existing file that is not their own earlier output unless told `--overwrite`; the user's
+file is then byte-for-byte what it was. Their own earlier output is replaced without asking.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CLASSES, CSV_LOGGER, one_error
+
+from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+USERS = b"the user's own notes, which no command of the project wrote\n"
+HEADER = "path,label,probability,top_k"
+
+
+def run_cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", PACKAGE, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def users_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(USERS)
+    return path
+
+
+def refused(result: subprocess.CompletedProcess, path: Path, *words: str) -> str:
+    """The one `error:` line of a refusal, which names `path` and each of `words`."""
+    line = one_error(result.returncode, result.stderr)
+    assert str(path) in line and all(word in line for word in words), line
+    return line
+
+
+@pytest.fixture
+def images(trained_checkpoint: Path, tmp_path: Path) -> Path:
+    """A copy of the checkpoint's training images, to read (and, on failure, to spoil) freely."""
+    return Path(shutil.copytree(trained_checkpoint.parent / "images", tmp_path / "images"))
+
+
+@pytest.fixture(scope="module")
+def model(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint exported as `.pt2`, for `infer`."""
+    folder = tmp_path_factory.mktemp("exported")
+    return export_checkpoint(trained_checkpoint, folder / "model.pt2")[0]
+
+
+# export: --output and the .json beside it
+
+
+def test_export_refuses_a_users_file_and_the_checkpoint(
+    trained_checkpoint: Path, tmp_path: Path
+) -> None:
+    model = users_file(tmp_path / "model.pt2")
+    notes = users_file(tmp_path / "other" / "model.json")  # where the metadata would go
+    checkpoint = trained_checkpoint.read_bytes()
+    export = ("export", "--ckpt_path", trained_checkpoint)
+
+    result = run_cli(*export, "--output", model, cwd=tmp_path)
+    refused(result, model, "already exists", "--overwrite")
+    result = run_cli(*export, "--output", tmp_path / "other" / "model.pt2", cwd=tmp_path)
+    refused(result, notes, "its metadata file", "--overwrite")
+    result = run_cli(*export, "--output", trained_checkpoint, "--overwrite", cwd=tmp_path)
+    refused(result, trained_checkpoint, "is --ckpt_path")
+
+    assert model.read_bytes() == USERS and notes.read_bytes() == USERS
+    assert trained_checkpoint.read_bytes() == checkpoint
+    assert not (tmp_path / "model.json").exists()
+    assert not (tmp_path / "other" / "model.pt2").exists()
+
+
+@pytest.mark.slow
+def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
+    trained_checkpoint: Path, tmp_path: Path
+) -> None:
+    output = users_file(tmp_path / "model.pt2")
+    export = ("export", "--ckpt_path", trained_checkpoint, "--output", output)
+    result = run_cli(*export, "--overwrite", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert output.read_bytes() != USERS
+    assert json.loads((tmp_path / "model.json").read_text())["class_names"] == list(CLASSES)
+    first = output.stat().st_mtime_ns
+    result = run_cli(*export, cwd=tmp_path)  # its own earlier output: no --overwrite needed
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {output}" in result.stdout and output.stat().st_mtime_ns != first
+    # export's model.json beside a user's model.onnx does not make that file export's
+    onnx = users_file(tmp_path / "model.onnx")
+    result = run_cli(*export[:-1], onnx, "--format", "onnx", cwd=tmp_path)
+    refused(result, onnx, "is not a model that export wrote")
+    assert onnx.read_bytes() == USERS
+
+
+# infer --csv
+
+
+def test_infer_refuses_a_users_csv_and_one_among_the_images(
+    model: Path, images: Path, tmp_path: Path
+) -> None:
+    mine = users_file(tmp_path / "labels.csv")
+    infer = ("infer", "--model", model, images)
+    refused(run_cli(*infer, "--csv", mine, cwd=tmp_path), mine, "--overwrite")
+    inside = images / "bee" / "predictions.csv"
+    result = run_cli(*infer, "--csv", inside, "--overwrite", cwd=tmp_path)
+    refused(result, inside, "lies inside IMAGE")
+    result = run_cli(*infer, "--csv", model, "--overwrite", cwd=tmp_path)
+    refused(result, model, "is --model")
+    assert mine.read_bytes() == USERS and not inside.exists()
+
+
+def test_infer_replaces_its_own_csv_and_a_users_file_with_overwrite(
+    model: Path, images: Path, tmp_path: Path
+) -> None:
+    output = users_file(tmp_path / "out.csv")
+    infer = ("infer", "--model", model, images / "ant", "--csv", output)
+    result = run_cli(*infer, "--overwrite", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert output.read_text().splitlines()[0] == HEADER
+    with open(output, "a") as file:
+        file.write("a row the next run drops\r\n")
+    result = run_cli(*infer, cwd=tmp_path)  # its own earlier CSV: no --overwrite needed
+    assert result.returncode == 0, result.stderr
+    assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 9
+
+
+# predict: --predictions.output
+
+
+def predict(checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
+    return run_cli(
+        "predict",
+        "--ckpt_path",
+        checkpoint,
+        "--data.predict_root",
+        images,
+        "--data.num_workers",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        *CSV_LOGGER,
+        *options,
+        cwd=cwd,
+    )
+
+
+def test_predict_refuses_a_users_csv_and_one_among_the_images(
+    trained_checkpoint: Path, images: Path, tmp_path: Path
+) -> None:
+    mine = users_file(tmp_path / "labels.csv")
+    result = predict(trained_checkpoint, images, tmp_path, "--predictions.output", mine)
+    refused(result, mine, "--predictions.overwrite true")
+    inside = images / "cat" / "predictions.csv"
+    options = ("--predictions.output", inside, "--predictions.overwrite", "true")
+    result = predict(trained_checkpoint, images, tmp_path, *options)
+    refused(result, inside, "lies inside --data.predict_root")
+    assert mine.read_bytes() == USERS and not inside.exists()
+
+
+@pytest.mark.slow
+def test_predict_replaces_its_own_csv_and_a_users_file_with_overwrite(
+    trained_checkpoint: Path, images: Path, tmp_path: Path
+) -> None:
+    output = users_file(tmp_path / "out.csv")
+    options = ("--predictions.output", output)
+    overwrite = ("--predictions.overwrite", "true")
+    result = predict(trained_checkpoint, images, tmp_path, *options, *overwrite)
+    assert result.returncode == 0, result.stderr
+    assert output.read_text().splitlines()[0] == HEADER
+    with open(output, "a") as file:
+        file.write("a row the next run drops\r\n")
+    result = predict(trained_checkpoint, images, tmp_path, *options)  # its own earlier CSV
+    assert result.returncode == 0, result.stderr
+    assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 25
+
+
+# report: report.html and its PNGs in the run folder
+
+
+def run_folder(folder: Path) -> Path:
+    """A run folder as `fit` leaves it for `report`: a history.json of two epochs."""
+    epochs = [
+        {"epoch": e, "step": 3 * (e + 1), "train_loss": 1.0 - e / 4, "val_loss": 1.0 - e / 5}
+        | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": None, "starved": False}
+        for e in range(2)
+    ]
+    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]], "wrong": []}
+    history = {"class_names": list(CLASSES), "epochs": epochs, "validation": validation}
+    folder.mkdir(parents=True)
+    (folder / "history.json").write_text(json.dumps(history))
+    return folder
+
+
+def test_report_keeps_a_users_files_in_the_run_folder(tmp_path: Path) -> None:
+    run = run_folder(tmp_path / "version_0")
+    for name in ("report.html", "learning_curves.png"):
+        mine = users_file(run / name)
+        result = run_cli("report", run, cwd=tmp_path)
+        refused(result, mine, "move it away", "--overwrite")
+        assert mine.read_bytes() == USERS
+        mine.unlink()
+    assert sorted(path.name for path in run.iterdir()) == ["history.json"]
+
+
+@pytest.mark.slow
+def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(tmp_path: Path) -> None:
+    run = run_folder(tmp_path / "version_0")
+    mine = users_file(run / "report.html")
+    result = run_cli("report", run, "--overwrite", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    page = mine.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and (run / "confusion_matrix.png").is_file()
+    result = run_cli("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite
+    assert result.returncode == 0, result.stderr
+    assert mine.read_text(encoding="utf-8") == page
+
+
+# bench --json: refused before the measuring starts
+
+
+def test_bench_refuses_a_users_json_and_one_among_the_images(images: Path, tmp_path: Path) -> None:
+    mine = users_file(tmp_path / "results.json")
+    bench = ("bench", "--data.root", images, "--data.image_size", "16", "--workers", "[0]")
+    refused(run_cli(*bench, "--json", mine, cwd=tmp_path), mine, "--overwrite true")
+    inside = images / "results.json"
+    result = run_cli(*bench, "--json", inside, "--overwrite", "true", cwd=tmp_path)
+    refused(result, inside, "lies inside --data.root")
+    assert mine.read_bytes() == USERS and not inside.exists()

@@ -1,0 +1,131 @@
+"""Loader arithmetic per DDP process: batches and "enough images" from each rank's share."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from conftest import CSV_LOGGER, tiny_run_options, write_image
+from torch.utils.data import Dataset
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.loaders import make_loader
+from {{ cookiecutter.package_name }}.data.stream_extra import require_shards
+from {{ cookiecutter.package_name }}.errors import DataError
+
+needs_litdata = pytest.mark.skipif(
+    find_spec("litdata") is None, reason='the stream extra: pip install ".[stream]"'
+)
+
+
+class Numbers(Dataset):
+    """`size` items, each its own index: what a loader deals out, without decoding images."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return int(index)
+
+
+def batches_of_every_rank(size: int, world_size: int, batch_size: int, **options) -> list:
+    """The training batches each rank's loader deals out, as lists of image indices."""
+    loaders = [
+        make_loader(Numbers(size), batch_size, 0, False, True, shard=(rank, world_size), **options)
+        for rank in range(world_size)
+    ]
+    return [[batch.tolist() for batch in loader] for loader in loaders]
+
+
+@pytest.mark.parametrize("balanced", [False, True])
+def test_800_images_on_16_ranks_in_batches_of_64_train(balanced: bool) -> None:
+    """Each rank's share is 50 images, under one batch: one batch of 50 each, every image once."""
+    targets = np.arange(800) % 4
+    options = {"balance_classes": (targets, 4, 0)} if balanced else {}
+    ranks = batches_of_every_rank(800, 16, 64, **options)
+    assert [[len(batch) for batch in batches] for batches in ranks] == [[50]] * 16
+    if not balanced:  # balanced draws repeat images by design
+        seen = sorted(i for batches in ranks for batch in batches for i in batch)
+        assert seen == list(range(800))
+
+
+def test_a_share_over_one_batch_still_drops_its_last_partial_batch() -> None:
+    """2,000 images on 16 ranks: 125 each, one full batch of 64 and 61 left for other epochs."""
+    ranks = batches_of_every_rank(2000, 16, 64)
+    assert [[len(batch) for batch in batches] for batches in ranks] == [[64]] * 16
+
+
+def test_evaluation_needs_an_image_for_every_rank() -> None:
+    for rank in range(16):
+        loader = make_loader(Numbers(16), 64, 0, False, shard=(rank, 16))
+        assert [batch.tolist() for batch in loader] == [[rank]]
+    with pytest.raises(DataError, match=r"10 images to validate, test or predict .* 16 processes"):
+        make_loader(Numbers(10), 64, 0, False, shard=(3, 16))
+    assert len(make_loader(Numbers(0), 64, 0, False, shard=(3, 16))) == 0  # no validation set
+
+
+def test_datamodule_loaders_use_the_trainers_world_size(image_root: Path) -> None:
+    """A Trainer for 8 CPU processes (not launched): rank 0's loaders as it would build them."""
+    trainer = L.Trainer(accelerator="cpu", devices=8, strategy="ddp", logger=False)
+    assert trainer.world_size == 8 and trainer.global_rank == 0
+    dm = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
+    dm.trainer = trainer
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 18 and len(dm.val_dataset) == 6
+    loader = dm.train_dataloader()  # 18 images on 8 ranks: 3 each, under one batch of 4
+    assert [len(batch[1]) for batch in loader] == [3]
+    with pytest.raises(DataError, match=r"6 images to validate, test or predict .* 8 processes"):
+        dm.val_dataloader()
+
+
+@needs_litdata
+def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Path) -> None:
+    """LitData deals whole batches to each process: a batch is at most a process's share."""
+    folders = ImageDataModule(root=image_root, image_size=16, num_workers=0)
+    folders.setup("fit")
+    shards = require_shards()
+    datasets = {"train": folders.train_dataset, "val": folders.val_dataset}
+    shards.write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1, False)
+    streamed = ImageDataModule(stream=str(tmp_path / "shards"), image_size=16, num_workers=0)
+    streamed.setup("fit")
+    train, val = streamed.train_dataset, streamed.val_dataset
+    assert (len(train), len(val)) == (18, 6)
+    for dataset, processes, batch_size in ((train, 16, 1), (train, 4, 4), (val, 4, 1)):
+        loader = shards.streaming_loader(dataset, 64, 0, False, processes)
+        assert loader.batch_size == batch_size, (len(dataset), processes)
+    with pytest.raises(DataError, match=r"6 images of .*shards.* among 8 processes"):
+        shards.streaming_loader(val, 64, 0, False, 8)
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_when_a_share_is_under_one_batch(tmp_path: Path) -> None:
+    """100 images, 80 for training: 40 per process, under a batch of 64; one step an epoch."""
+    root = tmp_path / "images"
+    for i in range(100):
+        name = "ant" if i % 2 else "bee"
+        write_image(root / name / f"{i}.png", (200 * (i % 2), 90, 90), size=(16, 16))
+    ddp = ("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp")
+    fit = subprocess.run(
+        [
+            *(sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"),
+            *tiny_run_options(root, batch_size=64),
+            *ddp,
+            *("--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false", *CSV_LOGGER),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (last,) = tmp_path.rglob("last.ckpt")
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 2

@@ -1,0 +1,195 @@
+"""Runs by name: `--ckpt_path last` resumes only its own run; a resume keeps the run's options;
+`--trainer.default_root_dir` and `--trainer.logger false` as Lightning means them; the default
+precision."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CSV_LOGGER, one_error, tiny_run_options
+
+from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.training.precision import default_precision, precision_for
+from {{ cookiecutter.package_name }}.training.runs import slurm_run_name
+
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def fit(image_root: Path, *options: str) -> None:
+    main(["fit", *tiny_run_options(image_root), *QUIET, *CSV_LOGGER, *options])
+
+
+def progress(path: Path) -> tuple[int, int]:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    return checkpoint["epoch"], checkpoint["global_step"]
+
+
+def last_of(run: str) -> Path:
+    return Path("lightning_logs") / run / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_second_experiment_in_the_same_folder_starts_fresh(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """The issue's reproduction: the second `fit --model.lr 0.5 --ckpt_path last` is a new run,
+    and trains; the first, finished run's last.ckpt is untouched."""
+    fit(image_root, "--trainer.max_epochs", "2")
+    first = last_of("version_0").read_bytes()
+    capsys.readouterr()
+    fit(image_root, "--model.lr", "0.5", "--ckpt_path", "last", "--trainer.max_epochs", "1")
+    out = capsys.readouterr().out
+    assert "a new run has no last.ckpt" in out and "runs here: version_0" in out
+    assert progress(last_of("version_1")) == (0, 4)  # trained one epoch of its own
+    assert torch.load(last_of("version_1"), weights_only=False)["hyper_parameters"]["lr"] == 0.5
+    assert last_of("version_0").read_bytes() == first
+
+
+def test_last_is_the_named_runs_own_not_the_newest(image_root: Path, in_tmp: Path, capsys) -> None:
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
+    fit(image_root, "--run", "b", "--trainer.max_epochs", "2")  # newer, and further on
+    capsys.readouterr()
+    fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2")
+    out = capsys.readouterr().out
+    assert f"--ckpt_path last: resuming run a from {last_of('a')}" in out
+    assert "resuming run a with --trainer.max_epochs 2 (the run's: 1)" in out
+    assert progress(last_of("a")) == (1, 8)
+
+
+def test_a_finished_run_says_so_and_exits_0_without_training(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """Resumed without --trainer.max_epochs, the run's own (2) applies, not the default (10)."""
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "2")
+    before = last_of("a").read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        fit(image_root, "--run", "a", "--ckpt_path", "last")
+    assert stopped.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("run a already finished at epoch 2 of --trainer.max_epochs 2")
+    assert last_of("a").read_bytes() == before
+
+
+def test_resuming_with_changed_options_is_refused_naming_them(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
+    before = last_of("a").read_bytes()
+    capsys.readouterr()
+    changed = ["--model.lr", "0.5", "--data.image_size", "24", "--data.num_workers", "0"]
+    with pytest.raises(SystemExit) as refused:
+        fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2", *changed)
+    error = one_error(refused.value.code, capsys.readouterr().err)
+    assert "--model.lr 0.5 (the run's: 0.003)" in error
+    assert "--data.image_size 24 (the run's: 16)" in error
+    assert "num_workers" not in error  # how the data is read: free to change
+    assert "start a new run" in error
+    assert last_of("a").read_bytes() == before
+
+
+def test_a_resume_on_data_moved_elsewhere_applies_the_new_place_and_says_so(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """A cluster job may stage the data on a node-local disk, at another path each time."""
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
+    moved = shutil.copytree(image_root, in_tmp / "staged")
+    capsys.readouterr()
+    main(
+        ["fit", *tiny_run_options(moved), *QUIET, *CSV_LOGGER]
+        + ["--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2"]
+    )
+    out = capsys.readouterr().out
+    assert f"resuming run a with --data.root {moved} (the run's: {image_root})" in out
+    assert progress(last_of("a")) == (1, 8)
+
+
+def test_a_fresh_fit_of_an_existing_run_is_refused(image_root: Path, in_tmp: Path, capsys) -> None:
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
+    error = one_error(refused.value.code, capsys.readouterr().err)
+    assert "--run a: that run exists" in error and "--ckpt_path last" in error
+
+
+def test_validate_needs_the_run_named(image_root: Path, in_tmp: Path, capsys) -> None:
+    fit(image_root, "--trainer.max_epochs", "1")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main(["validate", "--ckpt_path", "last", *QUIET, *CSV_LOGGER])
+    error = one_error(refused.value.code, capsys.readouterr().err)
+    assert "name the run with --run NAME (runs here: version_0)" in error
+
+
+def test_slurm_names_the_run_by_its_job(monkeypatch) -> None:
+    for name in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    assert slurm_run_name() == "slurm_4242"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert slurm_run_name() == "slurm_77_3"
+    monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: each fit its own
+    assert slurm_run_name() is None
+
+
+def test_default_root_dir_holds_the_logs_checkpoints_history_and_report(
+    image_root: Path, in_tmp: Path
+) -> None:
+    """The logger's folder follows --trainer.default_root_dir unless its own save_dir is given."""
+    # The name given: a W&B bake's default logger would pass on its own (None) to the new class.
+    csv_logger = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger"]
+    csv_logger += ["--trainer.logger.name", "lightning_logs"]
+    options = [*tiny_run_options(image_root), *QUIET, *csv_logger, "--trainer.max_epochs", "1"]
+    main(["fit", *options, "--trainer.default_root_dir", "out"])
+    run = in_tmp / "out" / "lightning_logs" / "version_0"
+    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "history.json", "metrics.csv"):
+        assert (run / name).is_file(), name
+    assert not (in_tmp / "lightning_logs").exists()
+    main(["fit", *options, "--trainer.default_root_dir", "out", "--trainer.logger.save_dir", "."])
+    assert (in_tmp / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_training_without_a_logger(image_root: Path, in_tmp: Path) -> None:
+    no_logger = ["--trainer.logger", "false", "--run", "a", "--trainer.max_epochs", "1"]
+    main(["fit", *tiny_run_options(image_root), *QUIET, *no_logger])
+    assert progress(in_tmp / "a" / "checkpoints" / "last.ckpt") == (0, 4)
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "expected"),
+    [
+        ([(9, 0)], "bf16-mixed"),
+        ([(8, 0), (8, 6)], "bf16-mixed"),
+        ([(7, 5)], "16-mixed"),  # T4: bf16 only emulated
+        ([(8, 0), (7, 0)], "16-mixed"),  # every GPU must do it
+        (None, "16-mixed"),  # NVML could not say
+    ],
+)
+def test_the_default_precision_is_bf16_only_where_native(capabilities, expected) -> None:
+    assert precision_for(capabilities) == expected
+
+
+def test_the_default_precision_on_cpu_is_lightnings(monkeypatch) -> None:
+    assert default_precision("cpu") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_precision("auto") is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_default_precision_leaves_cuda_uninitialised() -> None:
+    precision = default_precision("auto")
+    assert not torch.cuda.is_initialized()  # DDP may still fork
+    native = torch.cuda.is_bf16_supported(including_emulation=False)
+    assert precision == ("bf16-mixed" if native else "16-mixed")

@@ -1,0 +1,192 @@
+"""`shard` and the user's files: never an output among the images it reads, never a file it did
+not write removed (`--overwrite` or not), a failed run's leftovers known as its own, and S3
+prefixes of more than one page (1,000 keys) replaced whole."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import CLASSES, one_error, write_image
+from test_mid_epoch import colour_root as colour_root  # the fixture, shared
+from test_shards import PACKAGE, needs_litdata, shard
+from test_shards import s3 as s3  # the fixture, shared
+
+from {{ cookiecutter.package_name }}.data.shard_output import refuse_overlap
+from {{ cookiecutter.package_name }}.errors import DataError
+
+
+@pytest.fixture
+def train_and_val(tmp_path: Path) -> Path:
+    """`D/train/<class>` (6 images each) and `D/val/<class>` (2 each): 24 images."""
+    for split, count in (("train", 6), ("val", 2)):
+        for c, name in enumerate(CLASSES):
+            for i in range(count):
+                write_image(tmp_path / "D" / split / name / f"{i}.png", (80 * c, 40 * i, 120))
+    return tmp_path / "D"
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by its path relative to it, with its bytes."""
+    found = (path for path in folder.rglob("*") if path.is_file())
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in found}
+
+
+def run_shard(cwd: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", PACKAGE, "shard", "--data.num_workers", "1", *options],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@needs_litdata
+def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
+    train_and_val: Path, tmp_path: Path
+) -> None:
+    before = files(train_and_val)
+    assert len(before) == 24
+    data = ["--data.root", "D/train", "--data.val_root", "D/val"]
+    for output, overwrite, said in (
+        ("D", [], "--output D contains --data.root D/train"),
+        ("D/train", ["--overwrite", "true"], "--output D/train is --data.root D/train"),
+        ("D/val/shards", ["--overwrite", "true"], "lies inside --data.val_root D/val"),
+    ):
+        run = run_shard(tmp_path, *data, "--output", output, *overwrite)
+        error = one_error(run.returncode, run.stderr)
+        assert said in error and "choose an output folder outside the data" in error, error
+    assert files(train_and_val) == before  # every image, and nothing added
+
+
+def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> None:
+    inputs = {
+        "labels_csv": "D/labels.csv",
+        "val_csv": "D/val.csv",
+        "test_csv": "T/test.csv",
+        "test_root": "T/images",
+        "predict_root": "U",
+    }
+    for option, path in inputs.items():
+        data = {option: str(tmp_path / path)}
+        with pytest.raises(DataError, match=f"is --data.{option} "):
+            refuse_overlap(str(tmp_path / path), data)
+        with pytest.raises(DataError, match=f"contains --data.{option} "):
+            refuse_overlap(str(tmp_path), data)
+        with pytest.raises(DataError, match=f"lies inside --data.{option} "):
+            refuse_overlap(str(tmp_path / path / "shards"), data)
+    # beside the data, a name that merely starts the same, or object storage: all fine
+    refuse_overlap(str(tmp_path / "D2"), {"root": str(tmp_path / "D"), "predict_root": None})
+    refuse_overlap("s3://bucket/D", {"root": str(tmp_path / "D")})
+
+
+@needs_litdata
+def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
+    colour_root: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "shards"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    refused = shard(colour_root, str(out), cwd=tmp_path)
+    error = one_error(refused.returncode, refused.stderr)
+    assert f"--output {out} holds files that shard did not write" in error, error
+    assert "--overwrite true" in error and files(out) == {"notes.txt": b"the user's"}
+
+    beside = shard(colour_root, str(out), "--overwrite", "true", cwd=tmp_path)
+    assert beside.returncode == 0, beside.stderr[-3000:]
+    manifest = json.loads((out / "shard-manifest.json").read_text())
+    written = set(files(out)) - {"notes.txt", "shard-manifest.json"}
+    assert set(manifest["files"]) == written and "train/index.json" in written
+
+    (out / "train" / "mine.txt").write_text("also the user's")  # where the shards go
+    options = ["--resize", "8", "--overwrite", "true"]
+    in_the_way = shard(colour_root, str(out), *options, cwd=tmp_path)
+    error = one_error(in_the_way.returncode, in_the_way.stderr)
+    assert f"{out}/train/mine.txt, which shard did not write" in error, error
+    assert set(files(out)) == written | {"notes.txt", "shard-manifest.json", "train/mine.txt"}
+
+    (out / "train" / "mine.txt").unlink()
+    replaced = shard(colour_root, str(out), *options, cwd=tmp_path)
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert json.loads((out / "dataset.json").read_text())["made_of"]["resize"] == 8
+    assert (out / "notes.txt").read_text() == "the user's"
+    manifest = json.loads((out / "shard-manifest.json").read_text())
+    assert set(files(out)) == {*manifest["files"], "notes.txt", "shard-manifest.json"}
+
+
+@needs_litdata
+def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
+    train_and_val: Path, tmp_path: Path
+) -> None:
+    """An unreadable validation image stops `--resize` half-way, with the training shards
+    written: one error names the image, and the next run (no `--overwrite`) replaces them."""
+    image = train_and_val / "val" / "bee" / "1.png"
+    good = image.read_bytes()
+    image.write_bytes(good[: len(good) // 3])
+    data = ["--data.root", "D/train", "--data.val_root", "D/val", "--resize", "8"]
+    failed = run_shard(tmp_path, *data, "--output", "out")
+    error = one_error(failed.returncode, failed.stderr)
+    assert "cannot read image D/val/bee/1.png" in error and "skip_bad_images" in error, error
+    left = files(tmp_path / "out")
+    assert "train/index.json" in left and "dataset.json" not in left
+    assert json.loads(left["shard-manifest.json"])["files"] is None  # claimed, never finished
+
+    image.write_bytes(good)
+    done = run_shard(tmp_path, *data, "--output", "out")
+    assert done.returncode == 0 and "wrote 18 train, 6 val" in done.stdout, done.stderr[-3000:]
+    manifest = json.loads((tmp_path / "out" / "shard-manifest.json").read_text())
+    assert set(files(tmp_path / "out")) == {*manifest["files"], "shard-manifest.json"}
+
+
+@needs_litdata
+@pytest.mark.slow
+def test_an_s3_prefix_of_1500_of_shards_own_objects_is_replaced_under_overwrite(
+    colour_root: Path, tmp_path: Path, s3
+) -> None:
+    """Real shards on a real S3 API (moto's server), then 1,500 more chunks of shard's own, as a
+    run writing that many leaves them: listed in its finished manifest, replaced by
+    `--overwrite`; then in the folder a killed run had claimed, replaced by the next run. Every
+    one goes (S3 lists and deletes at most 1,000 keys per request); the user's object stays."""
+    url, prefix, bucket = "s3://shards/many", "many/", "shards"
+    s3.put_object(Bucket=bucket, Key=f"{prefix}notes.txt", Body=b"the user's")
+    refused = shard(colour_root, url, cwd=tmp_path)
+    assert "holds files that shard did not write" in one_error(refused.returncode, refused.stderr)
+    done = shard(colour_root, url, "--overwrite", "true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def keys() -> set[str]:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return {item["Key"][len(prefix) :] for page in pages for item in page.get("Contents", [])}
+
+    def manifest(files: list[str] | None = None, finished: bool = True) -> dict:
+        """The manifest at `url`; with `files`, first those added to it (or, `finished` off, it
+        rewritten as a run killed while writing leaves it, and `dataset.json` removed)."""
+        key = f"{prefix}shard-manifest.json"
+        if files is not None:
+            keys = [prefix + name for name in files]
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda name: s3.put_object(Bucket=bucket, Key=name, Body=b"x"), keys))
+            written = manifest()
+            written["files"] = written["files"] + files if finished else None
+            if not finished:
+                s3.delete_object(Bucket=bucket, Key=f"{prefix}dataset.json")
+            s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(written).encode())
+        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+    for finished, options in ((True, ["--overwrite", "true"]), (False, [])):
+        old = [f"train/chunk-9-{i}.bin" for i in range(1500)]
+        manifest(old, finished)
+        assert len(keys()) > 1500
+        resize = "8" if finished else "12"
+        replaced = shard(colour_root, url, "--resize", resize, *options, cwd=tmp_path)
+        assert replaced.returncode == 0, replaced.stderr[-3000:]
+        assert keys() == {*manifest()["files"], "shard-manifest.json", "notes.txt"}
+        assert not set(old) & keys() and "train/index.json" in keys()
+        meta = s3.get_object(Bucket=bucket, Key=f"{prefix}dataset.json")["Body"].read()
+        assert json.loads(meta)["made_of"]["resize"] == int(resize)
+        assert json.loads(meta)["images"] == {"train": 24, "val": 6}

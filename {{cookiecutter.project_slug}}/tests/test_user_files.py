@@ -1,0 +1,200 @@
+"""The user's dataset folders are never written to: caches live in the per-user cache folder, a
+cache folder among the images is refused, run folders are never classes, and pruning and the
+skipped-image list touch only what the project made."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import CLASSES, one_error, write_corrupt, write_image
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.cache import cached
+from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.demo import ensure_demo_data
+from {{ cookiecutter.package_name }}.data.index import find_classes, make_dataset
+from {{ cookiecutter.package_name }}.data.scan import SKIPPED_FILE, drop_unreadable
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
+from {{ cookiecutter.package_name }}.errors import DataError
+
+TINY = ["--data.image_size", "16", "--data.batch_size", "4", "--data.num_workers", "0"]
+ONE_EPOCH = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu"]
+
+
+def write_classes(root: Path, count: int = 4) -> Path:
+    for label, name in enumerate(CLASSES):
+        colour = tuple(255 if c == label else 30 for c in range(3))
+        for i in range(count):
+            write_image(root / name / f"{name}_{i}.png", colour, size=(20, 20))
+    return root
+
+
+def snapshot(root: Path) -> tuple[str, set[str]]:
+    """A hash of every file's path and bytes under `root`, and the set of its folders."""
+    digest, folders = hashlib.sha256(), set()
+    for folder, subfolders, files in sorted(os.walk(root)):
+        folders.update(os.path.relpath(os.path.join(folder, s), root) for s in subfolders)
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0")
+            digest.update(Path(path).read_bytes())
+    return digest.hexdigest(), folders
+
+
+def fit(*options: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *TINY, *ONE_EPOCH, *options],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_fit_three_times_on_data_leaves_it_unchanged(tmp_path: Path) -> None:
+    data = write_classes(tmp_path / "data")
+    before = snapshot(data)
+    for _ in range(3):
+        run = fit("--data.root", "data", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert snapshot(data) == before
+
+
+@pytest.mark.slow
+def test_fit_from_inside_the_dataset_twice_counts_no_run_folder_as_a_class(
+    tmp_path: Path,
+) -> None:
+    data = write_classes(tmp_path / "data")
+    before = [snapshot(data / name) for name in CLASSES]
+    for _ in range(2):
+        run = fit("--data.root", ".", cwd=data)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert (data / "lightning_logs").is_dir()  # the run folder, beside the classes
+    assert [snapshot(data / name) for name in CLASSES] == before
+    for hparams in data.glob("lightning_logs/*/hparams.yaml"):
+        assert yaml.unsafe_load(hparams.read_text())["class_names"] == list(CLASSES)
+
+
+def test_a_run_folder_is_a_class_only_when_it_holds_images_itself(tmp_path: Path) -> None:
+    root = write_classes(tmp_path / "data")
+    write_image(root / "lightning_logs" / "version_0" / "confusion_matrix.png", (0, 0, 0))
+    write_image(root / "checkpoints" / "x.png", (0, 0, 0))  # the user's class of that name
+    (root / "wandb" / "run-1").mkdir(parents=True)
+    assert find_classes(root) == sorted([*CLASSES, "checkpoints"])
+
+
+def test_the_demo_set_beside_the_users_classes_is_no_class(tmp_path: Path) -> None:
+    """`fit` without --data.root writes the demo set to ./data/demo: with the user's classes in
+    ./data, neither `--data.root data` nor `--data.root .` takes it (or ./data) for a class."""
+    root = write_classes(tmp_path / "a" / "data")  # the user's classes in ./data
+    ensure_demo_data(root / "demo", images_per_class=2)
+    assert find_classes(root) == sorted(CLASSES)
+    here = write_classes(tmp_path / "b")  # the user's classes in the working folder itself
+    ensure_demo_data(here / "data" / "demo", images_per_class=2)
+    assert find_classes(here) == sorted(CLASSES)
+
+
+def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.chdir(tmp_path)
+    data = write_classes(tmp_path / "data")
+    module = ImageDataModule(root="data")
+    for folder in (module.cache_dir, module.listings, Path(module.stream_cache_dir)):
+        resolved = folder.resolve()
+        assert resolved.is_absolute()
+        assert tmp_path.resolve() not in resolved.parents and data.resolve() not in resolved.parents
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform != "win32":
+        expected = tmp_path / "xdg" / "{{ cookiecutter.package_name }}"
+        assert ImageDataModule(root="data").cache_dir == expected
+
+
+@pytest.mark.parametrize(
+    ("option", "folder"),
+    [
+        ("cache_dir", "data/cache"),  # inside
+        ("cache_dir", "data"),  # is
+        ("cache_dir", "."),  # contains
+        ("stream_cache_dir", "val/cache"),
+        ("cache_dir", "csvs/cache"),  # the folder of a labels CSV
+    ],
+)
+def test_a_cache_folder_among_the_images_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, folder: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_classes(tmp_path / "data")
+    write_classes(tmp_path / "val")
+    csv = tmp_path / "csvs" / "val.csv"
+    csv.parent.mkdir()
+    csv.write_text("filename,label\nant/ant_0.png,ant\n")
+    options = {"root": "data", "val_root": "val", "val_csv": str(csv), option: folder}
+    with pytest.raises(DataError, match=f"--data.{option} {folder} lies among the images"):
+        ImageDataModule(**options)
+
+
+def test_a_per_user_cache_folder_inside_the_dataset_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_classes(tmp_path / "data")
+    monkeypatch.setenv(CACHE_ENV, str(data / "cache"))
+    way_out = rf"per-user cache folder\).*\(set --data.cache_dir or {CACHE_ENV}\)"
+    with pytest.raises(DataError, match=way_out):
+        ImageDataModule(root=data)
+
+
+def test_the_cli_refuses_a_cache_dir_inside_the_root(tmp_path: Path) -> None:
+    data = write_classes(tmp_path / "data")
+    before = snapshot(data)
+    run = fit("--data.root", "data", "--data.cache_dir", "data/cache", cwd=tmp_path)
+    line = one_error(run.returncode, run.stderr)
+    assert "--data.cache_dir data/cache" in line and "--data.root data" in line
+    assert snapshot(data) == before
+
+
+def dataset_of(root: Path) -> ImageFolderDataset:
+    paths, targets = make_dataset(root, {name: i for i, name in enumerate(CLASSES)})
+    return ImageFolderDataset(root, paths, targets, eval_transform(16), list(CLASSES))
+
+
+def test_two_datasets_sharing_a_cache_dir_keep_both_caches(tmp_path: Path) -> None:
+    pytest.importorskip("fcntl", reason="without file locks (Windows) no cache is removed")
+    cache_dir = tmp_path / "cache"
+    theirs = cache_dir / "my-own-folder"  # a user's folder that looks like a cache
+    theirs.mkdir(parents=True)
+    np.save(theirs / "index.npy", np.zeros((1, 3), dtype=np.int64))
+    first = dataset_of(write_classes(tmp_path / "one"))
+    second = dataset_of(write_classes(tmp_path / "two", 3))
+    one = cached([first], 16, cache_dir, 0, progress=False, keep=1)[0].cache.folder
+    two = cached([second], 16, cache_dir, 0, progress=False, keep=1)[0].cache.folder
+    assert one.is_dir() and two.is_dir() and (theirs / "index.npy").is_file()
+    # Another size of the first dataset: its older cache goes, the second's and the user's stay.
+    newer = cached([first], 20, cache_dir, 0, progress=False, keep=1)[0].cache.folder
+    assert not one.exists()
+    assert newer.is_dir() and two.is_dir() and (theirs / "index.npy").is_file()
+
+
+def test_the_skipped_image_list_is_this_runs_and_never_inside_the_dataset(tmp_path: Path) -> None:
+    root = write_classes(tmp_path / "images")
+    write_corrupt(root / "bee" / "broken.jpg")
+    logs = tmp_path / "logs"
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="skipped 1 of"):
+            drop_unreadable([dataset_of(root)], 0, False, str(logs), True)
+        lines = (logs / SKIPPED_FILE).read_text().splitlines()
+        assert len(lines) == 1 and "broken.jpg" in lines[0]
+    inside = root / "lightning_logs" / "version_0"
+    with pytest.warns(UserWarning, match="not listed in .* it lies inside the dataset"):
+        drop_unreadable([dataset_of(root)], 0, False, str(inside), True)
+    assert not inside.exists()
