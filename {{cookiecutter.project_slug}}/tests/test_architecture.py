@@ -12,7 +12,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
 SOURCE = PROJECT / "src" / PACKAGE
 # A room may import from rooms of its own rank or lower; errors.py is below them all and the
-# package's entry points (__main__, the old `.scan` / `.bench` spellings) above them all.
+# package's entry point (__main__) above them all.
 RANK = {"errors": 0, "data": 1, "model": 2, "training": 3, "commands": 4, "entry": 5}
 ROOMS = ("data", "model", "training", "commands")
 

@@ -115,30 +115,6 @@ def test_unknown_command_is_named_with_the_list(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_old_module_spellings_still_run(image_root: Path, tmp_path: Path) -> None:
-    # `python -m <pkg>.scan` and `.bench` were the commands before `python -m <pkg> <command>`.
-    for module in ("scan", "bench"):
-        result = subprocess.run(
-            [sys.executable, "-W", "error::RuntimeWarning", "-m", f"{PACKAGE}.{module}", "--help"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stderr
-        assert "--data.root" in result.stdout
-    scan = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}.scan"] + tiny_run_options(image_root),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert scan.returncode == 0, scan.stderr
-    assert "scanned 24 images: 0 unreadable" in scan.stderr
-    assert "RuntimeWarning" not in scan.stderr
-
-
 def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, tmp_path: Path):
     images = trained_checkpoint.parent / "images"
     held_out = tmp_path / "held_out"

@@ -143,35 +143,6 @@ def gather_strings(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.
     return strings
 
 
-def string_keys(strings: np.ndarray) -> np.ndarray:
-    """A uint64 hash of each item of a bytes array; distinct for distinct items of <= 8 bytes."""
-    keys = np.empty(len(strings), np.uint64)
-    step = 1 << 16  # rows at a time: temporaries of 512 kB, not of 8 bytes a row (page faults)
-    for start in range(0, len(strings), step):
-        _hash_into(keys[start : start + step], strings[start : start + step])
-    return keys
-
-
-def _hash_into(keys: np.ndarray, strings: np.ndarray) -> None:
-    strings = np.ascontiguousarray(strings)
-    if strings.dtype.itemsize < 8:
-        strings = strings.astype("S8")
-    width = strings.dtype.itemsize
-    data = strings.view(np.uint8).reshape(len(strings), width)
-    keys[:] = 0
-    shifted = np.empty_like(keys)
-    for start in range(0, width, 8):  # each step is a bijection of the key: xor, odd multiply
-        # Each 8-byte word read in place, not from a zero-padded copy; a last, shorter word is
-        # the 8 bytes that end the item, shifted down past those of the word before it.
-        end = min(start + 8, width)
-        word = data[:, end - 8 : end].view(np.uint64)[:, 0]
-        if end - start < 8:
-            word = word >> np.uint64(8 * (8 - end + start))
-        keys ^= word
-        keys *= np.uint64(0x9E3779B97F4A7C15)
-        keys ^= np.right_shift(keys, np.uint64(31), out=shifted)
-
-
 def make_dataset(
     root: Path,
     class_to_idx: dict[str, int],

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.data.csv_split import LabelCoder, Lines, blocks
 from {{ cookiecutter.package_name }}.data.index import (
     check_dir,
     check_file,
     encode_paths,
     preview,
-    string_keys,
 )
 from {{ cookiecutter.package_name }}.data.listing import listed_tree
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -59,122 +57,48 @@ def read_labels_csv(
 ) -> LabelsTable:
     """Read a labels CSV with a header row; UTF-8 with or without BOM, CRLF or LF, spaces stripped.
 
-    Only the two named columns are read; the others are ignored. Blank lines are skipped.
+    Only the two named columns are read; the others are ignored. Blank lines are skipped. The csv
+    module defines the format (quoted fields, fields spanning lines); a row is a Python list only
+    while it is read, and the table keeps numpy arrays: about 2 s and 400 MiB a million rows
+    (the template's benchmarks/index_scale.py).
     """
     check_file(csv_file, "data.labels_csv")
     raw = csv_file.read_bytes().removeprefix(codecs.BOM_UTF8)
-    if not raw.isascii():  # ASCII is UTF-8: most files skip the decode
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            line = raw.count(b"\n", 0, err.start) + 1
-            raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
-    if not raw:
-        raise DataError(f"{csv_file} is empty: expected a header row naming its columns")
-    columns = (filename_column, label_column)
-    table = _read_plain(raw, csv_file, *columns)
-    return _read_with_csv(raw, csv_file, *columns) if table is None else table
-
-
-def _read_plain(
-    raw: bytes, csv_file: Path, filename_column: str, label_column: str
-) -> LabelsTable | None:
-    """`_read_with_csv`, vectorised, for files without quotes; None for any other file.
-
-    Each line's fields lie between consecutive delimiters (commas and newlines), so field j of a
-    row starts after its line's j-th delimiter: a row's spans come from one index into them.
-    """
-    # Why: the csv module makes a Python list per row, 1.9-2.1 s for a million rows; split with
-    # numpy on the positions of commas and newlines they take 0.15-0.21 s, 10x less CPU time (the
-    # template's benchmarks/index_scale.py). np.loadtxt takes 0.36 s only to split them, and pandas
-    # or pyarrow would be new dependencies. The lines are split 1 MB at a time (`csv_split.BLOCK`):
-    # arrays of a few hundred kB, reused from block to block. numpy asks for huge pages for arrays
-    # of 4 MiB or more, and on this VM a fresh one cost up to 6 ms a MB in page faults: split all at
-    # once, into a dozen arrays of 8-16 MB, the same rows took 0.27-0.67 s (the template's
-    # BENCHMARKS.md).
-    # What this does not handle goes to the csv module, which defines the behaviour: quotes, NUL
-    # bytes, lone CRs, lines longer than the csv field limit.
-    if b'"' in raw or b"\0" in raw:
-        return None
-    if not raw.endswith(b"\n"):
-        raw += b"\n"
-    if b"\r" in raw and raw.count(b"\r") > raw.count(b"\r\n"):  # a lone CR
-        return None
-    buf = np.frombuffer(raw, dtype=np.uint8)
-    header_end = raw.index(b"\n")
-    header = raw[:header_end].removesuffix(b"\r")
-    ranges = blocks(raw, header_end + 1)
-    limit = csv.field_size_limit()
-    columns = [name.strip() for name in header.decode().split(",")] if header else []
     try:
-        file_at = _column(columns, filename_column, "filename_column", csv_file)
-        label_at = _column(columns, label_column, "label_column", csv_file)
-    except DataError:
-        if len(header) > limit or any(Lines(buf, *block).longest > limit for block in ranges):
-            return None
-        raise
-    needed = max(file_at, label_at) + 1
-    labels = LabelCoder()
-    parts = []  # of each block: its rows' paths, label codes and line numbers
-    short = None  # the first row with too few fields that is not blank: (line, fields, text)
-    longest, line = len(header), 2
-    for lo, hi in ranges:  # a too-long line anywhere hands the file to the csv module: read on
-        lines = Lines(buf, lo, hi)
-        longest = max(longest, lines.longest)
-        short = short or lines.first_short_row(raw, needed, line)
-        if short is None:
-            paths, label_bytes, numbers = lines.rows(raw, buf, file_at, label_at, needed, line)
-            parts.append((paths, labels.encode(label_bytes), numbers))
-        line += len(lines.counts)
-    if longest > limit:
-        return None
-    if short is not None:
-        raise DataError(
-            f"{csv_file} line {short[0]} has {short[1]} columns, expected "
-            f"{len(columns)} ({','.join(columns)}): {short[2]!r}"
-        )
-    paths, codes, numbers = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
-    return _checked(LabelsTable(csv_file, paths, list(labels.values), codes, numbers))
-
-
-def _read_with_csv(
-    raw: bytes, csv_file: Path, filename_column: str, label_column: str
-) -> LabelsTable:
-    """Read the labels CSV `raw` (UTF-8 without BOM) with the csv module: quotes, any line ends."""
-    text = raw.decode()
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
+    if not text:
+        raise DataError(f"{csv_file} is empty: expected a header row naming its columns")
+    if "\0" in text:  # no file name holds one (and `encode_paths` splits on them)
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise DataError(f"{csv_file} line {line} holds a NUL character")
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader, [])
-        records = list(reader)  # one C-level pass; per-row Python work below is list comprehensions
+        columns = [name.strip() for name in header]
+        file_at = _column(columns, filename_column, "filename_column", csv_file)
+        label_at = _column(columns, label_column, "label_column", csv_file)
+        needed = max(file_at, label_at) + 1
+        names, codes, lines = [], [], []
+        index: dict[str, int] = {}  # label -> code, in order of first appearance
+        for row in reader:
+            if len(row) < needed:  # a blank line is skipped, a short row is an error
+                if "".join(row).strip():
+                    raise DataError(
+                        f"{csv_file} line {reader.line_num} has {len(row)} columns, expected "
+                        f"{len(columns)} ({','.join(columns)}): {','.join(row)!r}"
+                    )
+                continue
+            names.append(row[file_at].strip())
+            codes.append(index.setdefault(row[label_at].strip(), len(index)))
+            lines.append(reader.line_num)  # where the record ends
     except csv.Error as err:
         raise DataError(f"{csv_file} line {reader.line_num} is malformed CSV: {err}") from err
-    if reader.line_num == len(records) + 1:  # no quoted field spans lines: record i is on line i+2
-        lines = np.arange(2, len(records) + 2)
-    else:
-        lines = _record_lines(text)
-    columns = [name.strip() for name in header]
-    file_at = _column(columns, filename_column, "filename_column", csv_file)
-    label_at = _column(columns, label_column, "label_column", csv_file)
-    needed = max(file_at, label_at) + 1
-    try:
-        names = [row[file_at].strip().encode() for row in records]
-        labels = [row[label_at].strip() for row in records]
-    except IndexError:  # a short row: blank lines are skipped, anything else is an error
-        keep = np.array([len(row) >= needed for row in records], dtype=bool)
-        for i in np.flatnonzero(~keep).tolist():
-            if "".join(records[i]).strip():
-                raise DataError(
-                    f"{csv_file} line {lines[i]} has {len(records[i])} columns, expected "
-                    f"{len(columns)} ({','.join(columns)}): {','.join(records[i])!r}"
-                ) from None
-        records = [row for row, kept in zip(records, keep.tolist(), strict=True) if kept]
-        lines = lines[keep]
-        names = [row[file_at].strip().encode() for row in records]
-        labels = [row[label_at].strip() for row in records]
-    index: dict[str, int] = {}
-    codes = np.array([index.setdefault(label, len(index)) for label in labels], dtype=np.int64)
-    paths = np.array(names, dtype=np.bytes_) if names else np.empty(0, "S1")
-    return _checked(LabelsTable(csv_file, paths, list(index), codes, lines))
+    paths = encode_paths(names)
+    table = LabelsTable(csv_file, paths, list(index), np.array(codes, np.int64), np.array(lines))
+    return _checked(table)
 
 
 def _checked(table: LabelsTable) -> LabelsTable:
@@ -187,18 +111,9 @@ def _checked(table: LabelsTable) -> LabelsTable:
     if "" in table.values:
         row = table.first_row(table.values.index(""))
         raise DataError(f"{table.where(row)} has an empty label")
-    keys = string_keys(table.paths)
-    keys.sort()
-    if (keys[1:] == keys[:-1]).any():  # equal paths or, rarely, equal hashes: compare the paths
+    if len(set(table.paths.tolist())) < len(table):
         _refuse_duplicates(table)
     return table
-
-
-def _record_lines(text: str) -> np.ndarray:
-    """The line on which each record after the header ends, for CSVs with multi-line fields."""
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    next(reader)
-    return np.array([reader.line_num for _ in reader], dtype=np.int64)
 
 
 def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
@@ -299,12 +214,11 @@ def find_missing(table: LabelsTable, root: Path, listings: Path | None = None) -
     `./` prefixes, links) cost a `stat` each. `listings`: where the listing is remembered.
     """
     check_dir(root, "data.root")
-    present = encode_paths(listed_tree(root, images_only=False, memo_dir=listings)[0])
-    unmatched = np.flatnonzero(~_isin(table.paths, present))
+    present = set(map(os.fsencode, listed_tree(root, images_only=False, memo_dir=listings)[0]))
     missing = [
         row
-        for row in unmatched
-        if not os.path.isfile(os.path.join(root, os.fsdecode(table.paths[row])))
+        for row, path in enumerate(table.paths.tolist())
+        if path not in present and not os.path.isfile(os.path.join(root, os.fsdecode(path)))
     ]
     if missing:
         shown = ", ".join(
@@ -314,18 +228,3 @@ def find_missing(table: LabelsTable, root: Path, listings: Path | None = None) -
             f"{table.source}: {len(missing)} of {len(table)} rows name files that are not in "
             f"{root}: {shown}" + (" ..." if len(missing) > _SHOWN else "")
         )
-
-
-def _isin(strings: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """`np.isin` for bytes arrays, matched on hashes and each match confirmed on the bytes.
-
-    `np.isin` sorts the strings themselves: for a million paths ~5x slower.
-    """
-    if not len(among):
-        return np.zeros(len(strings), dtype=bool)
-    keys, known = string_keys(strings), string_keys(among)
-    order = np.argsort(known)
-    at = order[np.searchsorted(known[order], keys).clip(max=len(among) - 1)]
-    found = known[at] == keys
-    found[found] = strings[found] == among[at[found]]  # a hash collision reads as not found
-    return found
