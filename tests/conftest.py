@@ -60,13 +60,22 @@ def cookiecutter_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def fresh_venv(project: Path, folder: Path, extras: str = "dev") -> Path:
-    """A new virtual environment in `folder` holding only the bake and what its pyproject.toml
-    declares (with `extras`): an import the bake does not declare fails there. Returns its
-    Python. pip takes torch from this machine's wheel cache, as a user's pip would."""
-    run(sys.executable, "-m", "venv", str(folder), cwd=project)
-    python = folder / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
-    run(str(python), "-m", "pip", "install", "--quiet", "-e", f"{project}[{extras}]", cwd=project)
+def venv_python(folder: Path) -> Path:
+    return folder / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+
+
+def new_venv(folder: Path, cwd: Path, beside: Path | None = None) -> Path:
+    """A new virtual environment in `folder`; returns its Python. With `beside` (another venv made
+    here), that venv's packages are importable too, after this one's own: pip finds what is
+    installed there and installs only the rest, so torch is installed once for all bakes."""
+    run(sys.executable, "-m", "venv", str(folder), cwd=cwd)
+    python = venv_python(folder)
+    if beside is not None:
+        ask = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        own, shared = (
+            run(str(p), "-c", ask, cwd=cwd).stdout.strip() for p in (python, venv_python(beside))
+        )
+        (Path(own) / "shared-packages.pth").write_text(shared + "\n")
     return python
 
 

@@ -287,6 +287,22 @@ def test_github_workflow_keeps_its_expressions_and_tests_three_systems(cookies) 
     assert setup["with"]["cache"] == "pip"
     commands = " ".join(s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"])
     assert "make lint" in commands and "pytest" in commands
+    jobs = workflow["jobs"]
+
+    def runs(job: str) -> str:
+        return " ".join(step.get("run", "") for step in jobs[job]["steps"])
+
+    # every extra installed, so that no test is skipped for a missing package
+    assert all('pip install -e ".[dev,stream,onnx]"' in runs(job) for job in ("test", "test-all"))
+    assert 'pytest -m "not slow and not gpu"' in runs("test")  # the fast tier, three systems
+    assert jobs["test-all"]["runs-on"] == "ubuntu-latest" and 'pytest -m "not gpu"' in runs(
+        "test-all"
+    )
+    # the GPU job: a self-hosted runner, off unless the repository enables it
+    assert (
+        jobs["gpu"]["runs-on"] == ["self-hosted", "gpu"] and "vars.GPU_RUNNER" in jobs["gpu"]["if"]
+    )
+    assert "pytest -m gpu" in runs("gpu")
     assert "ci.yml" in (project / "README.md").read_text()
 
 
@@ -317,7 +333,7 @@ def test_pre_commit_runs_ruff_lint_and_format(cookies) -> None:
 def test_makefile_has_the_documented_targets(cookies) -> None:
     project = bake(cookies)
     help_text = run("make", "help", cwd=project).stdout
-    for target in ("help", "install", "lint", "test", "train"):
+    for target in ("help", "install", "lint", "test", "test-all", "train"):
         assert re.search(rf"^\s*{target}\s", help_text, re.MULTILINE), target
 
 

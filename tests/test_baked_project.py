@@ -1,21 +1,20 @@
-"""Representative bakes, each installed alone in a fresh virtual environment from its own
-pyproject.toml, must pass their own tests and lint with no edits."""
+"""Representative bakes, each installed from its own pyproject.toml, must pass their own tests
+and lint with no edits."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from conftest import bake, fresh_venv, run
+from conftest import bake, new_venv, run
 
 pytestmark = pytest.mark.slow
 
 # One bake per row: the defaults, the other value of the options that change code and
 # dependencies (each logger's dependency), and a bare project. Distinct names, so that installs
-# never collide. The default bake runs its whole suite (`make test`); the others skip their own
-# `slow` tests, which no option changes, to keep the template suite within its time budget.
-REPRESENTATIVE = {
-    "default": {"project_name": "Shape Sorter"},
+# never collide.
+DEFAULT = {"project_name": "Shape Sorter"}
+OTHERS = {
     "csv-tensorboard": {
         "project_name": "Leaf Lens",
         "dataset_layout": "csv",
@@ -33,20 +32,53 @@ REPRESENTATIVE = {
 }
 
 
-@pytest.mark.parametrize("answers", REPRESENTATIVE.values(), ids=REPRESENTATIVE.keys())
-def test_bake_installs_and_passes_its_own_tests_and_lint(
-    cookies, tmp_path: Path, answers: dict[str, str]
+@pytest.fixture(scope="module")
+def dependencies(cookies_session, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment holding what a default bake declares (with `dev`), the bake itself
+    removed: every bake below installs into its own venv beside it, so that only the packages its
+    own pyproject.toml adds (a logger, the extras) are installed per bake, and torch once."""
+    folder = tmp_path_factory.mktemp("dependencies")
+    project = bake(cookies_session, project_name="Base Bake")
+    python = str(new_venv(folder / "venv", folder))
+    run(python, "-m", "pip", "install", "--quiet", "-e", f"{project}[dev]", cwd=folder)
+    run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "base-bake", cwd=folder)
+    run(python, "-c", "import torch, lightning, pytest, moto", cwd=folder)
+    return folder / "venv"
+
+
+def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str:
+    python = str(new_venv(folder, project, beside=dependencies))
+    run(python, "-m", "pip", "install", "--quiet", "-e", f"{project}[{extras}]", cwd=project)
+    return python
+
+
+def test_default_bake_passes_all_its_tests_and_lint(
+    cookies, tmp_path: Path, dependencies: Path
 ) -> None:
-    project = bake(cookies, **answers)
-    default = answers == REPRESENTATIVE["default"]
-    # The default bake also takes the onnx and stream extras, so that ONNX export and inference
-    # and shards (LitData, a local S3 server) are tested; the others test their absence.
-    python = str(fresh_venv(project, tmp_path / "venv", "dev,onnx,stream" if default else "dev"))
+    """`make test-all`: its whole suite, with the onnx and stream extras, so that ONNX export and
+    inference and shards (LitData, a local S3 server) are tested."""
+    project = bake(cookies, **DEFAULT)
+    python = install(project, tmp_path / "venv", dependencies, "dev,onnx,stream")
     run("make", "lint", f"PYTHON={python}", cwd=project)
-    markers = [] if default else ["-m", "not slow"]
-    # The default bake's full suite (slow tests, shards, DDP) takes 15-20 minutes on 2 CPUs.
-    pytest = (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *markers)
-    result = run(*pytest, cwd=project, timeout=2700)
+    result = run("make", "test-all", f"PYTHON={python}", cwd=project, timeout=2700)
+    assert " passed" in result.stdout and "failed" not in result.stdout
+    # No test skipped for a missing package: only the GPU tests, and the one for a bake without
+    # the stream extra.
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    allowed = ("CUDA", "GPU", "has the stream extra")
+    assert all(any(reason in line for reason in allowed) for line in skipped), skipped
+
+
+@pytest.mark.parametrize("answers", OTHERS.values(), ids=OTHERS.keys())
+def test_bake_passes_its_fast_tests_and_lint(
+    cookies, tmp_path: Path, dependencies: Path, answers: dict[str, str]
+) -> None:
+    """`make test`, the fast tier: what the options change is in-process code and config. These
+    bakes go without the extras, so that the messages for a missing extra are tested."""
+    project = bake(cookies, **answers)
+    python = install(project, tmp_path / "venv", dependencies, "dev")
+    run("make", "lint", f"PYTHON={python}", cwd=project)
+    result = run("make", "test", f"PYTHON={python}", cwd=project, timeout=900)
     assert " passed" in result.stdout and "failed" not in result.stdout
     if answers.get("dataset_layout") == "csv":
         # The shipped CSV config must name real arguments: the CLI parses it against them.

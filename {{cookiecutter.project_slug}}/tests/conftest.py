@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import zlib
 from pathlib import Path
 
@@ -69,6 +70,12 @@ def tiny_run_options(root: Path, batch_size: int = 4) -> list[str]:
         "--data.num_workers",
         "0",
     ]
+
+
+def default_ctrl_c() -> None:
+    """A child process's `preexec_fn`: Ctrl-C as in a terminal, whatever the parent had (a shell
+    starts background jobs with SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def one_error(returncode: int, stderr: str) -> str:

@@ -50,44 +50,53 @@ def test_killed_at_random_moments_a_run_always_resumes(tmp_path: Path) -> None:
     # validation, or the next checkpoint write, whichever it meets (the time is random, not the
     # place: a loaded machine moves the place). Each restart uses the resume path printed by the
     # last run that wrote a checkpoint, as a user would.
-    for attempt in range(5):
-        started = time.time()
-        run = fit(*options, *resume, cwd=tmp_path)
-        output = ""
-        if attempt == 0:
-            delay = rng.uniform(1.0, 4.0)
-        else:
-            for line in run.stdout:  # training starts: the resume path is printed
-                output += line
-                if "resume with --ckpt_path" in line:
+    run = None
+    try:
+        for attempt in range(5):
+            started = time.time()
+            run = fit(*options, *resume, cwd=tmp_path)
+            output = ""
+            if attempt == 0:
+                delay = rng.uniform(1.0, 4.0)
+            else:
+                for line in run.stdout:  # training starts: the resume path is printed
+                    output += line
+                    if "resume with --ckpt_path" in line:
+                        break
+                hints = re.findall(r"resume with --ckpt_path (\S+)", output)
+                if not hints:  # the last kill came after the last epoch's save: nothing left to do
+                    output += run.communicate()[0]
+                    assert run.returncode == 0 and "already finished" in output, output[-3000:]
                     break
-            hints = re.findall(r"resume with --ckpt_path (\S+)", output)
-            if not hints:  # the last kill came after the last epoch's save: nothing left to do
-                output += run.communicate()[0]
-                assert run.returncode == 0 and "already finished" in output, output[-3000:]
-                break
-            written = tmp_path / hints[-1]
-            deadline = time.time() + 300
-            while not (written.exists() and written.stat().st_mtime > started):
-                if run.poll() == 0:  # training ended (a fast machine) before a checkpoint was due
-                    break
-                assert run.poll() is None and time.time() < deadline, output
-                time.sleep(0.05)
-            delay = rng.uniform(0.0, 3.0)
-        time.sleep(delay)
-        run.kill()
-        output += run.communicate()[0]
-        kills.append((round(delay, 1), run.returncode))
-        for printed in re.findall(r"resume with --ckpt_path (\S+)", output):
-            path = tmp_path / printed
-            if path.exists():
-                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-                assert checkpoint["state_dict"] and checkpoint["epoch"] < MAX_EPOCHS, path
-                resume = ["--ckpt_path", str(path)]
+                written = tmp_path / hints[-1]
+                deadline = time.time() + 300
+                while not (written.exists() and written.stat().st_mtime > started):
+                    if run.poll() == 0:  # training ended (a fast machine) before a checkpoint
+                        break
+                    assert run.poll() is None and time.time() < deadline, output
+                    time.sleep(0.05)
+                delay = rng.uniform(0.0, 3.0)
+            time.sleep(delay)
+            run.kill()
+            output += run.communicate()[0]
+            kills.append((round(delay, 1), run.returncode))
+            for printed in re.findall(r"resume with --ckpt_path (\S+)", output):
+                path = tmp_path / printed
+                if path.exists():
+                    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+                    assert checkpoint["state_dict"] and checkpoint["epoch"] < MAX_EPOCHS, path
+                    resume = ["--ckpt_path", str(path)]
+    finally:  # a failed check leaves no run behind
+        if run is not None and run.poll() is None:
+            run.kill()
+            run.wait()
     assert any(code == -9 for _, code in kills), kills  # at least one run was really cut short
     assert resume, f"no checkpoint written before any of the kills {kills}"
     final = fit(*options, *resume, cwd=tmp_path)
-    output = final.communicate(timeout=600)[0]
+    try:
+        output = final.communicate(timeout=600)[0]
+    finally:
+        final.kill()
     assert final.returncode == 0, output[-3000:]
     hints = re.findall(r"resume with --ckpt_path (\S+)", output)
     if hints:

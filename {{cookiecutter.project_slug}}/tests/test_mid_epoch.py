@@ -23,7 +23,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, CSV_LOGGER, one_error
+from conftest import CLASSES, CSV_LOGGER, default_ctrl_c, one_error
 from PIL import Image
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM: POSIX signals")
@@ -130,12 +130,6 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
     return done
-
-
-def default_ctrl_c() -> None:
-    """In the child before it runs: Ctrl-C as in a terminal, whatever the parent had (a shell
-    starts background jobs with SIGINT ignored, and children inherit that)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def running_in_group(group: int) -> list[int]:

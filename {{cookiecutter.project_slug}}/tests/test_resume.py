@@ -14,8 +14,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CLASSES, CSV_LOGGER, quiet_trainer, tiny_run_options
-from test_mid_epoch import default_ctrl_c
+from conftest import CLASSES, CSV_LOGGER, default_ctrl_c, quiet_trainer, tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CSV_LOGGER, one_error, tiny_run_options
+from conftest import CSV_LOGGER, default_ctrl_c, one_error, tiny_run_options
 from test_mid_epoch import (
     colour_images,
     final_weights,
@@ -69,6 +69,7 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_ctrl_c,  # the workers' own handling is tested, not this shell's
     )
     try:
         deadline = time.monotonic() + 120
