@@ -4,9 +4,10 @@
 
 One process, one `ImageDataModule(cache="memmap", num_workers=2)` loader; epochs rotate between
 the bake's `BatchNormalizer` (`data/normalize.py`: one thread, image by image, into a fresh
-`torch.empty` batch) and the plainest form, one whole-batch multiply-add on torch's default threads, so that all see the same machine minutes and the same heap. Like a
-training loop, the previous batch stays referenced while the next one is made. Prints the median
-images/s, the main process's CPU time and page faults per batch.
+`torch.empty` batch) and the plainest form, one whole-batch multiply-add on torch's default
+threads, so that both see the same machine minutes and the same heap. Like a training loop, the
+previous batch stays referenced while the next one is made. Prints the median images/s, the main
+process's CPU time and page faults per batch.
 """
 
 from __future__ import annotations

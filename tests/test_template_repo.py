@@ -49,3 +49,19 @@ def test_the_template_repos_own_python_is_lint_and_format_clean() -> None:
             text=True,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_repo_tracks_no_stray_artefacts() -> None:
+    """Only the template's own files: no cache, checkpoint or log that a command run from the
+    repo root wrote (a folder-listing cache under data/ was once committed that way)."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=TEMPLATE, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    top = {path.split("/")[0] for path in tracked}
+    assert top <= {
+        ".ci", ".github", ".gitignore", "BENCHMARKS.md", "Makefile", "README.md", "benchmarks",
+        "cookiecutter.json", "hooks", "pyproject.toml", "requirements-dev.txt", "scripts", "tests",
+        "{{cookiecutter.project_slug}}",
+    }  # fmt: skip
+    binary = (".npz", ".npy", ".ckpt", ".pt", ".pt2", ".onnx", ".db", ".jpg", ".png")
+    assert [path for path in tracked if path.endswith(binary)] == []
