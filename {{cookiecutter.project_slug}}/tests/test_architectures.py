@@ -94,6 +94,7 @@ def test_a_model_built_from_computed_widths_is_checked_without_its_memory() -> N
     check_runs("regnet_y_128gf", 10, SIZE)  # about 645 million parameters, none allocated
 
 
+@pytest.mark.slow
 def test_fit_refuses_a_model_too_big_for_the_images(image_root: Path, tmp_path: Path) -> None:
     fit = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *tiny_run_options(image_root)]

@@ -191,6 +191,7 @@ def test_bad_checkpoint_stops_with_one_line(
 
 
 # A few subprocesses (the imports alone take seconds), each with another command and kind.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "command"),
     [

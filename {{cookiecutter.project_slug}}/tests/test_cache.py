@@ -185,6 +185,7 @@ def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path
             assert torch.equal(stored(dataset, i), before[dataset.path(i)])
 
 
+@pytest.mark.slow
 def test_skipped_images_are_left_out_of_a_cache_of_the_whole_dataset(
     image_root: Path, tmp_path: Path
 ) -> None:
@@ -328,6 +329,7 @@ def test_a_dead_builds_staging_folder_is_swept(image_root: Path, tmp_path: Path)
     assert len(again) == len(dataset)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
 def test_out_of_space_stops_with_the_size_needed_and_leaves_nothing(
     image_root: Path, tmp_path: Path
@@ -378,6 +380,7 @@ sys.stdin.read()  # reads until the test closes stdin
 """
 
 
+@pytest.mark.slow
 def test_a_cache_another_process_reads_is_not_removed(image_root: Path, tmp_path: Path) -> None:
     pytest.importorskip("fcntl", reason="readers hold a POSIX file lock")
     cache_dir = tmp_path / "cache"

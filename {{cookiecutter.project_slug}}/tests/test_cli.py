@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import CSV_LOGGER, tiny_run_options, write_image
+
+from {{ cookiecutter.package_name }}.__main__ import main
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 
@@ -47,6 +50,7 @@ def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: 
     assert not (tmp_path / "data" / "demo").exists()  # not the demo set
 
 
+@pytest.mark.slow
 def test_checkpointing_can_be_turned_off(image_root: Path, tmp_path: Path) -> None:
     result = run_cli(
         "fit",
@@ -65,6 +69,7 @@ def test_checkpointing_can_be_turned_off(image_root: Path, tmp_path: Path) -> No
     assert (tmp_path / "lightning_logs" / "version_0").is_dir()  # still logged
 
 
+@pytest.mark.slow
 def test_fast_dev_run(image_root: Path, tmp_path: Path) -> None:
     result = run_cli(
         "fit",
@@ -83,6 +88,7 @@ def test_missing_data_root_exits_2_with_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -92,8 +98,9 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     assert listed == commands
 
 
-def test_each_command_has_its_own_help(tmp_path: Path) -> None:
-    for command, option in [
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
         ("fit", "--data.root"),
         ("predict", "--data.predict_root"),
         ("export", "--ckpt_path"),
@@ -102,12 +109,17 @@ def test_each_command_has_its_own_help(tmp_path: Path) -> None:
         ("shard", "--output"),
         ("bench", "--workers"),
         ("report", "run_dir"),
-    ]:
-        result = run_cli(command, "--help", cwd=tmp_path)
-        assert result.returncode == 0, (command, result.stderr)
-        assert option in result.stdout, command
+    ],
+)
+def test_each_command_has_its_own_help(command: str, option: str, capsys) -> None:
+    """In-process, through the same `main` as `python -m {{ cookiecutter.package_name }}`."""
+    with pytest.raises(SystemExit) as ended:
+        main([command, "--help"])
+    assert ended.value.code in (0, None), capsys.readouterr().err
+    assert option in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_unknown_command_is_named_with_the_list(tmp_path: Path) -> None:
     result = run_cli("trian", cwd=tmp_path)
     assert result.returncode == 2
@@ -115,6 +127,7 @@ def test_unknown_command_is_named_with_the_list(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, tmp_path: Path):
     images = trained_checkpoint.parent / "images"
     held_out = tmp_path / "held_out"
@@ -141,6 +154,7 @@ def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, t
     assert re.search(r"^bee\s+4\s+\d+\s+[\d.]+$", result.stdout, re.MULTILINE)  # per class
 
 
+@pytest.mark.slow
 def test_test_without_test_images_says_which_option(trained_checkpoint: Path, tmp_path: Path):
     images = trained_checkpoint.parent / "images"
     result = run_cli(

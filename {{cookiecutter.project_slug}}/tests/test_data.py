@@ -358,6 +358,7 @@ def test_skip_bad_images_leaves_them_out_and_says_so(image_root: Path) -> None:
     assert images.shape[0] == len(dm.train_dataset)
 
 
+@pytest.mark.slow
 def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
     """The real CLI, CSV layout: an unreadable image met by a loader worker ends the run cleanly."""
     root = tmp_path / "images"

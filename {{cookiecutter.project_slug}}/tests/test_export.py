@@ -127,6 +127,7 @@ def test_torchscript_only_on_request_with_a_deprecation_note(
     assert metadata["format"] == "torchscript"
 
 
+@pytest.mark.slow
 def test_pt2_loads_with_torch_alone_and_says_how_to_preprocess(
     pt2_export: list[Path],
     validation_batch: torch.Tensor,

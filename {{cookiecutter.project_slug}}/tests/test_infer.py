@@ -78,6 +78,7 @@ def assert_same_predictions(rows: list[dict[str, str]], expected: list[dict[str,
             assert abs(float(p) - float(q)) <= 1.0001e-4
 
 
+@pytest.mark.slow
 def test_infer_predicts_as_predict_does_without_importing_lightning(
     model_pt2: Path, image_folder: Path, predict_rows: list[dict[str, str]], tmp_path: Path
 ) -> None:

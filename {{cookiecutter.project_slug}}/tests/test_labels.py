@@ -137,6 +137,7 @@ def test_validation_and_test_csvs_are_read_as_training_is(flat_root: Path, tmp_p
         dm.setup("test")  # "y" is a class name, but these labels are indices 0..2
 
 
+@pytest.mark.slow
 def test_cli_validation_label_outside_training_is_one_error_line(
     flat_root: Path, tmp_path: Path
 ) -> None:

@@ -63,6 +63,7 @@ def model(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 # export: --output and the .json beside it
 
 
+@pytest.mark.slow
 def test_export_refuses_a_users_file_and_the_checkpoint(
     trained_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -108,6 +109,7 @@ def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
 # infer --csv
 
 
+@pytest.mark.slow
 def test_infer_refuses_a_users_csv_and_one_among_the_images(
     model: Path, images: Path, tmp_path: Path
 ) -> None:
@@ -122,6 +124,7 @@ def test_infer_refuses_a_users_csv_and_one_among_the_images(
     assert mine.read_bytes() == USERS and not inside.exists()
 
 
+@pytest.mark.slow
 def test_infer_replaces_its_own_csv_and_a_users_file_with_overwrite(
     model: Path, images: Path, tmp_path: Path
 ) -> None:
@@ -157,6 +160,7 @@ def predict(checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
     )
 
 
+@pytest.mark.slow
 def test_predict_refuses_a_users_csv_and_one_among_the_images(
     trained_checkpoint: Path, images: Path, tmp_path: Path
 ) -> None:
@@ -204,6 +208,7 @@ def run_folder(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_report_keeps_a_users_files_in_the_run_folder(tmp_path: Path) -> None:
     run = run_folder(tmp_path / "version_0")
     for name in ("report.html", "learning_curves.png"):
@@ -231,6 +236,7 @@ def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(tmp_path
 # bench --json: refused before the measuring starts
 
 
+@pytest.mark.slow
 def test_bench_refuses_a_users_json_and_one_among_the_images(images: Path, tmp_path: Path) -> None:
     mine = users_file(tmp_path / "results.json")
     bench = ("bench", "--data.root", images, "--data.image_size", "16", "--workers", "[0]")

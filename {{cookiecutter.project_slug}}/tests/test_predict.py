@@ -18,6 +18,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
+@pytest.mark.slow
 def test_predict_needs_only_the_checkpoint(trained_checkpoint: Path, tmp_path: Path) -> None:
     image_root = trained_checkpoint.parent / "images"
     workdir = tmp_path / "elsewhere"

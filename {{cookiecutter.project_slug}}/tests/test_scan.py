@@ -37,6 +37,7 @@ def dataset_of(root: Path) -> CrashingDataset:
     return CrashingDataset(root, paths, targets, eval_transform(16), classes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_crashing_decoder_is_named_and_the_scan_finishes(tmp_path: Path, num_workers) -> None:
     root = tmp_path / "images"
@@ -85,6 +86,7 @@ def waiting_on_a_fifo(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="finds the worker through /proc")
 def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_path: Path) -> None:
     # A named pipe among the images holds the worker that opens it, as a decoder stuck on a file

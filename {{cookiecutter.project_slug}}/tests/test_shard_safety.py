@@ -46,6 +46,7 @@ def run_shard(cwd: Path, *options: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
     train_and_val: Path, tmp_path: Path
@@ -85,6 +86,7 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
     refuse_overlap("s3://bucket/D", {"root": str(tmp_path / "D")})
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
     colour_root: Path, tmp_path: Path
@@ -119,6 +121,7 @@ def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
     assert set(files(out)) == {*manifest["files"], "notes.txt", "shard-manifest.json"}
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     train_and_val: Path, tmp_path: Path

@@ -37,6 +37,7 @@ def shard(root: Path, output: str, *options: str, cwd: Path) -> subprocess.Compl
     )
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "shards"
@@ -57,6 +58,7 @@ def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path
     assert json.loads((out / "dataset.json").read_text())["made_of"]["resize"] == 8
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_incomplete_shards_are_refused_and_rewritten(colour_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "shards"
@@ -83,6 +85,7 @@ def test_a_run_from_local_shards_resumes_mid_epoch_exactly(
     interrupted_and_resumed(colour_root, tmp_path, options, ranks=1)
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_bench_times_the_shards_beside_the_folder(colour_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "shards"

@@ -102,6 +102,7 @@ def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
     assert two == pytest.approx(one, rel=1e-5)
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_test_and_predict_need_their_split_in_the_shards(
     colour_root: Path, trained_checkpoint: Path, tmp_path: Path
@@ -121,6 +122,7 @@ def test_test_and_predict_need_their_split_in_the_shards(
         assert f"holds no {command} images" in error and option in error, error
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_shard_shuffles_training_images_and_keeps_to_its_own_staging_folders(
     colour_root: Path, tmp_path: Path
@@ -155,6 +157,7 @@ def test_shard_shuffles_training_images_and_keeps_to_its_own_staging_folders(
     assert np.any(np.diff(labels) < 0) and labels != sorted(labels), labels
 
 
+@pytest.mark.slow
 @needs_litdata
 def test_folder_options_that_shards_cannot_honour_are_refused(
     colour_root: Path, tmp_path: Path

@@ -154,6 +154,7 @@ def test_a_per_user_cache_folder_inside_the_dataset_is_refused(
         ImageDataModule(root=data)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_cache_dir_inside_the_root(tmp_path: Path) -> None:
     data = write_classes(tmp_path / "data")
     before = snapshot(data)
