@@ -59,8 +59,7 @@ def read_labels_csv(
 
     Only the two named columns are read; the others are ignored. Blank lines are skipped. The csv
     module defines the format (quoted fields, fields spanning lines); a row is a Python list only
-    while it is read, and the table keeps numpy arrays: about 2 s and 400 MiB a million rows
-    (the template's benchmarks/index_scale.py).
+    while it is read, and the table keeps numpy arrays, which loader workers share without copying.
     """
     check_file(csv_file, "data.labels_csv")
     raw = csv_file.read_bytes().removeprefix(codecs.BOM_UTF8)
