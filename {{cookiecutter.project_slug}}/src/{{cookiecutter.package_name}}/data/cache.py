@@ -89,9 +89,8 @@ class PixelCache:
         """The stored uint8 image `position` as a (3, H, W) view of the memmap (no copy).
 
         The pixels are stored channels last, as the decoders return them: torch's antialiased
-        uint8 resize runs on that layout directly, 0.25-0.29 ms for a random 224 crop of a 334x445
-        image against 0.57-0.62 ms from a (3, H, W) store, which it first transposes (one thread;
-        the template's BENCHMARKS.md).
+        uint8 resize runs on that layout directly, about twice as fast as from a (3, H, W) store,
+        which it first transposes.
         """
         if self._pixels is None:
             # Copy-on-write mapping: writable for torch.from_numpy, never written back to the file.

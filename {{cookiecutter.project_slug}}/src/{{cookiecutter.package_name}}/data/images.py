@@ -34,29 +34,18 @@ MAX_IMAGE_PIXELS = 2 * 89_478_485
 logging.getLogger("PIL").addHandler(logging.NullHandler())
 
 # Which decoder reads what was chosen by fuzzing first, speed second: no file may kill
-# the process that reads it. The template's benchmarks/fuzz_decoders.py (--per-kind 40
-# --seed 14) gave each decoder every mutant of the formats it reads (3091 files from the bake's
-# tests/test_fuzz.py: 843 JPEG, 562 PNG of which 281 16-bit, 281 GIF, 562 WebP, 281 BMP, 562
-# TIFF), each in a child:
-#   decoder                        files  crashed  printed to stderr
-#   torchvision decode_image        2248      211        580
-#   torchvision decode_png           562      211        423  (SIGSEGV: every bit flip or zeroed
-#                                                             run in the compressed data)
-#   torchvision decode_jpeg          843        0        163  ("Corrupt JPEG data: ...")
-#   torchvision decode_webp, _gif    562, 281   0          0
-#   PIL (all formats; JPEG draft)   3091, 843   0        103  (libtiff, PIL's log; 150 warned)
-#   simplejpeg exact, fast, scaled   843 each   0          0
-# So:
+# the process that reads it. Given the damaged files of tests/test_fuzz.py, torchvision's PNG
+# decoder crashed the process (SIGSEGV) on bit flips in the compressed data and its JPEG decoder
+# printed to stderr; PIL and simplejpeg crashed on none. So:
 # - JPEG: simplejpeg (libjpeg-turbo), exact (islow IDCT, fancy upsampling) or, for training,
 #   fast. Its `strict` mode refuses any file libjpeg warns about; PIL then decides, decoding
 #   through recoverable damage quietly (as torchvision did, noisily) or raising. The exact pixels
 #   are torchvision's and PIL's, bit for bit; the Exif orientation is applied here, from
-#   `_jpeg_header`, so Exif JPEGs take the fast path in training too. A 500x375 photo: 0.93x
-#   torchvision's time exact, 0.80x approximate (`fuzz_decoders.py --speed`, median of 500).
-#   Large JPEGs reduced exactly: PIL's `draft`, as before.
-# - PNG (8- and 16-bit), GIF, WebP, BMP, TIFF: PIL, which nothing crashed. A 500x375 PNG takes
-#   1.2x torchvision's time (3.4 ms against 2.8; its zlib inflate alone is as slow): the price of
-#   not crashing. torchvision.io is no longer used (its decoders are deprecated since 0.29).
+#   `_jpeg_header`, so Exif JPEGs take the fast path in training too. Large JPEGs reduced
+#   exactly: PIL's `draft`.
+# - PNG (8- and 16-bit), GIF, WebP, BMP, TIFF: PIL, which nothing crashed, a little slower than
+#   torchvision's PNG decoder: the price of not crashing (torchvision's decoders are deprecated
+#   since 0.29 in any case).
 # What decoders print names no file. simplejpeg and PIL's JPEG, PNG, WebP, GIF and BMP readers
 # print nothing; libtiff (PIL's decoder for compressed TIFFs) does, and is kept quiet
 # (`_libtiff_quiet`): its words are added to the DataError of a file that cannot be read, and
@@ -72,13 +61,11 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
 
     `min_size`: the short side the caller needs. A JPEG at least twice that is decoded at 1/2, 1/4
     or 1/8 scale in libjpeg's DCT domain (`PIL.Image.draft`), keeping the short side >= `min_size`:
-    2000x1500 photos to a 256 short side took 90 ms against 130-197 ms for a full decode and resize
-    (the template's BENCHMARKS.md).
+    far less work than a full decode and resize.
 
     `approximate`: for training. A JPEG is decoded with libjpeg-turbo's fast integer IDCT and fast
-    chroma upsampling (`simplejpeg`, which also does the reduction above, at any n/8 scale): 0.53 ms
-    against 0.58 ms exactly for a noisy 500x375 photo, and cold training epochs about 10% faster on
-    2 CPUs (the template's BENCHMARKS.md). Pixels differ from the exact decode by 1.2-1.3 levels on
+    chroma upsampling (`simplejpeg`, which also does the reduction above, at any n/8 scale), which
+    makes cold training epochs faster. Pixels differ from the exact decode by 1.2-1.3 levels on
     average, up to ~60 at a few sharp colour edges: far less than random crops change, but not what
     a model should be evaluated or served on, so validation, prediction and the pixel cache decode
     exactly.
@@ -166,7 +153,7 @@ def _jpeg_header(data: bytearray) -> tuple[int, int, int] | None:
     """(width, height, orientation) from a JPEG's header; None if not a JPEG or no frame header.
 
     Our own marker walk rather than `PIL.Image.open`, which parses every header segment in
-    Python: 0.25-0.3 ms of the ~1.9 ms it takes to read a 500x375 photo, for three facts. The
+    Python, a large share of the time a small photo takes to read, for three facts. The
     orientation (1-8; 1 is upright) is the Exif one, or else XMP's, as PIL's `exif_transpose`
     reads it: both come before the frame header.
     """
@@ -274,8 +261,7 @@ def _decode_jpeg(data: bytearray, fast: bool, min_size: int = 0) -> np.ndarray:
 
     `fast`: the fast integer IDCT and chroma upsampling, for training. With `min_size`, scaled in
     the DCT domain to the smallest of libjpeg's n/8 sizes whose sides are both at least
-    `min_size`: 6.2 ms against 6.9 ms for `_decode_jpeg_reduced` on a 2000x1500 photo
-    (the template's BENCHMARKS.md).
+    `min_size`.
     """
     return simplejpeg.decode_jpeg(
         data,

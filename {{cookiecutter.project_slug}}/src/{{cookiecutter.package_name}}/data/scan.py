@@ -31,7 +31,7 @@ class _ReadCheck:
     """Image i of `datasets` (numbered one after the other), read as its dataset reads it.
 
     `ImageFolderDataset.read` decodes a large JPEG at a DCT-reduced size, which scanned 4000x3000
-    photos about twice as fast as a full decode (the template's BENCHMARKS.md). Every byte of the
+    photos about twice as fast as a full decode. Every byte of the
     file is still decoded, so a truncated or damaged file is found either way.
     """
 
