@@ -187,6 +187,7 @@ def test_the_default_precision_on_cpu_is_lightnings(monkeypatch) -> None:
     assert default_precision("auto") is None
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_default_precision_leaves_cuda_uninitialised() -> None:
     precision = default_precision("auto")
