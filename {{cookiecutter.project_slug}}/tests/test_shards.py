@@ -265,9 +265,10 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
 
 @pytest.mark.skipif(find_spec("litdata") is not None, reason="this bake has the stream extra")
 def test_without_litdata_the_stream_options_name_the_extra(tmp_path: Path) -> None:
+    (tmp_path / "images").mkdir()
     for command in (
         ["fit", "--data.stream", "shards"],
-        ["shard", "--data.root", str(tmp_path), "--output", "shards"],
+        ["shard", "--data.root", "images", "--output", "shards"],
     ):
         run = subprocess.run(
             [sys.executable, "-m", PACKAGE, *command],
