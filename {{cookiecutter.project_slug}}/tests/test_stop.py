@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -52,16 +53,38 @@ def _children(pid: int) -> list[int]:
     return sorted(set(found))
 
 
+needs_litdata = pytest.mark.skipif(
+    find_spec("litdata") is None, reason='the stream extra: pip install ".[stream]"'
+)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc")
+@pytest.mark.parametrize("source", ["folders", pytest.param("shards", marks=needs_litdata)])
 def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
-    image_root: Path, tmp_path: Path
+    image_root: Path, tmp_path: Path, source: str
 ) -> None:
     """A terminal's Ctrl-C reaches the loader workers too; only the training process acts on it.
-    Here it reaches a worker alone: the run must go on to its end."""
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-    options = tiny_run_options(image_root) + ["--data.num_workers", "1", *CSV_LOGGER]
-    options += ["--trainer.max_epochs", "4", "--trainer.enable_progress_bar", "false"]
+    Here it reaches a worker alone, once training runs: the run must go on to its end. With
+    shards, LitData's loader workers too."""
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
+    data = tiny_run_options(image_root)
+    if source == "shards":
+        shards = tmp_path / "shards"
+        made = subprocess.run(
+            [*command, "shard", "--data.root", str(image_root), "--output", str(shards)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert made.returncode == 0, made.stderr[-3000:]
+        data = ["--data.stream", str(shards), "--data.image_size", "16", "--data.batch_size", "4"]
+    command.append("fit")
+    options = data + ["--data.num_workers", "1", *CSV_LOGGER]
+    options += ["--trainer.max_epochs", "6", "--trainer.enable_progress_bar", "false"]
+    options += ["--trainer.log_every_n_steps", "1"]
+    options += ["--trainer.logger.flush_logs_every_n_steps", "1"]
     run = subprocess.Popen(
         [*command, *options],
         cwd=tmp_path,
@@ -72,11 +95,15 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
         preexec_fn=default_ctrl_c,  # the workers' own handling is tested, not this shell's
     )
     try:
+        # Once training runs (a step logged): the workers have started and set their handling.
+        metrics = tmp_path / "lightning_logs/version_0/metrics.csv"
         deadline = time.monotonic() + 120
-        while not _children(run.pid) and run.poll() is None and time.monotonic() < deadline:
+        while not (
+            metrics.exists() and "train_loss_step" in metrics.read_text() and _children(run.pid)
+        ):
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
             time.sleep(0.05)
         workers = _children(run.pid)
-        assert workers, "no loader worker started"
         for worker in workers:
             os.kill(worker, signal.SIGINT)
         out, err = run.communicate(timeout=300)
