@@ -9,8 +9,7 @@ class folders, the files that each CSV names (a million empty files: about a min
 Times, in alternating rounds so that both see the same machine minutes, the baseline (BASELINE
 below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing
 and `np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
-`read_labels_csv` + `encode_labels`, `make_dataset` on each tree (listed, and with the listing
-remembered from an earlier call), and `find_missing` of the 100k CSV against its tree; with
+`read_labels_csv` + `encode_labels`, `make_dataset` on each tree, and `find_missing` of the 100k CSV against its tree; with
 --against, the CSV reading of another bake too (of an earlier commit, say, on PYTHONPATH beside
 the first). Prints median wall and CPU seconds and old/new (CPU time is the steadier on a shared
 machine), the bytes of the index arrays (the same for both), and the peak heap of one 1M-row
@@ -132,7 +131,6 @@ def main() -> None:
     args = parser.parse_args()
     index = importlib.import_module(f"{args.package}.data.index")
     labels = importlib.import_module(f"{args.package}.data.labels_csv")
-    listing = importlib.import_module(f"{args.package}.data.listing")
     extensions = importlib.import_module(f"{args.package}.data.images").IMG_EXTENSIONS
     small, large = args.rows
     csvs, trees = write_inputs(args.dir, small, large)
@@ -160,23 +158,10 @@ def main() -> None:
                 lambda path=path: encode(baseline_read_labels_csv(labels, path)),
                 lambda path=path: encode(against.read_labels_csv(path), against),
             )
-    # The listing remembered (data/listing.py): a first call lists and stores, the timed ones reuse
-    # it. Folders changed in the last 2 s are never remembered: the tree's are set a minute back.
-    memo = args.dir / "listings"
-    past = time.time_ns() - 60 * 10**9
     for rows, folder_tree in trees.items():
         steps[f"class folders, {rows:,} files: make_dataset"] = (
             lambda t=folder_tree: baseline_make_dataset(t, class_to_idx, extensions),
             lambda t=folder_tree: index.make_dataset(t, class_to_idx),
-        )
-        for folder in [folder_tree, *(p for p in folder_tree.iterdir() if p.is_dir())]:
-            os.utime(folder, ns=(past, past))
-        listing.listed_tree(folder_tree, True, memo)
-        steps[f"  the same, listing remembered ({rows:,})"] = (
-            lambda t=folder_tree: baseline_make_dataset(t, class_to_idx, extensions),
-            lambda t=folder_tree: index.make_dataset(
-                t, class_to_idx, listed=listing.listed_tree(t, True, memo)
-            ),
         )
     steps[f"CSV of {small:,} rows against the tree: find_missing"] = (
         lambda: baseline_find_missing(small_table, tree, extensions),

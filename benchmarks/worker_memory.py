@@ -5,7 +5,7 @@
 
 For each size N, a labels CSV of N files (`class_042/img_00001234.jpg,class_042`, written once
 under DIR), read in a fresh process into the bake's `ImageFolderDataset` (`read_labels_csv`:
-paths packed in one byte buffer, numpy targets) and, in another, into the baseline: the way
+a numpy bytes array of paths, numpy targets) and, in another, into the baseline: the way
 torchvision's `ImageFolder` keeps its files (`samples`, a Python list of `(path, label)`
 tuples). One forked loader worker (as on Linux) visits every item in a scattered order and does what
 `__getitem__` does with the index before it opens the file (the path and label of item i); no
@@ -158,7 +158,7 @@ def main() -> None:
     print("|--------|-------|------------------------------------------------|-----------|------|")
     for size in args.sizes:
         path = write_csv(args.dir, size)
-        for kind, label in (("ours", "packed + numpy (ours)"), ("list", "list of tuples")):
+        for kind, label in (("ours", "numpy arrays (ours)"), ("list", "list of tuples")):
             child = [sys.executable, __file__, args.package, "--one", kind, str(path)]
             out = json.loads(subprocess.run(child, capture_output=True, check=True).stdout)
             first, after = out["first"]["Private_Dirty"], out["after"]["Private_Dirty"]

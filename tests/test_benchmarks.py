@@ -66,7 +66,7 @@ def test_every_benchmark_script_runs(cookies, tmp_path: Path) -> None:
     )  # fmt: skip
     assert "peak heap while reading 2,000 rows, new" in out
     out = run("worker_memory.py", package, "--sizes", "2000", "--dir", str(tmp_path / "memory"))
-    assert "| 2,000 | packed + numpy (ours) |" in out and "| 2,000 | list of tuples |" in out
+    assert "| 2,000 | numpy arrays (ours) |" in out and "| 2,000 | list of tuples |" in out
     out = run("checkpoint_cost.py", package, "--saves", "2", "--dir", str(tmp_path / "ckpt"))
     assert "every 10 minutes:" in out
     out = run("fuzz_decoders.py", str(project), "--per-kind", "1")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +11,6 @@ import pytest
 
 from {{ cookiecutter.package_name }}.data.index import list_images, make_dataset
 from {{ cookiecutter.package_name }}.data.labels_csv import LabelsTable, find_missing, read_labels_csv
-from {{ cookiecutter.package_name }}.data.listing import listed_tree
 from {{ cookiecutter.package_name }}.errors import DataError
 
 COLUMNS = ("filename", "label")
@@ -152,72 +149,18 @@ def test_labels_numbered_in_order_of_first_appearance(tmp_path: Path) -> None:
     assert table.codes[:2].tolist() == [0, 1] and table.codes[-1] == 2
 
 
-def aged_tree(root: Path, files: list[str], seconds: float = 60) -> Path:
-    """`files` (relative paths) under `root`, every folder's modification time `seconds` ago."""
-    for name in files:
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(b"")
-    age(root, seconds)
-    return root
-
-
-def age(root: Path, seconds: float = 60) -> None:
-    past = time.time_ns() - int(seconds * 1e9)
-    for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        os.utime(folder, ns=(past, past))
-
-
 TREE = ["ant/a1.jpg", "ant/deep/a2.png", "bee/b1.jpg", "bee/b2.jpg", "notes.txt"]
 
 
-def test_a_remembered_listing_is_used_while_no_folder_changed(tmp_path: Path) -> None:
-    root = aged_tree(tmp_path / "images", TREE)
-    memo = tmp_path / "listings"
-    first = listed_tree(root, True, memo)
-    assert first == (["ant/a1.jpg", "ant/deep/a2.png", "bee/b1.jpg", "bee/b2.jpg"],
-                     {"ant": (0, 2), "bee": (2, 4)})  # fmt: skip
-    assert len(list(memo.glob("*.npz"))) == 1
-    # A rename whose folder time is then set back (no tool does both by accident): the listing
-    # is not read again, which shows it was remembered.
-    recorded = (root / "bee").stat().st_mtime_ns
-    (root / "bee" / "b2.jpg").rename(root / "bee" / "b3.jpg")
-    os.utime(root / "bee", ns=(recorded, recorded))
-    assert listed_tree(root, True, memo) == first
-    assert listed_tree(root, True, None)[0][-1] == "bee/b3.jpg"  # without a memo: listed
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        lambda root: (root / "ant" / "deep" / "a3.jpg").write_bytes(b""),  # a nested folder
-        lambda root: (root / "bee" / "b1.jpg").unlink(),
-        lambda root: (root / "cat").mkdir(),  # a new class folder
-        lambda root: shutil.rmtree(root / "ant" / "deep"),
-    ],
-    ids=["file added below", "file removed", "folder added", "folder removed"],
-)
-def test_a_changed_tree_is_listed_again(tmp_path: Path, change) -> None:
-    root = aged_tree(tmp_path / "images", TREE)
-    memo = tmp_path / "listings"
-    listed_tree(root, True, memo)
-    change(root)
-    assert listed_tree(root, True, memo) == listed_tree(root, True, None)
-
-
-def test_a_folder_changed_just_now_is_not_remembered(tmp_path: Path) -> None:
-    root = aged_tree(tmp_path / "images", TREE, seconds=0)  # within the clock-tick margin
-    listed_tree(root, True, tmp_path / "listings")
-    assert not (tmp_path / "listings").exists()
-
-
-def test_class_folders_and_csv_checks_use_the_remembered_listing(tmp_path: Path) -> None:
-    root = aged_tree(tmp_path / "images", TREE)
-    memo = tmp_path / "listings"
-    paths, targets = make_dataset(root, {"ant": 0, "bee": 1}, listed=listed_tree(root, True, memo))
+def test_class_folders_are_indexed_with_nested_files_and_csv_rows_checked(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    for name in TREE:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"")
+    paths, targets = make_dataset(root, {"ant": 0, "bee": 1})
     assert paths.tolist() == [b"ant/a1.jpg", b"ant/deep/a2.png", b"bee/b1.jpg", b"bee/b2.jpg"]
     assert targets.tolist() == [0, 0, 1, 1]
     csv_file = tmp_path / "labels.csv"
     csv_file.write_text("filename,label\nant/a1.jpg,x\nbee/gone.jpg,y\n")
     with pytest.raises(DataError, match="1 of 2 rows name files that are not in"):
-        find_missing(read_labels_csv(csv_file), root, memo)
-    assert len(list(memo.glob("*.npz"))) == 2  # images only, and every file
+        find_missing(read_labels_csv(csv_file), root)

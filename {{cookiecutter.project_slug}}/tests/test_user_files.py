@@ -110,7 +110,7 @@ def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
     monkeypatch.chdir(tmp_path)
     data = write_classes(tmp_path / "data")
     module = ImageDataModule(root="data")
-    for folder in (module.cache_dir, module.listings, Path(module.stream_cache_dir)):
+    for folder in (module.cache_dir, Path(module.stream_cache_dir)):
         resolved = folder.resolve()
         assert resolved.is_absolute()
         assert tmp_path.resolve() not in resolved.parents and data.resolve() not in resolved.parents

@@ -1,8 +1,7 @@
 """The data side: image files on disk to normalised batches on the device.
 
 datamodule: options and composition; sources: folders, labels CSV and splits; index: the numpy index
-of class folders; listing: folder listings remembered between runs; labels_csv: a labels CSV read to
-numpy arrays; dataset: the lazy Dataset; images: decoding; transforms: uint8 crops; cache:
+of class folders; labels_csv: a labels CSV read to numpy arrays; dataset: the lazy Dataset; images: decoding; transforms: uint8 crops; cache:
 pre-decoded pixels; cache_dirs: where caches live (never in a dataset) and which ones may be
 removed; locks: the cache's file locks; scan: unreadable files; loaders: DataLoader
 settings and samplers; normalize: uint8 to normalised float; cpus: worker arithmetic; once: work

@@ -1,6 +1,6 @@
 """Where the project keeps its own caches, away from every dataset, and whose caches it may remove.
 
-The pixel cache, the folder listings and the chunks streamed from object storage live in a
+The pixel cache and the chunks streamed from object storage live in a
 per-user cache folder (`user_cache_dir`), never beside the images: a cache written inside a
 dataset root would be read back as a class folder or an image on the next run. A cache folder
 the user names instead is refused when it is, contains or lies inside a dataset root

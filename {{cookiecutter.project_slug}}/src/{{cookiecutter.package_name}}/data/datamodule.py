@@ -88,7 +88,7 @@ class ImageDataModule(L.LightningDataModule):
             Built in `setup`, by one process per machine, for the whole dataset (changing
             `val_fraction` or `seed` reuses it); rebuilt when the files or the size change.
         cache_dir: where `cache: memmap` keeps its files (one sub-folder per dataset version)
-            and folder listings are kept; never inside a dataset. Unset: the per-user cache
+            kept; never inside a dataset. Unset: the per-user cache
             folder (`data/cache_dirs.py`: `~/.cache/{{ cookiecutter.package_name }}` on Linux).
         cache_keep: how many caches `cache_dir` keeps, newest first, after building one (older
             versions of the dataset, other image sizes); 0 keeps them all.
@@ -207,17 +207,12 @@ class ImageDataModule(L.LightningDataModule):
     def source(self) -> Split:
         """Where the training and validation images come from, as the options say."""
         root = self.root or DEMO_DIR
-        columns = (self.filename_column, self.label_column, self.label_kind, self.listings)
+        columns = (self.filename_column, self.label_column, self.label_kind)
         train = labelled_source(root, self.labels_csv, *columns)
         if self.val_root is None and self.val_csv is None:
             return SeededSplit(train, self.val_fraction, self.seed)
         val = labelled_source(self.val_root or root, self.val_csv, *columns, "validation", train)
         return SeparateValidation(train, val)
-
-    @property
-    def listings(self) -> Path:
-        """Where folder listings are remembered between runs (`data/listing.py`)."""
-        return self.cache_dir / "listings"
 
     @cached_property
     def class_names(self) -> list[str]:
@@ -322,7 +317,7 @@ class ImageDataModule(L.LightningDataModule):
             return self._streamed_split("test")
         if self.test_root is None and self.test_csv is None:
             raise DataError("test needs --data.test_root (class folders) or --data.test_csv")
-        columns = (self.filename_column, self.label_column, self.label_kind, self.listings)
+        columns = (self.filename_column, self.label_column, self.label_kind)
         root = self.test_root or self.root or self.test_csv.parent
         source = labelled_source(root, self.test_csv, *columns, "test", self.source.train)
         test = self._eval_dataset(once(self.trainer, partial(source.index, self.class_names)))

@@ -12,7 +12,6 @@ from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.in_hand import FilesInHand
-from {{ cookiecutter.package_name }}.data.packed import PackedPaths
 from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 
 
@@ -20,8 +19,7 @@ class ImageFolderDataset(Dataset):
     """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
 
     Paths and targets are numpy arrays, not Python lists: forked workers then share them instead of
-    copying them page by page as reference counts change (pytorch/pytorch#13246). The paths are
-    kept packed end to end (`PackedPaths`), not padded to the longest. Nothing is opened before
+    copying them page by page as reference counts change (pytorch/pytorch#13246). Nothing is opened before
     `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
 
     Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
@@ -31,7 +29,7 @@ class ImageFolderDataset(Dataset):
     def __init__(
         self,
         root: Path,
-        paths: np.ndarray | PackedPaths,
+        paths: np.ndarray,
         targets: np.ndarray | None,
         transform: Callable[[torch.Tensor], torch.Tensor],
         classes: list[str] | None = None,
@@ -39,7 +37,7 @@ class ImageFolderDataset(Dataset):
         approximate_decode: bool = False,
     ) -> None:
         self.root = Path(root)
-        self.paths = PackedPaths.pack(paths)
+        self.paths = paths
         self.targets = targets
         self.transform = transform
         self.classes = classes or []

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -60,32 +59,14 @@ def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
     hidden and junk folders left out, and folders that cannot be listed skipped.
     """
     found: list[str] = []
-    _scan(os.fspath(folder), prefix, images_only, found, None)
+    _scan(os.fspath(folder), prefix, images_only, found)
     return found
 
 
-def scan_tree(
-    root: Path, images_only: bool
-) -> tuple[list[str], dict[str, tuple[int, int]], list[tuple[str, int]]]:
-    """`list_files(root, images_only)`; where the files of each folder of `root` lie in it, as
-    {name: (start, end)}; and each folder walked ("." for `root`) with its modification time."""
-    found: list[str] = []
-    folders: list[tuple[str, int, int]] = []  # (prefix, mtime, index of its first file)
-    _scan(os.fspath(root), "", images_only, found, folders)
-    tops = [(prefix[:-1], start) for prefix, _, start in folders if prefix.count(os.sep) == 1]
-    bounds = [start for _, start in tops] + [len(found)]
-    spans = {name: (bounds[i], bounds[i + 1]) for i, (name, _) in enumerate(tops)}
-    return found, spans, [(prefix or ".", mtime) for prefix, mtime, _ in folders]
-
-
-def _scan(
-    folder: str, prefix: str, images_only: bool, found: list[str], walked: list | None
-) -> None:
+def _scan(folder: str, prefix: str, images_only: bool, found: list[str]) -> None:
     # One scandir per folder and a prefix for its paths, not os.walk and an os.path.join per
     # file: about half the time for large folders.
     try:
-        if walked is not None:  # taken before the names: a change while listing is seen later
-            walked.append((prefix, os.stat(folder).st_mtime_ns, len(found)))
         with os.scandir(folder) as scan:
             entries = list(scan)
     except OSError:
@@ -97,7 +78,7 @@ def _scan(
         files = [f for f in files if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)]
     found.extend([prefix + name for name in sorted(files)])
     for name in sorted(f for f in folders if _is_data_folder(f)):
-        _scan(os.path.join(folder, name), prefix + name + os.sep, images_only, found, walked)
+        _scan(os.path.join(folder, name), prefix + name + os.sep, images_only, found)
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
@@ -108,54 +89,21 @@ def _is_folder(entry: os.DirEntry) -> bool:
 
 
 def encode_paths(paths: list[str]) -> np.ndarray:
-    """`os.fsencode` of each path, as a bytes array: one encode, not a bytes object per path.
-
-    The paths are joined by NULs, which no path holds, and split again with numpy.
-    """
-    if not paths:
-        return np.array([], dtype=np.bytes_)
-    buf = np.frombuffer(os.fsencode("\0".join(paths) + "\0"), dtype=np.uint8)
-    ends = np.flatnonzero(buf == 0)
-    return gather_strings(buf, np.concatenate(([0], ends[:-1] + 1)), ends)
-
-
-def gather_strings(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """`buf[starts[i]:ends[i]]` for each i, as a fixed-width bytes array.
-
-    One fancy index copies all of them from a view of `buf` whose item i is the `width` bytes from
-    offset i; the last few, whose window would run past the end of `buf`, are redone one by one.
-    """
-    lengths = ends - starts
-    width = max(int(lengths.max(initial=0)), 1)
-    first = np.frombuffer(buf, dtype=f"S{width}", count=1)
-    windows = as_strided(first, shape=(len(buf) - width + 1,), strides=(1,), writeable=False)
-    strings = windows[np.minimum(starts, len(buf) - width)]
-    rows = strings.view(np.uint8).reshape(len(strings), width)
-    for i in range(int(np.searchsorted(starts, len(buf) - width, side="right")), len(starts)):
-        rows[i, : lengths[i]] = buf[starts[i] : ends[i]]
-    shortest = int(lengths.min(initial=width))  # zero what follows each string in its row:
-    if width - shortest <= 16:  # a few ragged columns, one by one (a 2-D mask of narrow rows is
-        for j in range(shortest, width):  # ten times slower)
-            rows[:, j] *= lengths > j
-    else:
-        rows *= np.arange(width) < lengths[:, None]
-    return strings
+    """`os.fsencode` of each path, as a numpy bytes array (what the index and Dataset keep)."""
+    return np.array([os.fsencode(path) for path in paths], dtype=np.bytes_)
 
 
 def make_dataset(
     root: Path,
     class_to_idx: dict[str, int],
     folders: list[str] | None = None,
-    listed: tuple[list[str], dict[str, tuple[int, int]]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Index a class-folder tree: relative paths (bytes array) and integer targets (int64 array).
 
     Args:
         folders: the class folders to index, all of `class_to_idx` by default. Each must be a
             known class and hold at least one image.
-        listed: `scan_tree(root, images_only=True)`'s files and spans, if already at hand.
     """
-    files_below, spans = listed or scan_tree(root, images_only=True)[:2]
     paths: list[str] = []
     targets: list[int] = []
     counts: list[int] = []
@@ -165,7 +113,7 @@ def make_dataset(
                 f"class folder {root / name} is not one of the training classes: "
                 + preview(list(class_to_idx))
             )
-        files = files_below[slice(*spans.get(name, (0, 0)))]
+        files = list_files(root / name, images_only=True, prefix=name + os.sep)
         if not files:
             raise DataError(
                 f"class folder {root / name} has no images; accepted extensions: "

@@ -14,9 +14,9 @@ from {{ cookiecutter.package_name }}.data.index import (
     check_dir,
     check_file,
     encode_paths,
+    list_files,
     preview,
 )
-from {{ cookiecutter.package_name }}.data.listing import listed_tree
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _SHOWN = 5  # how many offending rows an error message lists
@@ -70,7 +70,7 @@ def read_labels_csv(
         raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
     if not text:
         raise DataError(f"{csv_file} is empty: expected a header row naming its columns")
-    if "\0" in text:  # no file name holds one (and `encode_paths` splits on them)
+    if "\0" in text:  # no file name holds one (and numpy bytes arrays drop trailing NULs)
         line = text.count("\n", 0, text.index("\0")) + 1
         raise DataError(f"{csv_file} line {line} holds a NUL character")
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
@@ -206,14 +206,14 @@ def _as_indices(values: list[str]) -> np.ndarray:
     )
 
 
-def find_missing(table: LabelsTable, root: Path, listings: Path | None = None) -> None:
+def find_missing(table: LabelsTable, root: Path) -> None:
     """Refuse a table that names files not under `root`, listing the first few and counting all.
 
     One directory listing answers for most rows; only the rows it does not match (absolute paths,
-    `./` prefixes, links) cost a `stat` each. `listings`: where the listing is remembered.
+    `./` prefixes, links) cost a `stat` each.
     """
     check_dir(root, "data.root")
-    present = set(map(os.fsencode, listed_tree(root, images_only=False, memo_dir=listings)[0]))
+    present = set(map(os.fsencode, list_files(root, images_only=False)))
     missing = [
         row
         for row, path in enumerate(table.paths.tolist())

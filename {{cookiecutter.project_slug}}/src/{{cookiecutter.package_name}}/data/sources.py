@@ -34,7 +34,6 @@ from {{ cookiecutter.package_name }}.data.labels_csv import (
     label_reading,
     read_labels_csv,
 )
-from {{ cookiecutter.package_name }}.data.listing import listed_tree
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
@@ -87,13 +86,11 @@ class ClassFolders:
         root: Path,
         option: str = "data.root",
         role: str = "training",
-        listings: Path | None = None,
         reading: str = "name",
     ) -> None:
         self.root = root
         self.option = option
         self.role = role
-        self.listings = listings  # where the folder listing is remembered; None: not at all
         self.reading = reading
 
     def class_names(self) -> list[str]:
@@ -111,8 +108,7 @@ class ClassFolders:
                     f"--data.class_names leaves out {len(ignored)} class folders of {self.root}, "
                     f"which are not used: {', '.join(ignored)}"
                 )
-        listed = listed_tree(self.root, images_only=True, memo_dir=self.listings)
-        return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders, listed))
+        return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders))
 
 
 class LabelsCsv:
@@ -130,12 +126,10 @@ class LabelsCsv:
         label_column: str = "label",
         option: str = "data.root",
         role: str = "training",
-        listings: Path | None = None,
         kind: str = "auto",
         follows: LabelledSource | None = None,
     ) -> None:
         self.root = root
-        self.listings = listings
         self.kind = kind
         self.follows = follows
         self.csv_file = csv_file
@@ -160,7 +154,7 @@ class LabelsCsv:
     def index(self, class_names: list[str]) -> ImageIndex:
         targets = encode_labels(self.table, class_names, self.reading, self.role)
         check_dir(self.root, self.option)
-        find_missing(self.table, self.root, self.listings)
+        find_missing(self.table, self.root)
         return ImageIndex(self.root, self.table.paths, targets)
 
 
@@ -203,7 +197,6 @@ def labelled_source(
     filename_column: str,
     label_column: str,
     label_kind: str = "auto",
-    listings: Path | None = None,
     role: str = "training",
     follows: LabelledSource | None = None,
 ) -> ClassFolders | LabelsCsv:
@@ -218,9 +211,9 @@ def labelled_source(
     option = {"training": "data.root", "validation": "data.val_root"}.get(role, "data.test_root")
     if labels_csv is None:  # folder names are class names; `reading` is for the CSVs that follow
         reading = "name" if label_kind == "auto" else label_kind
-        return ClassFolders(root, option, role, listings, reading)
+        return ClassFolders(root, option, role, reading)
     columns = (filename_column, label_column)
-    return LabelsCsv(root, labels_csv, *columns, option, role, listings, label_kind, follows)
+    return LabelsCsv(root, labels_csv, *columns, option, role, label_kind, follows)
 
 
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:
