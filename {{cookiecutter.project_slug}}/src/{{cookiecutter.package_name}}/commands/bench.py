@@ -292,7 +292,8 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(2)
     pipeline = "memmap" if "memmap" in {r.pipeline for r in results} else "decode"
     print(
-        f"{data['source']['init_args'].get('root') or 'demo data'}: images at {data['image_size']}px, batch "
+        f"{data['source']['init_args'].get('root') or 'demo data'}: images at "
+        f"{data['image_size']}px, batch "
         f"{data['batch_size']}, device {device}, {usable_cpus()} usable CPUs (os.cpu_count "
         f"{os.cpu_count()}); images/s: median of epochs 2..{cfg.epochs}; private, PSS, RSS: "
         "the loader workers' memory in MiB, summed (RSS counts the shared cache once per worker)"

@@ -319,7 +319,8 @@ def _check_resumed_classes(config, checkpoint: dict) -> None:
     data = ImageDataModule(**{**options, "source": source, "class_names": None})
     given = [f"{name} {path}" for name, path in source.inputs() if path is not None]
     saved = list(checkpoint["hyper_parameters"]["class_names"])
-    check_classes_present(config.ckpt_path, saved, data.class_names, given[0] if given else "the demo data")
+    where = given[0] if given else "the demo data"
+    check_classes_present(config.ckpt_path, saved, data.class_names, where)
 
 
 def _message(err: DataError) -> str:

@@ -1,13 +1,13 @@
 """Write a dataset as LitData shards, to a folder or S3-compatible storage, for `Shards`.
 
-    python -m {{ cookiecutter.package_name }} shard --data.source.root DIR --output DIR_OR_S3_URL [--resize N]
+    python -m {{ cookiecutter.package_name }} shard --data.source.root DIR --output DIR_OR_S3 [--resize N]
 
-takes the same `--data.*` options as `fit` (class folders or a labels CSV, a validation folder or
-the seeded `val_fraction` split, `skip_bad_images`) and writes the training and validation images
-(and the test and predict images, where `--data.source.test_root` or `--data.source.test_csv` and
-`--data.predict_root` are given) as `--data.source Shards --data.source.path OUTPUT` reads them: the files' bytes as they are, or
-with `--resize N` re-encoded as JPEG at a short side of N pixels (smaller shards, for training at
-a smaller size). Running it again on the same images and options does nothing; other images or
+takes the same `--data.*` options as `fit` (a `ClassFolders` or `LabelsCsv` source, with its
+validation folder or seeded `val_fraction` split and `skip_bad_images`) and writes the training
+and validation images (and the test and predict images, where `--data.source.test_root` or
+`--data.source.test_csv` and `--data.predict_root` are given) as `--data.source Shards
+--data.source.path OUTPUT` reads them: the files' bytes as they are, or with `--resize N`
+re-encoded as JPEG at a short side of N pixels (smaller shards, for training at a smaller size). Running it again on the same images and options does nothing; other images or
 options at the same `--output` need `--overwrite`. An `--output` that is, holds or lies inside the
 data is refused, as is one holding files `shard` did not write (unless `--overwrite`, which still
 removes only the files listed in `shard-manifest.json`, `shard`'s own). Needs the `stream` extra

@@ -208,7 +208,8 @@ def labelled_source(
     if label_kind not in LABEL_KINDS:
         kinds = ", ".join(LABEL_KINDS)
         raise DataError(f"--data.source.label_kind must be one of {kinds}, got {label_kind!r}")
-    option = {"training": "data.source.root", "validation": "data.source.val_root"}.get(role, "data.source.test_root")
+    folder = {"training": "root", "validation": "val_root"}.get(role, "test_root")
+    option = f"data.source.{folder}"
     if labels_csv is None:  # folder names are class names; `reading` is for the CSVs that follow
         reading = "name" if label_kind == "auto" else label_kind
         return FolderLabels(root, option, role, reading)

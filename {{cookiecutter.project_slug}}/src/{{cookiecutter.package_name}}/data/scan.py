@@ -1,6 +1,6 @@
 """Finding the images of a dataset that cannot be read: decoded once, in parallel, before training.
 
-Used by `--data.source.skip_bad_images` (which leaves them out) and by the `scan` command (which lists
+Used by `--data.source.skip_bad_images` (which leaves them out) and by `scan` (which lists
 them).
 """
 

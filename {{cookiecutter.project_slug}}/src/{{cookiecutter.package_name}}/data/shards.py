@@ -219,7 +219,11 @@ def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool
         found = re.findall(causes, str(err), re.MULTILINE)
         if not found:
             raise
-        hint = "; --data.source.skip_bad_images true leaves it out" if "cannot read" in found[-1] else ""
+        hint = (
+            "; --data.source.skip_bad_images true leaves it out"
+            if "cannot read" in found[-1]
+            else ""
+        )
         print(file=sys.stderr)  # ends the line of LitData's progress bar, left where it stopped
         raise DataError(
             f"{url}: {found[-1]}{hint} (the next `shard` replaces what this one wrote)"
@@ -302,7 +306,10 @@ def streamed_split(
     """
     if split not in meta_of(url)["images"]:
         use = {
-            "test": ("--data.source ClassFolders --data.source.test_root DIR", "--data.source.test_root"),
+            "test": (
+                "--data.source ClassFolders --data.source.test_root DIR",
+                "--data.source.test_root",
+            ),
             "predict": ("--data.predict_root DIR", "--data.predict_root"),
         }[split]
         raise DataError(
