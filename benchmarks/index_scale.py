@@ -142,7 +142,7 @@ def main() -> None:
     against = args.against and importlib.import_module(f"{args.against}.data.labels_csv")
 
     def encode(table, module=labels):
-        if not hasattr(module, "label_reading"):  # a bake without `--data.label_kind`
+        if not hasattr(module, "label_reading"):  # a bake without `label_kind`
             return module.encode_labels(table, module.classes_from_labels(table))
         reading = module.label_reading(table, "auto")
         return module.encode_labels(table, module.classes_from_labels(table, reading), reading)

@@ -444,14 +444,18 @@ def test_scan_reads_large_jpegs_as_training_does_and_still_finds_damage(
     assert "scanned 26 images: 1 unreadable" in err
 
 
+@pytest.mark.parametrize(
+    "class_path",
+    ["", "    class_path: ClassFolders\n"],
+    ids=["the default source", "ClassFolders named"],
+)
 def test_scan_takes_the_data_section_of_a_training_config(
-    image_root: Path, tmp_path: Path, capsys
+    image_root: Path, tmp_path: Path, capsys, class_path: str
 ) -> None:
+    """Class folders in a config as `fit` takes them: with or without their class_path."""
     config = tmp_path / "config.yaml"
-    config.write_text(
-        "trainer:\n  max_epochs: 3\n"
-        f"data:\n  source:\n    init_args:\n      root: {image_root}\n  num_workers: 0\n"
-    )
+    source = f"  source:\n{class_path}    init_args:\n      root: {image_root}\n"
+    config.write_text(f"trainer:\n  max_epochs: 3\ndata:\n{source}  num_workers: 0\n")
     assert scan.main(["--config", str(config), "--data.source.val_fraction", "0.5"]) == 0
     assert "scanned 24 images: 0 unreadable" in capsys.readouterr().err
 

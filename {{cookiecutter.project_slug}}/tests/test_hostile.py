@@ -1,6 +1,6 @@
 """A class-folder dataset salted with damaged files of every format, through the real CLI:
-`scan` lists them, `fit --data.source.skip_bad_images true` trains without them, plain `fit` stops with
-one line naming one."""
+`scan` lists them, `fit --data.source.skip_bad_images true` trains without them, plain `fit`
+stops with one line naming one."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Evaluation from shards: `validate`, `test` and `predict --data.source Shards` give what the
-folders give, in one process and in two (DDP) with every image counted once; how `shard` stores them."""
+folders give, in one process and in two (DDP) with every image counted once; how `shard` stores
+them."""
 
 from __future__ import annotations
 
