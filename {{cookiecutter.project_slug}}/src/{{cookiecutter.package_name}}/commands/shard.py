@@ -53,7 +53,7 @@ def main(args: list[str] | None = None) -> int:
     datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
     refuse_overlap(config.output, datamodule.inputs())
     output = ShardOutput(config.output)  # a folder (not a file) or s3://bucket/prefix
-    shards = require_shards()  # before the data is read: says which extra to install
+    shards = require_shards("shard")  # before the data is read: says which extra to install
     output.claim([], config.overwrite)  # others' files there: refused before the data is read
     datamodule.setup("fit")
     datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}

@@ -56,7 +56,8 @@ def cache_folder(cache_dir: str | Path | None, inputs: list[tuple[str, Path | st
         if resolved == theirs or theirs in resolved.parents or resolved in theirs.parents:
             folder, way_out = mine, f"leave --data.cache_dir unset: {user_cache_dir()}"
             if cache_dir is None:  # the per-user cache folder itself lies in the dataset
-                folder, way_out = f"{mine} (the per-user cache folder)", f"set it or {CACHE_ENV}"
+                folder = f"{mine} (the per-user cache folder)"
+                way_out = f"set --data.cache_dir or {CACHE_ENV}"
             raise DataError(
                 f"--data.cache_dir {folder} lies among the images of {name} {value}; "
                 f"choose a folder outside every dataset ({way_out})"

@@ -123,7 +123,7 @@ def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
         return folded.index(name.casefold())
     raise DataError(
         f"{csv_file} has no column {name!r} (its header: {','.join(columns)}); "
-        f"name the column with --data.{option}"
+        f"name the column with --data.source.{option}"
     )
 
 
