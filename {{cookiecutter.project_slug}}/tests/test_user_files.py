@@ -153,7 +153,9 @@ def test_a_per_user_cache_folder_inside_the_dataset_is_refused(
 ) -> None:
     data = write_classes(tmp_path / "data")
     monkeypatch.setenv(CACHE_ENV, str(data / "cache"))
-    way_out = rf"^--data\.cache_dir .*per-user cache folder\).*\(set --data\.cache_dir or {CACHE_ENV}"
+    way_out = (
+        rf"^--data\.cache_dir .*per-user cache folder\).*\(set --data\.cache_dir or {CACHE_ENV}"
+    )
     with pytest.raises(DataError, match=way_out):
         ImageDataModule(ClassFolders(data))
 

@@ -14,7 +14,11 @@ import sys
 import yaml
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
+from {{ cookiecutter.package_name }}.data.datamodule import (
+    DEFAULT_SOURCE,
+    ImageDataModule,
+    add_data_arguments,
+)
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.data.sources import ImageFiles, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -68,6 +72,8 @@ def _with_config_defaults(parser: ArgumentParser, args: list[str]) -> list[str]:
             continue
         with open(config_file, encoding="utf-8") as file:
             data = (yaml.safe_load(file) or {}).get("data") or {}
+        if isinstance(data.get("source"), dict):  # options alone: of the default source
+            data["source"] = {**DEFAULT_SOURCE, **data["source"]}
         parser.set_defaults({f"data.{key}": value for key, value in data.items()})
         return _with_config_defaults(parser, rest)
     return args

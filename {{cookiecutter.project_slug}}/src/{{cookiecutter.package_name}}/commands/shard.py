@@ -7,8 +7,9 @@ validation folder or seeded `val_fraction` split and `skip_bad_images`) and writ
 and validation images (and the test and predict images, where `--data.source.test_root` or
 `--data.source.test_csv` and `--data.predict_root` are given) as `--data.source Shards
 --data.source.path OUTPUT` reads them: the files' bytes as they are, or with `--resize N`
-re-encoded as JPEG at a short side of N pixels (smaller shards, for training at a smaller size). Running it again on the same images and options does nothing; other images or
-options at the same `--output` need `--overwrite`. An `--output` that is, holds or lies inside the
+re-encoded as JPEG at a short side of N pixels (smaller shards, for training at a smaller size).
+Running it again on the same images and options does nothing; other images or options at the
+same `--output` need `--overwrite`. An `--output` that is, holds or lies inside the
 data is refused, as is one holding files `shard` did not write (unless `--overwrite`, which still
 removes only the files listed in `shard-manifest.json`, `shard`'s own). Needs the `stream` extra
 (`pip install ".[stream]"`).
