@@ -45,7 +45,8 @@ class ImageDataModule(L.LightningDataModule):
             or the CSV's label names, sorted; index labels: "0".."K-1").
         cache_dir: where the project keeps its caches (the pixel cache of `cache: memmap`, chunks
             streamed from object storage in `stream/`); never inside a dataset. Unset: the
-            per-user cache folder (`data/cache_dirs.py`: `~/.cache/{{ cookiecutter.package_name }}` on Linux).
+            per-user cache folder (`data/cache_dirs.py`: on Linux,
+            `~/.cache/{{ cookiecutter.package_name }}`).
         crop_scale: range of the area share of a training image that each random crop keeps.
             0.08-1 (torchvision's default) is standard for large photo datasets and long
             training; the milder default learns small datasets faster (docs/performance.md).
