@@ -29,14 +29,13 @@ def main() -> None:
     parser.add_argument("--cache-dir", default="build/bench/cache")
     args = parser.parse_args()
     data = importlib.import_module(f"{args.package}.data.datamodule")
+    sources = importlib.import_module(f"{args.package}.data.sources")
     dm = data.ImageDataModule(
-        root=args.root,
+        sources.ClassFolders(args.root, val_fraction=0.2, cache="memmap"),
         image_size=224,
         batch_size=32,
         num_workers=2,
-        cache="memmap",
         cache_dir=args.cache_dir,
-        val_fraction=0.2,
     )
     dm.setup("fit")
     normalizer = dm.normalizer

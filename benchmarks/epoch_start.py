@@ -44,16 +44,11 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=224)
     args = parser.parse_args()
     data = importlib.import_module(f"{args.package}.data")
-    options = dict(
-        root=args.photos,
-        image_size=args.image_size,
-        batch_size=32,
-        num_workers=args.workers,
-        val_fraction=0.2,
-    )
-    loaders = {"folder": options}
+    sources = importlib.import_module(f"{args.package}.data.sources")
+    options = dict(image_size=args.image_size, batch_size=32, num_workers=args.workers)
+    loaders = {"folder": {**options, "source": sources.ClassFolders(args.photos, val_fraction=0.2)}}
     if args.stream:
-        loaders["shards"] = {**options, "stream": args.stream}
+        loaders["shards"] = {**options, "source": sources.Shards(args.stream)}
     print(f"{args.workers} workers, {args.image_size} px, batch 32; epochs 2.. summarised")
     print("| loader | images/s | first batch | first batch to end | per epoch: images/s |")
     print("|--------|----------|-------------|--------------------|---------------------|")

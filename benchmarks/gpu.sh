@@ -37,14 +37,16 @@ else
     echo "no LitData in this Python: the shards run is left out"
 fi
 for cache in $modes; do
-    data=(--data.cache "$cache")
+    data=(--data.source.root "$OUT/photos" --data.source.cache "$cache")
     if [ "$cache" = memmap ]; then  # built outside the timed run, as a second run would find it
         "$PYTHON" -c "from $PACKAGE.data import ImageDataModule as D; \
-D(root='$OUT/photos', image_size=224, cache='memmap', cache_dir='$OUT/cache').setup('fit')"
+from $PACKAGE.data.sources import ClassFolders as F; \
+D(F('$OUT/photos', cache='memmap'), image_size=224, cache_dir='$OUT/cache').setup('fit')"
     elif [ "$cache" = stream ]; then  # shards of the same photos, written outside the timed run
         rm -rf "$OUT/shards"
-        "$PYTHON" -m "$PACKAGE" shard --data.root "$OUT/photos" --output "$OUT/shards" 2>&1 | tail -1
-        data=(--data.stream "$OUT/shards")
+        "$PYTHON" -m "$PACKAGE" shard --data.source.root "$OUT/photos" --output "$OUT/shards" \
+            2>&1 | tail -1
+        data=(--data.source Shards --data.source.path "$OUT/shards")
     fi
     sampler=""
     if command -v nvidia-smi >/dev/null; then
@@ -54,7 +56,7 @@ D(root='$OUT/photos', image_size=224, cache='memmap', cache_dir='$OUT/cache').se
     fi
     rm -rf "$OUT/runs-$cache" && mkdir -p "$OUT/runs-$cache"
     (cd "$OUT/runs-$cache" && "$PYTHON" -m "$PACKAGE" fit \
-        --data.root "$OUT/photos" --data.image_size 224 --data.batch_size "$BATCH" \
+        --data.image_size 224 --data.batch_size "$BATCH" \
         --data.num_workers "$WORKERS" "${data[@]}" --data.cache_dir "$OUT/cache" \
         --trainer.accelerator "$ACCELERATOR" --trainer.devices 1 --trainer.precision "$PRECISION" \
         --trainer.max_epochs "$EPOCHS" --trainer.enable_progress_bar false \

@@ -7,15 +7,15 @@ Writes the inputs once under DIR (default build/bench/index): labels CSVs of 100
 (`class_042/img_00001234.jpg,class_042`, classes drawn at random) and, as empty files in 100
 class folders, the files that each CSV names (a million empty files: about a minute, once).
 Times, in alternating rounds so that both see the same machine minutes, the baseline (BASELINE
-below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing
-and `np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
-`read_labels_csv` + `encode_labels`, `make_dataset` on each tree, and `find_missing` of the 100k CSV against its tree; with
---against, the CSV reading of another bake too (of an earlier commit, say, on PYTHONPATH beside
-the first). Prints median wall and CPU seconds and old/new (CPU time is the steadier on a shared
-machine), the bytes of the index arrays (the same for both), and the peak heap of one 1M-row
-read (tracemalloc, which counts numpy's arrays). Where fresh memory is dear (a VM where numpy's
-huge-page advice on large arrays costs system time once the baseline has freed its heap),
-NUMPY_MADVISE_HUGEPAGE=0 shows the difference that makes.
+below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing and
+`np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
+`read_labels_csv` + `encode_labels`, `make_dataset` on each tree, and `find_missing` of the 100k
+CSV against its tree; with --against, the CSV reading of another bake too (of an earlier commit,
+say, on PYTHONPATH beside the first). Prints median wall and CPU seconds and old/new (CPU time is
+the steadier on a shared machine), the bytes of the index arrays (the same for both), and the peak
+heap of one 1M-row read (tracemalloc, which counts numpy's arrays). Where fresh memory is dear (a
+VM where numpy's huge-page advice on large arrays costs system time once the baseline has freed its
+heap), NUMPY_MADVISE_HUGEPAGE=0 shows the difference that makes.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main() -> None:
     against = args.against and importlib.import_module(f"{args.against}.data.labels_csv")
 
     def encode(table, module=labels):
-        if not hasattr(module, "label_reading"):  # a bake without `--data.label_kind`
+        if not hasattr(module, "label_reading"):  # a bake without `label_kind`
             return module.encode_labels(table, module.classes_from_labels(table))
         reading = module.label_reading(table, "auto")
         return module.encode_labels(table, module.classes_from_labels(table, reading), reading)

@@ -21,7 +21,7 @@ cd "$OUT/bench-proj"
 for set in photos-500x375 smooth-500x375 photos-2000x1500; do
     echo "== $set ($(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg))"
     PYTHONPATH=src "$PYTHON" -m bench_proj bench \
-        --data.root "$OUT/$set" --data.image_size 224 --data.batch_size 32 \
-        --data.val_fraction 0.2 --data.cache memmap --data.cache_dir "$OUT/cache" \
+        --data.source.root "$OUT/$set" --data.image_size 224 --data.batch_size 32 \
+        --data.source.val_fraction 0.2 --data.source.cache memmap --data.cache_dir "$OUT/cache" \
         --workers "$WORKERS" --epochs 3 --json "$OUT/$set.json"
 done

@@ -20,12 +20,12 @@ SET="$OUT/photos-500x375"
 cd "$OUT/bench-proj"
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf "$OUT/shards" "$OUT/shards-256"
-PYTHONPATH=src "$PYTHON" -m bench_proj shard --data.root "$SET" --data.val_fraction 0.2 \
+PYTHONPATH=src "$PYTHON" -m bench_proj shard --data.source.root "$SET" --data.source.val_fraction 0.2 \
     --output "$OUT/shards" 2>&1 | grep -v "^Progress\|^\s*$" | tail -1
-PYTHONPATH=src "$PYTHON" -m bench_proj shard --data.root "$SET" --data.val_fraction 0.2 \
+PYTHONPATH=src "$PYTHON" -m bench_proj shard --data.source.root "$SET" --data.source.val_fraction 0.2 \
     --output "$OUT/shards-256" --resize 256 2>&1 | tail -1
 du -sh "$SET" "$OUT/shards" "$OUT/shards-256"
 PYTHONPATH=src "$PYTHON" -m bench_proj bench \
-    --data.root "$SET" --data.stream "$OUT/shards" --data.image_size 224 --data.batch_size 32 \
-    --data.val_fraction 0.2 --data.cache memmap --data.cache_dir "$OUT/cache" \
+    --data.source.root "$SET" --shards "$OUT/shards" --data.image_size 224 --data.batch_size 32 \
+    --data.source.val_fraction 0.2 --data.source.cache memmap --data.cache_dir "$OUT/cache" \
     --workers "$WORKERS" --epochs 3 --json "$OUT/stream.json"

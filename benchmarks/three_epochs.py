@@ -32,13 +32,12 @@ def main() -> None:
     bench = importlib.import_module(f"{args.package}.commands.bench")
 
     def module(cache: str):
+        sources = importlib.import_module(f"{args.package}.data.sources")
         return data.ImageDataModule(
-            root=args.root,
+            sources.ClassFolders(args.root, val_fraction=0.2, cache=cache),
             image_size=224,
             batch_size=32,
             num_workers=args.workers,
-            cache=cache,
-            val_fraction=0.2,
             cache_dir=args.cache_dir,
         )
 

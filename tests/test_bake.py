@@ -344,19 +344,21 @@ def test_dataset_layout_option_sets_the_documented_default(cookies, layout: str)
     makefile = (project / "Makefile").read_text()
     if layout == "csv":
         config = yaml.safe_load((project / "configs/labels_csv.yaml").read_text())
-        assert config["data"] == {
-            "root": "data/demo",
-            "labels_csv": "labels.csv",
-            "filename_column": "filename",
-            "label_column": "label",
-            "label_kind": "auto",
+        assert config["data"]["source"] == {
+            "class_path": "LabelsCsv",
+            "init_args": {
+                "csv": "data/demo/labels.csv",
+                "filename_column": "filename",
+                "label_column": "label",
+                "label_kind": "auto",
+            },
         }
         assert "--config configs/labels_csv.yaml" in makefile
-        assert "--data.labels_csv labels.csv" in readme
+        assert "--data.source LabelsCsv --data.source.csv labels.csv" in readme
     else:
         assert not (project / "configs/labels_csv.yaml").exists()
         assert "labels_csv" not in makefile
-        assert "fit --data.root path/to/images   # root/<class>/<image>" in readme
+        assert "fit --data.source.root path/to/images   # root/<class>/<image>" in readme
 
 
 def test_gitignore_keeps_outputs_out_and_the_package_in(cookies) -> None:

@@ -104,6 +104,6 @@ def test_bake_passes_its_fast_tests_and_lint(
             "--print_config",
             cwd=project,
         ).stdout
-        assert "labels_csv: labels.csv" in config
+        assert "csv: data/demo/labels.csv" in config
         # `make train` generates the demo set through this function before training.
         run(python, "-c", f"from {package}.data.demo import ensure_demo_data", cwd=project)

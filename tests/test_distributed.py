@@ -69,7 +69,7 @@ def test_two_torchrun_nodes_fit_together(cookies, tmp_path: Path) -> None:
             "1",
             "--trainer.enable_progress_bar",
             "false",
-            "--data.root",
+            "--data.source.root",
             str(data),
             "--data.image_size",
             "16",

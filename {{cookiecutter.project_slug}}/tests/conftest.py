@@ -61,7 +61,7 @@ CSV_LOGGER = [
 def tiny_run_options(root: Path, batch_size: int = 4) -> list[str]:
     """CLI options for a fast run on the fixture images: 16 px, no loader workers."""
     return [
-        "--data.root",
+        "--data.source.root",
         str(root),
         "--data.image_size",
         "16",
@@ -104,6 +104,7 @@ def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import lightning as L
 
     from {{ cookiecutter.package_name }}.data import ImageDataModule
+    from {{ cookiecutter.package_name }}.data.sources import ClassFolders
     from {{ cookiecutter.package_name }}.model import ImageClassifier
 
     folder = tmp_path_factory.mktemp("trained")
@@ -113,7 +114,7 @@ def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for i in range(8):
             write_image(root / name / f"{name}_{i}.jpg", colour)
     L.seed_everything(0)
-    data = ImageDataModule(root=str(root), image_size=16, batch_size=8, num_workers=0)
+    data = ImageDataModule(ClassFolders(root), image_size=16, batch_size=8, num_workers=0)
     model = ImageClassifier(class_names=data.class_names, image_size=16, width=8, lr=1e-2)
     trainer = L.Trainer(
         max_epochs=5,

@@ -125,7 +125,7 @@ BAD: dict[str, tuple[Maker, str]] = {
     "pickled_code": (_pickled_code, r"holds pickled code.*calls \w+\.system.*refused"),
     "named_function": (_named_function, "names 'os.system' .*refused, as loading would call it"),
 }
-# Bad only for resuming `fit`: a --data.root without the classes, or no optimizer state.
+# Bad only for resuming `fit`: a --data.source.root without the classes, or no optimizer state.
 BAD_FOR_FIT = {
     "other_classes": "was trained on 3 classes .*without bee, cat",
     "weights_only": "holds weights only",
@@ -243,6 +243,6 @@ def test_a_good_checkpoint_passes_with_its_weights(trained_checkpoint: Path) -> 
 
 def test_resuming_needs_every_class_of_the_checkpoint_and_allows_more() -> None:
     saved = ["ant", "bee", "cat"]
-    check_classes_present("last.ckpt", saved, ["cat", "bee", "ant", "dog"], "--data.root x")
+    check_classes_present("last.ckpt", saved, ["cat", "bee", "ant", "dog"], "--data.source.root x")
     with pytest.raises(DataError, match="last.ckpt was trained on 3 .*without cat: resume"):
-        check_classes_present("last.ckpt", saved, ["ant", "bee", "dog"], "--data.root x")
+        check_classes_present("last.ckpt", saved, ["ant", "bee", "dog"], "--data.source.root x")

@@ -15,10 +15,10 @@ def test_bench_reports_baseline_loader_and_cache(image_root: Path, tmp_path: Pat
     out = tmp_path / "results.json"
     main(
         [
-            f"--data.root={image_root}",
+            f"--data.source.root={image_root}",
             "--data.image_size=16",
             "--data.batch_size=4",
-            "--data.cache=memmap",
+            "--data.source.cache=memmap",
             f"--data.cache_dir={tmp_path / 'cache'}",
             "--workers=[0, 1]",
             "--epochs=2",
@@ -54,6 +54,6 @@ def test_recommendation_is_the_fewest_workers_near_the_best() -> None:
 
 def test_bench_refuses_a_missing_root(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as done:
-        main([f"--data.root={tmp_path / 'nowhere'}", "--workers=[0]"])
+        main([f"--data.source.root={tmp_path / 'nowhere'}", "--workers=[0]"])
     assert done.value.code == 2
     assert "does not exist" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, _writ
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.index import make_dataset
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -142,11 +143,11 @@ def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
     where_image(root / "ant" / "a.png")
     for name in CLASSES[1:]:
         write_image(root / name / "x.png", (30, 30, 200), size=(60, 40))
-    options = dict(
-        root=root, image_size=32, crop_scale=(0.3, 1.0), hflip=True, num_workers=0, val_fraction=0
+    options = dict(image_size=32, crop_scale=(0.3, 1.0), hflip=True, num_workers=0)
+    off = ImageDataModule(ClassFolders(root, val_fraction=0, cache="none"), **options)
+    on = ImageDataModule(
+        ClassFolders(root, val_fraction=0, cache="memmap"), **options, cache_dir=tmp_path / "cache"
     )
-    off = ImageDataModule(**options, cache="none")
-    on = ImageDataModule(**options, cache="memmap", cache_dir=tmp_path / "cache")
     off.setup("fit")
     on.setup("fit")
     assert isinstance(on.train_dataset, MemmapImageDataset)
@@ -169,12 +170,16 @@ def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
 
 
 def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path) -> None:
-    options = dict(root=image_root, image_size=16, num_workers=0, cache="memmap")
-    first = ImageDataModule(**options, cache_dir=tmp_path / "c", val_fraction=0.25, seed=0)
+    options = dict(image_size=16, num_workers=0, cache_dir=tmp_path / "c")
+    first = ImageDataModule(
+        ClassFolders(image_root, val_fraction=0.25, cache="memmap"), **options, seed=0
+    )
     first.setup("fit")
     [folder] = [p for p in (tmp_path / "c").iterdir() if p.is_dir()]
     built = (folder / "pixels.npy").stat().st_mtime_ns
-    second = ImageDataModule(**options, cache_dir=tmp_path / "c", val_fraction=0.5, seed=3)
+    second = ImageDataModule(
+        ClassFolders(image_root, val_fraction=0.5, cache="memmap"), **options, seed=3
+    )
     second.setup("fit")
     assert [p for p in (tmp_path / "c").iterdir() if p.is_dir()] == [folder]
     assert (folder / "pixels.npy").stat().st_mtime_ns == built
@@ -191,11 +196,9 @@ def test_skipped_images_are_left_out_of_a_cache_of_the_whole_dataset(
 ) -> None:
     (image_root / "bee" / "bee_3.jpg").write_bytes(b"not a jpeg")
     dm = ImageDataModule(
-        root=image_root,
+        ClassFolders(image_root, skip_bad_images=True, cache="memmap"),
         image_size=16,
         num_workers=0,
-        skip_bad_images=True,
-        cache="memmap",
         cache_dir=tmp_path / "c",
     )
     with pytest.warns(UserWarning, match="skipped 1 of 24"):
@@ -282,12 +285,10 @@ def test_an_unreadable_image_is_named(image_root: Path, tmp_path: Path) -> None:
 
 def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) -> None:
     dm = ImageDataModule(
-        root=image_root,
+        ClassFolders(image_root, val_fraction=0.25, cache="memmap"),
         image_size=32,
         batch_size=4,
         num_workers=1,
-        val_fraction=0.25,
-        cache="memmap",
         cache_dir=tmp_path / "cache",
     )
     dm.setup("fit")
@@ -302,8 +303,10 @@ def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) 
 
 
 def test_unknown_cache_mode_is_refused(image_root: Path) -> None:
-    with pytest.raises(DataError, match="--data.cache must be 'none' or 'memmap', got 'disk'"):
-        ImageDataModule(root=image_root, cache="disk")
+    with pytest.raises(
+        DataError, match="--data.source.cache must be 'none' or 'memmap', got 'disk'"
+    ):
+        ImageDataModule(ClassFolders(image_root, cache="disk"))
 
 
 def test_write_records_offsets_in_order(image_root: Path, tmp_path: Path) -> None:
@@ -346,8 +349,9 @@ def test_out_of_space_stops_with_the_size_needed_and_leaves_nothing(
 
     done = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-        + ["--data.root", str(image_root), "--data.image_size", "32", "--data.num_workers", "0"]
-        + ["--data.cache", "memmap", "--data.cache_dir", str(cache_dir)]
+        + ["--data.source.root", str(image_root), "--data.image_size", "32"]
+        + ["--data.num_workers", "0", "--data.source.cache", "memmap"]
+        + ["--data.cache_dir", str(cache_dir)]
         + ["--trainer.fast_dev_run", "true", *CSV_LOGGER],  # no tracker's database to write
         cwd=tmp_path,
         capture_output=True,

@@ -82,7 +82,7 @@ def test_fast_dev_run(image_root: Path, tmp_path: Path) -> None:
 
 
 def test_missing_data_root_exits_2_with_one_line(tmp_path: Path) -> None:
-    result = run_cli("fit", "--data.root", str(tmp_path / "nowhere"), cwd=tmp_path)
+    result = run_cli("fit", "--data.source.root", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert result.returncode == 2
     assert "nowhere does not exist" in result.stderr
     assert "Traceback" not in result.stderr
@@ -101,11 +101,11 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("command", "option"),
     [
-        ("fit", "--data.root"),
+        ("fit", "--data.source.root"),
         ("predict", "--data.predict_root"),
         ("export", "--ckpt_path"),
         ("infer", "--model"),
-        ("scan", "--data.root"),
+        ("scan", "--data.source.root"),
         ("shard", "--output"),
         ("bench", "--workers"),
         ("report", "run_dir"),
@@ -138,9 +138,9 @@ def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, t
         "test",
         "--ckpt_path",
         str(trained_checkpoint),
-        "--data.root",
+        "--data.source.root",
         str(images),
-        "--data.test_root",
+        "--data.source.test_root",
         str(held_out),
         "--data.num_workers",
         "0",
@@ -158,8 +158,13 @@ def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, t
 def test_test_without_test_images_says_which_option(trained_checkpoint: Path, tmp_path: Path):
     images = trained_checkpoint.parent / "images"
     result = run_cli(
-        "test", "--ckpt_path", str(trained_checkpoint), "--data.root", str(images), cwd=tmp_path
+        "test",
+        "--ckpt_path",
+        str(trained_checkpoint),
+        "--data.source.root",
+        str(images),
+        cwd=tmp_path,
     )
     assert result.returncode == 2
-    assert "error: test needs --data.test_root" in result.stderr
+    assert "error: test needs --data.source.test_root" in result.stderr
     assert "Traceback" not in result.stderr

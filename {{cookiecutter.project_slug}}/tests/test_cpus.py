@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_auto_workers_share_the_quota_among_local_processes(
 
 def test_datamodule_auto_workers_count_the_quota(cgroups, sixteen_cpus, image_root: Path) -> None:
     cgroups("0::/", v2({"": "400000 100000"}))
-    dm = ImageDataModule(root=image_root, num_workers="auto", batch_size=4)
+    dm = ImageDataModule(ClassFolders(image_root), num_workers="auto", batch_size=4)
     assert dm.train_dataloader().num_workers == 3  # 4 CPUs' worth, one left for the main process
 
 

@@ -16,6 +16,7 @@ from {{ cookiecutter.package_name }}.data.labels_csv import (
     encode_labels,
     read_labels_csv,
 )
+from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -45,7 +46,7 @@ CLASS_LABELS = ["ant", "bee", "cat"] * 4
 
 def test_class_name_labels(flat_root: Path, tmp_path: Path) -> None:
     csv_file = write_csv(tmp_path / "labels.csv", "filename,label\n" + rows(CLASS_LABELS))
-    dm = ImageDataModule(root=flat_root, labels_csv=csv_file, val_fraction=0.25, num_workers=0)
+    dm = ImageDataModule(LabelsCsv(csv_file, root=flat_root, val_fraction=0.25), num_workers=0)
     assert dm.class_names == ["ant", "bee", "cat"]
     dm.setup("fit")
     assert len(dm.train_dataset) == 9 and len(dm.val_dataset) == 3
@@ -64,10 +65,7 @@ def test_spreadsheet_quirks(flat_root: Path, tmp_path: Path) -> None:
     ]
     csv_file = write_csv(tmp_path / "export.csv", "\r\n".join(lines) + "\r\n\r\n", "utf-8-sig")
     dm = ImageDataModule(
-        root=flat_root,
-        labels_csv=csv_file,
-        filename_column="File",
-        label_column="Label",
+        LabelsCsv(csv_file, root=flat_root, filename_column="File", label_column="Label"),
         num_workers=0,
     )
     assert dm.class_names == ["ant", "bee", "cat"]
@@ -78,9 +76,9 @@ def test_spreadsheet_quirks(flat_root: Path, tmp_path: Path) -> None:
 def test_integer_labels(flat_root: Path, tmp_path: Path) -> None:
     labels = [str(i % 3) for i in range(12)]
     csv_file = write_csv(tmp_path / "labels.csv", "filename,label\n" + rows(labels))
-    assert ImageDataModule(root=flat_root, labels_csv=csv_file).class_names == ["0", "1", "2"]
+    assert ImageDataModule(LabelsCsv(csv_file, root=flat_root)).class_names == ["0", "1", "2"]
     named = ImageDataModule(
-        root=flat_root, labels_csv=csv_file, class_names=["x", "y", "z"], num_workers=0
+        LabelsCsv(csv_file, root=flat_root), class_names=["x", "y", "z"], num_workers=0
     )
     named.setup("fit")
     assert named.class_names == ["x", "y", "z"]
@@ -89,18 +87,18 @@ def test_integer_labels(flat_root: Path, tmp_path: Path) -> None:
 
 def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
     write_csv(flat_root / "labels.csv", "filename,label\n" + rows(CLASS_LABELS))
-    inside = ImageDataModule(root=flat_root, labels_csv="labels.csv", num_workers=0)
-    assert inside.labels_csv == flat_root / "labels.csv"
-    no_root = ImageDataModule(labels_csv=flat_root / "labels.csv", num_workers=0)
+    inside = ImageDataModule(LabelsCsv("labels.csv", root=flat_root), num_workers=0)
+    assert inside.source.csv == flat_root / "labels.csv"
+    no_root = ImageDataModule(LabelsCsv(flat_root / "labels.csv"), num_workers=0)
     no_root.setup("fit")
-    assert no_root.root == flat_root and len(no_root.train_dataset) > 0
+    assert no_root.source.root == flat_root and len(no_root.train_dataset) > 0
 
 
 def test_validation_csv(flat_root: Path, tmp_path: Path) -> None:
     train = write_csv(tmp_path / "train.csv", "filename,label\n" + rows(CLASS_LABELS[:10]))
     names = [f"img_{i}.png" for i in (10, 11)]
     val = write_csv(tmp_path / "val.csv", "filename,label\n" + rows(["bee", "cat"], names))
-    dm = ImageDataModule(root=flat_root, labels_csv=train, val_csv=val, num_workers=0)
+    dm = ImageDataModule(LabelsCsv(train, root=flat_root, val_csv=val), num_workers=0)
     dm.setup("fit")
     assert len(dm.train_dataset) == 10
     assert dm.val_dataset.targets.tolist() == [1, 2]
@@ -119,7 +117,10 @@ def test_validation_csv(flat_root: Path, tmp_path: Path) -> None:
             'filename,label\nimg_1.png,"ant\n',
             r"labels\.csv line 2 is malformed CSV: unexpected end of data",
         ),
-        ("name,class\nimg_1.png,ant\n", r"has no column 'filename' .*--data.filename_column"),
+        (
+            "name,class\nimg_1.png,ant\n",
+            r"has no column 'filename' .*--data\.source\.filename_column",
+        ),
         ("", r"is empty: expected a header row"),
         ("filename,label\n", r"has a header but no rows"),
         (
@@ -133,7 +134,7 @@ def test_bad_csv_is_refused_with_line_and_value(
 ) -> None:
     csv_file = write_csv(tmp_path / "labels.csv", body)
     with pytest.raises(DataError, match=message):
-        ImageDataModule(root=flat_root, labels_csv=csv_file, num_workers=0).setup("fit")
+        ImageDataModule(LabelsCsv(csv_file, root=flat_root), num_workers=0).setup("fit")
 
 
 @pytest.mark.parametrize(
@@ -141,14 +142,17 @@ def test_bad_csv_is_refused_with_line_and_value(
     [
         (["0", "1", "2", "3"], r"line 5: unknown label '3' \(class indices 0\.\.2\)"),
         (["ant", "wasp"], r"line 3: unknown label 'wasp' \(classes: ant, bee, cat\)"),
-        (["ant", "1"], r"line 3: unknown label '1' \(classes: .*--data\.label_kind index reads"),
+        (
+            ["ant", "1"],
+            r"line 3: unknown label '1' \(classes: .*--data\.source\.label_kind index reads",
+        ),
     ],
 )
 def test_labels_outside_the_given_classes(
     flat_root: Path, tmp_path: Path, labels: list[str], message: str
 ) -> None:
     csv_file = write_csv(tmp_path / "labels.csv", "filename,label\n" + rows(labels))
-    dm = ImageDataModule(root=flat_root, labels_csv=csv_file, class_names=["ant", "bee", "cat"])
+    dm = ImageDataModule(LabelsCsv(csv_file, root=flat_root), class_names=["ant", "bee", "cat"])
     with pytest.raises(DataError, match=rf"labels\.csv {message}"):
         dm.setup("fit")
 
@@ -158,27 +162,27 @@ def test_not_utf8_names_the_line(flat_root: Path, tmp_path: Path) -> None:
         tmp_path / "labels.csv", "filename,label\nimg_1.png,ant\ncafé.png,b\n", encoding="latin-1"
     )
     with pytest.raises(DataError, match=r"labels\.csv line 3 is not UTF-8"):
-        ImageDataModule(root=flat_root, labels_csv=csv_file).class_names  # noqa: B018
+        ImageDataModule(LabelsCsv(csv_file, root=flat_root)).class_names  # noqa: B018
 
 
 def test_validation_class_missing_from_training(flat_root: Path, tmp_path: Path) -> None:
     train = write_csv(tmp_path / "train.csv", "filename,label\nimg_1.png,ant\nimg_2.png,bee\n")
     val = write_csv(tmp_path / "val.csv", "filename,label\nimg_3.png,ant\nimg_4.png,cat\n")
-    dm = ImageDataModule(root=flat_root, labels_csv=train, val_csv=val, num_workers=0)
+    dm = ImageDataModule(LabelsCsv(train, root=flat_root, val_csv=val), num_workers=0)
     with pytest.raises(DataError, match=r"val\.csv line 3: validation label 'cat' is not a"):
         dm.setup("fit")
 
 
 def test_missing_csv_option_is_named(flat_root: Path) -> None:
-    with pytest.raises(DataError, match=r"--data\.labels_csv .*nowhere\.csv does not exist"):
-        ImageDataModule(root=flat_root, labels_csv="nowhere.csv")
+    with pytest.raises(DataError, match=r"--data\.source\.csv .*nowhere\.csv does not exist"):
+        ImageDataModule(LabelsCsv("nowhere.csv", root=flat_root))
 
 
 def test_not_utf8_after_a_bom_names_the_line(flat_root: Path, tmp_path: Path) -> None:
     csv_file = tmp_path / "labels.csv"
     csv_file.write_bytes(b"\xef\xbb\xbffilename,label\nimg_1.png,ant\ncaf\xe9.png,bee\n")
     with pytest.raises(DataError, match=r"labels\.csv line 3 is not UTF-8"):
-        ImageDataModule(root=flat_root, labels_csv=csv_file).class_names  # noqa: B018
+        ImageDataModule(LabelsCsv(csv_file, root=flat_root)).class_names  # noqa: B018
 
 
 @pytest.mark.slow

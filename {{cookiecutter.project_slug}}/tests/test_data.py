@@ -19,12 +19,14 @@ from torch.utils.data import DataLoader
 from {{ cookiecutter.package_name }}.commands import scan
 from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
 from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.loaders import make_loader
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 
 
 def test_classes_come_from_the_folders(image_root: Path) -> None:
-    dm = ImageDataModule(root=image_root, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root), num_workers=0)
     assert dm.class_names == list(CLASSES)
     assert dm.num_classes == 3
     dm.setup("fit")
@@ -34,9 +36,9 @@ def test_classes_come_from_the_folders(image_root: Path) -> None:
 
 
 def test_split_is_stratified_and_repeatable(image_root: Path) -> None:
-    first = ImageDataModule(root=image_root, val_fraction=0.25, num_workers=0)
+    first = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
     first.setup("fit")
-    again = ImageDataModule(root=image_root, val_fraction=0.25, num_workers=0)
+    again = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
     again.setup("fit")
     assert len(first.val_dataset) == 6 and len(first.train_dataset) == 18
     assert sorted(first.val_dataset.targets.tolist()) == [0, 0, 1, 1, 2, 2]
@@ -45,7 +47,7 @@ def test_split_is_stratified_and_repeatable(image_root: Path) -> None:
 
 
 def test_train_batches_are_uint8_then_normalised(image_root: Path) -> None:
-    dm = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
     images, targets = next(iter(dm.train_dataloader()))
     assert images.dtype == torch.uint8 and images.shape == (4, 3, 16, 16)
     assert targets.dtype == torch.int64
@@ -59,7 +61,9 @@ def test_train_batches_are_uint8_then_normalised(image_root: Path) -> None:
 
 
 def test_large_jpegs_are_decoded_no_larger_than_the_transforms_need(image_root: Path) -> None:
-    dm = ImageDataModule(root=image_root, image_size=16, crop_scale=(0.6, 1.0), num_workers=0)
+    dm = ImageDataModule(
+        ClassFolders(image_root), image_size=16, crop_scale=(0.6, 1.0), num_workers=0
+    )
     dm.setup("fit")
     # the narrowest crop (60% of the area at aspect 3:4) of a 24-pixel short side is 16 wide
     assert dm.train_dataset.min_size == 24
@@ -67,7 +71,7 @@ def test_large_jpegs_are_decoded_no_larger_than_the_transforms_need(image_root: 
 
 
 def test_only_training_decodes_jpegs_approximately(image_root: Path) -> None:
-    dm = ImageDataModule(root=image_root, predict_root=image_root / "ant", num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root), predict_root=image_root / "ant", num_workers=0)
     dm.setup("fit")
     dm.setup("predict")
     for dataset, approximate in [
@@ -83,7 +87,7 @@ def test_only_training_decodes_jpegs_approximately(image_root: Path) -> None:
 
 
 def test_only_training_is_shuffled(image_root: Path) -> None:
-    dm = ImageDataModule(root=image_root, batch_size=4, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root), batch_size=4, num_workers=0)
     dm.setup("fit")
     sampler = dm.train_dataloader().sampler
     sampler.set_epoch(0)
@@ -108,7 +112,7 @@ def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root:
 
     def data(workers: int, seed: int = 0) -> ImageDataModule:
         dm = ImageDataModule(
-            root=image_root, image_size=16, batch_size=4, num_workers=workers, seed=seed
+            ClassFolders(image_root), image_size=16, batch_size=4, num_workers=workers, seed=seed
         )
         dm.setup("fit")
         dm.train_dataset.transform.hflip = True
@@ -127,9 +131,10 @@ def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root:
             crops.setdefault(int(index), []).append(in_process.train_dataset[index][0])
     assert sum(not torch.equal(*pair) for pair in crops.values()) > len(crops) // 2
     # Two processes: each draw of the epoch has a seed of its own, none shared between them.
+    dataset, batch_size = in_process.train_dataset, in_process.batch_size
+    options = dict(train=True, seed=in_process.seed)
     samplers = [
-        in_process._loader(in_process.train_dataset, train=True, shard=(r, 2)).sampler
-        for r in (0, 1)
+        make_loader(dataset, batch_size, 0, False, shard=(r, 2), **options).sampler for r in (0, 1)
     ]
     seeds = [{draw.seed for draw in sampler} for sampler in samplers]
     assert all(len(s) == len(sampler) for s, sampler in zip(seeds, samplers, strict=True))
@@ -137,7 +142,7 @@ def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root:
 
 
 def test_workers_are_persistent(image_root: Path) -> None:
-    dm = ImageDataModule(root=image_root, batch_size=4, num_workers=1)
+    dm = ImageDataModule(ClassFolders(image_root), batch_size=4, num_workers=1)
     loader = dm.train_dataloader()
     assert loader.num_workers == 1 and loader.persistent_workers
     images, _ = next(iter(loader))
@@ -146,7 +151,7 @@ def test_workers_are_persistent(image_root: Path) -> None:
 
 def test_auto_workers_leave_a_cpu_for_the_main_process(image_root: Path, monkeypatch) -> None:
     monkeypatch.setattr(cpus, "usable_cpus", lambda: 8)
-    dm = ImageDataModule(root=image_root, num_workers="auto")
+    dm = ImageDataModule(ClassFolders(image_root), num_workers="auto")
     assert dm.train_dataloader().num_workers == 7
 
 
@@ -155,7 +160,9 @@ def test_predict_root_lists_nested_images(image_root: Path, tmp_path: Path) -> N
     write_image(unlabeled / "a.png", (200, 10, 10))
     write_image(unlabeled / "deeper" / "b.jpg", (10, 200, 10))
     (unlabeled / "notes.txt").write_text("not an image")
-    dm = ImageDataModule(root=image_root, predict_root=unlabeled, image_size=16, num_workers=0)
+    dm = ImageDataModule(
+        ClassFolders(image_root), predict_root=unlabeled, image_size=16, num_workers=0
+    )
     dm.setup("predict")
     assert len(dm.predict_dataset) == 2
     images, indices = next(iter(dm.predict_dataloader()))
@@ -163,13 +170,13 @@ def test_predict_root_lists_nested_images(image_root: Path, tmp_path: Path) -> N
 
 
 def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="data.root .*does not exist"):
-        ImageDataModule(root=tmp_path / "nowhere").class_names  # noqa: B018
+    with pytest.raises(DataError, match="data.source.root .*does not exist"):
+        ImageDataModule(ClassFolders(tmp_path / "nowhere")).class_names  # noqa: B018
 
 
 def test_empty_class_folder_is_named(image_root: Path) -> None:
     (image_root / "empty").mkdir()
-    dm = ImageDataModule(root=image_root, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root), num_workers=0)
     with pytest.raises(DataError, match="empty has no images"):
         dm.setup("fit")
 
@@ -177,14 +184,14 @@ def test_empty_class_folder_is_named(image_root: Path) -> None:
 def test_root_that_is_a_file_is_named(tmp_path: Path) -> None:
     not_a_folder = tmp_path / "images.zip"
     not_a_folder.write_bytes(b"PK")
-    with pytest.raises(DataError, match=r"--data\.root .*images\.zip is not a directory"):
-        ImageDataModule(root=not_a_folder).class_names  # noqa: B018
+    with pytest.raises(DataError, match=r"--data\.source\.root .*images\.zip is not a directory"):
+        ImageDataModule(ClassFolders(not_a_folder)).class_names  # noqa: B018
 
 
 def test_root_without_class_folders_is_named(tmp_path: Path) -> None:
     write_image(tmp_path / "loose.jpg", (1, 2, 3))
     with pytest.raises(DataError, match=r"has no class folders: expected .*/<class>/<image>"):
-        ImageDataModule(root=tmp_path).class_names  # noqa: B018
+        ImageDataModule(ClassFolders(tmp_path)).class_names  # noqa: B018
 
 
 def test_class_folder_of_non_images_names_the_extensions(image_root: Path) -> None:
@@ -192,7 +199,7 @@ def test_class_folder_of_non_images_names_the_extensions(image_root: Path) -> No
     (image_root / "docs" / "README.txt").write_text("notes")
     (image_root / "docs" / "Thumbs.db").write_bytes(b"\0")
     with pytest.raises(DataError, match=r"docs has no images; accepted extensions: \.jpg"):
-        ImageDataModule(root=image_root, num_workers=0).setup("fit")
+        ImageDataModule(ClassFolders(image_root), num_workers=0).setup("fit")
 
 
 def test_stray_files_and_nested_folders(image_root: Path) -> None:
@@ -201,7 +208,7 @@ def test_stray_files_and_nested_folders(image_root: Path) -> None:
     write_image(image_root / "ant" / "deeper" / "ant_nested.PNG", (255, 30, 30))
     (image_root / "__MACOSX" / "ant").mkdir(parents=True)  # left by unzipping a macOS archive
     (image_root / "__MACOSX" / "ant" / "._ant_0.jpg").write_bytes(b"\0")
-    dm = ImageDataModule(root=image_root, val_fraction=0, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root, val_fraction=0), num_workers=0)
     dm.setup("validate")
     names = {os.fsdecode(p) for p in dm.train_dataset.paths}
     assert len(names) == 25 and os.path.join("ant", "deeper", "ant_nested.PNG") in names
@@ -210,17 +217,17 @@ def test_stray_files_and_nested_folders(image_root: Path) -> None:
 def test_explicit_validation_folder(image_root: Path, tmp_path: Path) -> None:
     val_root = tmp_path / "val"
     write_image(val_root / "bee" / "b.jpg", (30, 255, 30))
-    dm = ImageDataModule(root=image_root, val_root=val_root, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root, val_root=val_root), num_workers=0)
     dm.setup("fit")
     assert len(dm.train_dataset) == 24 and dm.val_dataset.targets.tolist() == [1]
     write_image(val_root / "wasp" / "w.jpg", (9, 9, 9))
-    other = ImageDataModule(root=image_root, val_root=val_root, num_workers=0)
+    other = ImageDataModule(ClassFolders(image_root, val_root=val_root), num_workers=0)
     with pytest.raises(DataError, match=r"class folder .*wasp is not one of the training classes"):
         other.setup("fit")
 
 
 def test_split_is_written_beside_the_logs(image_root: Path, tmp_path: Path) -> None:
-    dm = ImageDataModule(root=image_root, val_fraction=0.25, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
     dm.trainer = L.Trainer(logger=CSVLogger(tmp_path, name="logs"), accelerator="cpu")
     dm.setup("fit")
     written = (Path(dm.trainer.log_dir) / "val_files.csv").read_text().splitlines()
@@ -241,7 +248,7 @@ def skewed_root(root: Path, common: int, rare: int) -> Path:
 def test_balanced_sampler_draws_classes_equally(tmp_path: Path) -> None:
     root = skewed_root(tmp_path / "skewed", common=40, rare=4)
     dm = ImageDataModule(
-        root=root, val_fraction=0, balance_classes=True, batch_size=8, num_workers=0
+        ClassFolders(root, val_fraction=0, balance_classes=True), batch_size=8, num_workers=0
     )
     sampler = dm.train_dataloader().sampler
     epochs = []
@@ -259,7 +266,8 @@ def test_balanced_draws_depend_on_seed_and_epoch_only(tmp_path: Path) -> None:
     root = skewed_root(tmp_path / "skewed", common=40, rare=4)
 
     def sampler(seed: int = 0):
-        data = ImageDataModule(root=root, val_fraction=0, balance_classes=True, seed=seed)
+        source = ClassFolders(root, val_fraction=0, balance_classes=True)
+        data = ImageDataModule(source, seed=seed)
         return data.train_dataloader().sampler
 
     running = sampler()
@@ -280,6 +288,7 @@ DDP_SCRIPT = """
 import json, sys
 import lightning as L, torch
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 
 class Counter(L.LightningModule):
     def __init__(self):
@@ -303,8 +312,8 @@ class Counter(L.LightningModule):
             json.dump({"seen": self.seen, "sampler": sampler}, file)
 
 if __name__ == "__main__":
-    data = ImageDataModule(root=sys.argv[1], image_size=8, batch_size=8, num_workers=0,
-                           val_fraction=0, balance_classes=True)
+    source = ClassFolders(sys.argv[1], val_fraction=0, balance_classes=True)
+    data = ImageDataModule(source, image_size=8, batch_size=8, num_workers=0)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0)
@@ -341,7 +350,7 @@ def test_balanced_sampler_under_two_process_ddp(tmp_path: Path) -> None:
 
 def test_corrupt_image_is_named_not_hidden(image_root: Path) -> None:
     write_corrupt(image_root / "bee" / "broken.jpg")
-    dm = ImageDataModule(root=image_root, val_fraction=0, batch_size=32, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root, val_fraction=0), batch_size=32, num_workers=0)
     with pytest.raises(DataError, match=r"cannot read image .*broken\.jpg"):
         next(iter(dm.train_dataloader()))
 
@@ -349,7 +358,8 @@ def test_corrupt_image_is_named_not_hidden(image_root: Path) -> None:
 def test_skip_bad_images_leaves_them_out_and_says_so(image_root: Path) -> None:
     write_corrupt(image_root / "bee" / "broken.jpg")
     (image_root / "cat" / "empty.png").write_bytes(b"")
-    dm = ImageDataModule(root=image_root, skip_bad_images=True, batch_size=32, num_workers=0)
+    source = ClassFolders(image_root, skip_bad_images=True)
+    dm = ImageDataModule(source, batch_size=32, num_workers=0)
     skipped = r"skipped 2 of 26 images that cannot be read:\n.*broken\.jpg.*\n.*empty\.png"
     with pytest.warns(UserWarning, match=skipped):
         dm.setup("fit")
@@ -374,15 +384,17 @@ def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
             "-m",
             "{{ cookiecutter.package_name }}",
             "fit",
-            "--data.root",
-            str(root),
-            "--data.labels_csv",
+            "--data.source",
+            "LabelsCsv",
+            "--data.source.csv",
             "labels.csv",
-            "--data.filename_column",
+            "--data.source.root",
+            str(root),
+            "--data.source.filename_column",
             "file",
-            "--data.label_column",
+            "--data.source.label_column",
             "class",
-            "--data.val_fraction",
+            "--data.source.val_fraction",
             "0.01",
             "--data.num_workers",
             "1",
@@ -407,7 +419,7 @@ def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
 def test_scan_lists_every_unreadable_file(image_root: Path, capsys) -> None:
     write_corrupt(image_root / "bee" / "broken.jpg")
     (image_root / "cat" / "empty.png").write_bytes(b"")
-    status = scan.main(["--data.root", str(image_root), "--data.num_workers", "2"])
+    status = scan.main(["--data.source.root", str(image_root), "--data.num_workers", "2"])
     out, err = capsys.readouterr()
     assert status == 1
     listed = sorted(out.splitlines())
@@ -424,7 +436,7 @@ def test_scan_reads_large_jpegs_as_training_does_and_still_finds_damage(
     write_image(image_root / "bee" / "large.jpg", (10, 200, 10), size=(200, 150))
     broken = write_image(image_root / "cat" / "large_broken.jpg", (10, 200, 10), size=(200, 150))
     broken.write_bytes(broken.read_bytes()[:-400])
-    status = scan.main(["--data.root", str(image_root), "--data.image_size", "16"])
+    status = scan.main(["--data.source.root", str(image_root), "--data.image_size", "16"])
     out, err = capsys.readouterr()
     assert status == 1
     [listed] = out.splitlines()
@@ -432,12 +444,19 @@ def test_scan_reads_large_jpegs_as_training_does_and_still_finds_damage(
     assert "scanned 26 images: 1 unreadable" in err
 
 
+@pytest.mark.parametrize(
+    "class_path",
+    ["", "    class_path: ClassFolders\n"],
+    ids=["the default source", "ClassFolders named"],
+)
 def test_scan_takes_the_data_section_of_a_training_config(
-    image_root: Path, tmp_path: Path, capsys
+    image_root: Path, tmp_path: Path, capsys, class_path: str
 ) -> None:
+    """Class folders in a config as `fit` takes them: with or without their class_path."""
     config = tmp_path / "config.yaml"
-    config.write_text(f"trainer:\n  max_epochs: 3\ndata:\n  root: {image_root}\n  num_workers: 0\n")
-    assert scan.main(["--config", str(config), "--data.val_fraction", "0.5"]) == 0
+    source = f"  source:\n{class_path}    init_args:\n      root: {image_root}\n"
+    config.write_text(f"trainer:\n  max_epochs: 3\ndata:\n{source}  num_workers: 0\n")
+    assert scan.main(["--config", str(config), "--data.source.val_fraction", "0.5"]) == 0
     assert "scanned 24 images: 0 unreadable" in capsys.readouterr().err
 
 
@@ -451,7 +470,8 @@ def _crops(dataset, start_method: str | None = None) -> torch.Tensor:
 def one_image_four_times(tmp_path: Path):
     """A training set of one image four times over: only the random crop tells items apart."""
     write_image(tmp_path / "same" / "only" / "0.png", (128, 128, 128), size=(64, 64))
-    dm = ImageDataModule(root=tmp_path / "same", image_size=16, val_fraction=0, num_workers=0)
+    source = ClassFolders(tmp_path / "same", val_fraction=0)
+    dm = ImageDataModule(source, image_size=16, num_workers=0)
     dm.setup("validate")
     dataset = dm.train_dataset
     dataset.paths = np.repeat(dataset.paths, 4)
@@ -474,7 +494,7 @@ def test_spawn_workers(one_image_four_times) -> None:
 
 
 def test_class_folders_outside_given_class_names_are_reported(image_root: Path) -> None:
-    dm = ImageDataModule(root=image_root, class_names=["ant", "cat"], num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root), class_names=["ant", "cat"], num_workers=0)
     with pytest.warns(UserWarning, match=r"leaves out 1 class folders of .*not used: bee"):
         dm.setup("fit")
     assert set(dm.train_dataset.targets.tolist()) == {0, 1}
@@ -486,7 +506,7 @@ def test_the_training_order_depends_on_seed_and_epoch_only(image_root: Path) -> 
     def order(epoch: int, seed: int = 0, draws_before: int = 0) -> list[int]:
         torch.manual_seed(draws_before)  # the global random state differs between the runs
         torch.rand(draws_before)
-        sampler = ImageDataModule(root=image_root, seed=seed).train_dataloader().sampler
+        sampler = ImageDataModule(ClassFolders(image_root), seed=seed).train_dataloader().sampler
         sampler.set_epoch(epoch)
         return list(sampler)
 
@@ -503,7 +523,7 @@ class EpochOrders(L.Callback):
 
 
 def test_a_trainer_in_one_process_draws_a_new_order_every_epoch(image_root: Path) -> None:
-    data = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
+    data = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
     recorder = EpochOrders()
     trainer = quiet_trainer(max_epochs=3, limit_val_batches=0, callbacks=[recorder])
     trainer.fit(ImageClassifier(data.class_names, image_size=16), data)

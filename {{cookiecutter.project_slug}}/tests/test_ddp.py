@@ -55,7 +55,7 @@ def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
 def test_two_process_ddp_trains_on_disjoint_shards(image_root: Path, tmp_path: Path) -> None:
     data = [
         *tiny_run_options(image_root, batch_size=3),
-        "--data.val_fraction",
+        "--data.source.val_fraction",
         "0.25",
     ]
     shards = tmp_path / "shards"
@@ -109,7 +109,8 @@ def test_evaluation_counts_every_image_once_under_ddp(
     for processes in (1, 2, 3):
         run_dir = tmp_path / f"validate{processes}"
         run_dir.mkdir()
-        run_cli("validate", *common, "--data.val_root", str(held_out), *ddp(processes), cwd=run_dir)
+        validate = ["--data.source.val_root", str(held_out), *ddp(processes)]
+        run_cli("validate", *common, *validate, cwd=run_dir)
         scores[processes] = logged(run_dir, "val_acc", "val_loss")
     for processes in (2, 3):
         assert scores[processes]["val_acc"] == pytest.approx(scores[1]["val_acc"], abs=1e-6)
@@ -118,7 +119,7 @@ def test_evaluation_counts_every_image_once_under_ddp(
 
     test_dir = tmp_path / "test3"
     test_dir.mkdir()
-    run_cli("test", *common, "--data.test_root", str(held_out), *ddp(3), cwd=test_dir)
+    run_cli("test", *common, "--data.source.test_root", str(held_out), *ddp(3), cwd=test_dir)
     tested = logged(test_dir, "test_acc", "test_loss")
     assert tested["test_acc"] == pytest.approx(scores[1]["val_acc"], abs=1e-6)
     assert tested["test_loss"] == pytest.approx(scores[1]["val_loss"], rel=1e-5)
@@ -151,7 +152,7 @@ def test_one_rank_failing_ends_the_job_with_its_error(image_root: Path, tmp_path
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-        + [*tiny_run_options(image_root), "--data.val_fraction", "0", *ddp(2)]
+        + [*tiny_run_options(image_root), "--data.source.val_fraction", "0", *ddp(2)]
         + ["--trainer.max_epochs", "3", "--trainer.enable_progress_bar", "false"],
         cwd=tmp_path,
         capture_output=True,
@@ -170,8 +171,9 @@ import json, sys, time
 from datetime import timedelta
 import lightning as L, torch
 from lightning.pytorch.strategies import DDPStrategy
-from {{ cookiecutter.package_name }}.data import cache, scan, sources
+from {{ cookiecutter.package_name }}.data import cache, labelled, scan
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 
 calls = {"split": 0, "scan": 0, "cache key": 0}
 
@@ -181,7 +183,7 @@ def counted(name, function):
         return function(*args, **kwargs)
     return call
 
-sources.SeededSplit.split = counted("split", sources.SeededSplit.split)
+labelled.SeededSplit.split = counted("split", labelled.SeededSplit.split)
 scan.find_unreadable = counted("scan", scan.find_unreadable)
 slow = len(sys.argv) > 3  # a scan that outlasts the collective timeout: sys.argv[3] seconds
 if slow:
@@ -212,8 +214,9 @@ class Recorder(L.LightningModule):
             json.dump({"calls": calls, **seen, "cache": str(data.train_dataset.cache.folder)}, file)
 
 if __name__ == "__main__":
-    data = ImageDataModule(root=sys.argv[1], image_size=8, batch_size=4, num_workers=0,
-                           skip_bad_images=True, cache="memmap", cache_dir=f"{sys.argv[2]}/cache")
+    source = ClassFolders(root=sys.argv[1], skip_bad_images=True, cache="memmap")
+    data = ImageDataModule(source, image_size=8, batch_size=4, num_workers=0,
+                           cache_dir=f"{sys.argv[2]}/cache")
     strategy = DDPStrategy(timeout=timeout) if slow else "ddp"
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -293,7 +296,7 @@ def test_periodic_checkpoints_under_ddp(image_root: Path, tmp_path: Path) -> Non
     run_cli(
         "fit",
         *tiny_run_options(image_root, batch_size=1),
-        "--data.val_fraction",
+        "--data.source.val_fraction",
         "0.25",
         "--last_checkpoint.every_minutes",
         "1e-9",

@@ -44,7 +44,7 @@ def validation_batch(trained_checkpoint: Path) -> torch.Tensor:
 def checkpoint_logits(ckpt: Path, images: torch.Tensor) -> torch.Tensor:
     """The checkpoint's model in eval mode on a uint8 batch, normalised as validation does."""
     model = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
-    data = ImageDataModule(root=None, image_size=16, mean=model.hparams.mean, std=model.hparams.std)
+    data = ImageDataModule(None, image_size=16, mean=model.hparams.mean, std=model.hparams.std)
     with torch.no_grad():
         return model(data.on_after_batch_transfer((images, None), 0)[0])
 

@@ -126,8 +126,10 @@ needs_litdata = pytest.mark.skipif(find_spec("litdata") is None, reason="the str
 
 @needs_litdata
 def test_shards_train_on_the_gpu(image_root: Path, tmp_path: Path) -> None:
-    cli("shard", "--data.root", str(image_root), "--output", str(tmp_path / "shards"), cwd=tmp_path)
-    data = ["--data.stream", str(tmp_path / "shards"), "--data.image_size", "16"]
-    seen = fit_on_gpu([*data, "--data.batch_size", "4", "--data.num_workers", "2"], tmp_path)
+    shards = tmp_path / "shards"
+    cli("shard", "--data.source.root", str(image_root), "--output", str(shards), cwd=tmp_path)
+    data = ["--data.source", "Shards", "--data.source.path", str(shards)]
+    data += ["--data.image_size", "16", "--data.batch_size", "4", "--data.num_workers", "2"]
+    seen = fit_on_gpu(data, tmp_path)
     assert seen["loader"] == "StreamingDataLoader" and seen["pin_memory"]
     assert seen["device"] == "cuda" and seen["dtype"] == "torch.float32"

@@ -1,6 +1,6 @@
 """A class-folder dataset salted with damaged files of every format, through the real CLI:
-`scan` lists them, `fit --data.skip_bad_images true` trains without them, plain `fit` stops with
-one line naming one."""
+`scan` lists them, `fit --data.source.skip_bad_images true` trains without them, plain `fit`
+stops with one line naming one."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_a_salted_dataset_is_scanned_skipped_or_refused(tmp_path: Path) -> None:
     root = tmp_path / "images"
     damaged = salt(root)
-    data = ["--data.root", str(root), "--data.image_size", "16", "--data.num_workers", "2"]
+    data = ["--data.source.root", str(root), "--data.image_size", "16"]
+    data += ["--data.num_workers", "2"]
 
     scan = cli("scan", *data, cwd=tmp_path)
     assert scan.returncode == 1 and "Traceback" not in scan.stderr, scan.stderr[-3000:]
@@ -68,10 +69,11 @@ def test_a_salted_dataset_is_scanned_skipped_or_refused(tmp_path: Path) -> None:
     assert f"scanned {total} images: {len(listed)} unreadable" in scan.stderr
 
     options = [*data, "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
-    skipped = cli("fit", *options, "--data.skip_bad_images", "true", cwd=tmp_path / "skip")
+    skip = ["--data.source.skip_bad_images", "true"]
+    skipped = cli("fit", *options, *skip, cwd=tmp_path / "skip")
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     assert f"skipped {len(listed)} of" in skipped.stderr
 
-    refused = cli("fit", *options, "--data.val_fraction", "0", cwd=tmp_path / "plain")
+    refused = cli("fit", *options, "--data.source.val_fraction", "0", cwd=tmp_path / "plain")
     error = one_error(refused.returncode, refused.stderr)
     assert any(str(path) in error for path in named), error

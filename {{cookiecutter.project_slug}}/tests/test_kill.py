@@ -37,8 +37,8 @@ def test_killed_at_random_moments_a_run_always_resumes(tmp_path: Path) -> None:
         for i in range(40):
             write_image(root / name / f"{name}_{i}.jpg", colour, size=(48, 36))
     options = [
-        *("--data.root", str(root), "--data.image_size", "32", "--data.batch_size", "8"),
-        *("--data.num_workers", "1", "--data.cache", "memmap", "--data.cache_dir", "cache"),
+        *("--data.source.root", str(root), "--data.image_size", "32", "--data.batch_size", "8"),
+        *("--data.num_workers", "1", "--data.source.cache", "memmap", "--data.cache_dir", "cache"),
         *("--trainer.max_epochs", str(MAX_EPOCHS), "--trainer.enable_progress_bar", "false"),
         *CSV_LOGGER,
     ]

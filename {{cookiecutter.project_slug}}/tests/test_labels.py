@@ -11,6 +11,7 @@ import pytest
 from conftest import one_error, tiny_run_options, write_image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
@@ -30,8 +31,12 @@ def write_labels(path: Path, labels: list[str], first: int = 0) -> Path:
     return path
 
 
-def module(root: Path, csv_file: Path, **options) -> ImageDataModule:
-    return ImageDataModule(root=root, labels_csv=csv_file, num_workers=0, **options)
+def module(
+    root: Path, csv_file: Path, class_names: list[str] | None = None, **options
+) -> ImageDataModule:
+    """The labels CSV as source, with its `options`; `class_names` is the DataModule's."""
+    source = LabelsCsv(csv_file, root=root, **options)
+    return ImageDataModule(source, num_workers=0, class_names=class_names)
 
 
 def targets_by_file(dm: ImageDataModule) -> dict[str, int]:
@@ -102,7 +107,9 @@ def test_label_kind_index_refuses_what_is_not_an_index(
 
 def test_unknown_label_kind_is_refused(flat_root: Path, tmp_path: Path) -> None:
     dm = module(flat_root, write_labels(tmp_path / "labels.csv", ["a", "b"]), label_kind="ids")
-    with pytest.raises(DataError, match=r"--data\.label_kind must be one of auto, index, name"):
+    with pytest.raises(
+        DataError, match=r"--data\.source\.label_kind must be one of auto, index, name"
+    ):
         dm.class_names  # noqa: B018
 
 
@@ -149,10 +156,12 @@ def test_cli_validation_label_outside_training_is_one_error_line(
             "-m",
             "{{ cookiecutter.package_name }}",
             "fit",
-            *tiny_run_options(flat_root),
-            "--data.labels_csv",
+            "--data.source",
+            "LabelsCsv",
+            "--data.source.csv",
             str(train_csv),
-            "--data.val_csv",
+            *tiny_run_options(flat_root),
+            "--data.source.val_csv",
             str(val_csv),
             "--trainer.fast_dev_run",
             "true",

@@ -96,7 +96,7 @@ def fit(
         "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]),
     }
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-    data = ["--data.root", str(root), "--data.image_size", "16", "--data.batch_size", "2"]
+    data = ["--data.source.root", str(root), "--data.image_size", "16", "--data.batch_size", "2"]
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     args = [*command, *data, *quiet, *CSV_LOGGER, "--trainer.max_epochs", "3", *callbacks]
     return run_group([*args, *options], cwd=cwd, env=env)
@@ -227,7 +227,7 @@ def interrupted_and_resumed(
     [
         ["--data.num_workers", "0"],
         ["--data.num_workers", "2"],
-        ["--data.num_workers", "2", "--data.balance_classes", "true"],
+        ["--data.num_workers", "2", "--data.source.balance_classes", "true"],
     ],
     ids=["in-process", "workers", "balanced"],
 )

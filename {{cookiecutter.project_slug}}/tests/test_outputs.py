@@ -239,9 +239,9 @@ def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(tmp_path
 @pytest.mark.slow
 def test_bench_refuses_a_users_json_and_one_among_the_images(images: Path, tmp_path: Path) -> None:
     mine = users_file(tmp_path / "results.json")
-    bench = ("bench", "--data.root", images, "--data.image_size", "16", "--workers", "[0]")
+    bench = ("bench", "--data.source.root", images, "--data.image_size", "16", "--workers", "[0]")
     refused(run_cli(*bench, "--json", mine, cwd=tmp_path), mine, "--overwrite true")
     inside = images / "results.json"
     result = run_cli(*bench, "--json", inside, "--overwrite", "true", cwd=tmp_path)
-    refused(result, inside, "lies inside --data.root")
+    refused(result, inside, "lies inside --data.source.root")
     assert mine.read_bytes() == USERS and not inside.exists()

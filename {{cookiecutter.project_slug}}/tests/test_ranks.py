@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
-from {{ cookiecutter.package_name }}.data.stream_extra import require_shards
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Shards, require_shards
 from {{ cookiecutter.package_name }}.errors import DataError
 
 needs_litdata = pytest.mark.skipif(
@@ -77,7 +77,7 @@ def test_datamodule_loaders_use_the_trainers_world_size(image_root: Path) -> Non
     """A Trainer for 8 CPU processes (not launched): rank 0's loaders as it would build them."""
     trainer = L.Trainer(accelerator="cpu", devices=8, strategy="ddp", logger=False)
     assert trainer.world_size == 8 and trainer.global_rank == 0
-    dm = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
+    dm = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
     dm.trainer = trainer
     dm.setup("fit")
     assert len(dm.train_dataset) == 18 and len(dm.val_dataset) == 6
@@ -90,12 +90,12 @@ def test_datamodule_loaders_use_the_trainers_world_size(image_root: Path) -> Non
 @needs_litdata
 def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Path) -> None:
     """LitData deals whole batches to each process: a batch is at most a process's share."""
-    folders = ImageDataModule(root=image_root, image_size=16, num_workers=0)
+    folders = ImageDataModule(ClassFolders(image_root), image_size=16, num_workers=0)
     folders.setup("fit")
     shards = require_shards()
     datasets = {"train": folders.train_dataset, "val": folders.val_dataset}
     shards.write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1, False)
-    streamed = ImageDataModule(stream=str(tmp_path / "shards"), image_size=16, num_workers=0)
+    streamed = ImageDataModule(Shards(str(tmp_path / "shards")), image_size=16, num_workers=0)
     streamed.setup("fit")
     train, val = streamed.train_dataset, streamed.val_dataset
     assert (len(train), len(val)) == (18, 6)

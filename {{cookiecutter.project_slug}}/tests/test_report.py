@@ -19,6 +19,7 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.model.reports import precision_recall
 
@@ -50,7 +51,7 @@ def fit(folder: Path, *extra: str) -> Path:
     result = run_cli(
         "fit",
         *tiny_run_options(train),
-        "--data.val_root",
+        "--data.source.val_root",
         str(val),
         "--model.lr",
         "0.01",
@@ -87,8 +88,7 @@ def recomputed(run_dir: Path) -> tuple[np.ndarray, list[str], np.ndarray, np.nda
     ).eval()
     folder = run_dir.parent.parent
     data = ImageDataModule(
-        root=str(folder / "train"),
-        val_root=str(folder / "val"),
+        ClassFolders(str(folder / "train"), val_root=str(folder / "val")),
         image_size=16,
         batch_size=4,
         num_workers=0,

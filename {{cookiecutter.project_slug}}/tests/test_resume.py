@@ -18,6 +18,7 @@ from conftest import CLASSES, CSV_LOGGER, default_ctrl_c, quiet_trainer, tiny_ru
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
 
@@ -192,7 +193,7 @@ class SavedStep(L.Callback):
 def test_last_checkpoint_is_written_during_epochs_as_time_passes(
     image_root: Path, tmp_path: Path, minutes: float, expected: list
 ) -> None:
-    data = ImageDataModule(root=image_root, image_size=16, batch_size=4, num_workers=0)
+    data = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
     model = ImageClassifier(list(CLASSES), image_size=16)
     recorder = SavedStep(tmp_path / "last.ckpt")
     callbacks = [LastCheckpoint(every_minutes=minutes), recorder]

@@ -108,7 +108,7 @@ def test_a_resume_on_data_moved_elsewhere_applies_the_new_place_and_says_so(
         + ["--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2"]
     )
     out = capsys.readouterr().out
-    assert f"resuming run a with --data.root {moved} (the run's: {image_root})" in out
+    assert f"resuming run a with --data.source.root {moved} (the run's: {image_root})" in out
     assert progress(last_of("a")) == (1, 8)
 
 

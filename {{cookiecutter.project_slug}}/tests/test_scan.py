@@ -100,7 +100,7 @@ def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_pa
     options[options.index("--data.num_workers") + 1] = "1"
     fit = subprocess.Popen(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options]
-        + ["--data.val_root", str(val_root), "--trainer.max_epochs", "1", *CSV_LOGGER]
+        + ["--data.source.val_root", str(val_root), "--trainer.max_epochs", "1", *CSV_LOGGER]
         + ["--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false"]
         # A step logged and written at once: the test waits for one before the crash.
         + ["--trainer.log_every_n_steps", "1", "--trainer.logger.flush_logs_every_n_steps", "1"],

@@ -16,7 +16,9 @@ from test_mid_epoch import colour_root as colour_root  # the fixture, shared
 from test_shards import PACKAGE, needs_litdata, shard
 from test_shards import s3 as s3  # the fixture, shared
 
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.shard_output import refuse_overlap
+from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
@@ -53,11 +55,11 @@ def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
 ) -> None:
     before = files(train_and_val)
     assert len(before) == 24
-    data = ["--data.root", "D/train", "--data.val_root", "D/val"]
+    data = ["--data.source.root", "D/train", "--data.source.val_root", "D/val"]
     for output, overwrite, said in (
-        ("D", [], "--output D contains --data.root D/train"),
-        ("D/train", ["--overwrite", "true"], "--output D/train is --data.root D/train"),
-        ("D/val/shards", ["--overwrite", "true"], "lies inside --data.val_root D/val"),
+        ("D", [], "--output D contains --data.source.root D/train"),
+        ("D/train", ["--overwrite", "true"], "--output D/train is --data.source.root D/train"),
+        ("D/val/shards", ["--overwrite", "true"], "lies inside --data.source.val_root D/val"),
     ):
         run = run_shard(tmp_path, *data, "--output", output, *overwrite)
         error = one_error(run.returncode, run.stderr)
@@ -66,24 +68,39 @@ def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
 
 
 def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> None:
-    inputs = {
-        "labels_csv": "D/labels.csv",
-        "val_csv": "D/val.csv",
-        "test_csv": "T/test.csv",
-        "test_root": "T/images",
-        "predict_root": "U",
+    for name in ("D/labels.csv", "D/val.csv", "T/test.csv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("filename,label\n")
+    source = LabelsCsv(
+        tmp_path / "D/labels.csv",
+        val_csv=tmp_path / "D/val.csv",
+        test_root=tmp_path / "T/images",
+        test_csv=tmp_path / "T/test.csv",
+    )
+    data = ImageDataModule(source, predict_root=tmp_path / "U")
+    inputs = dict(data.inputs())  # what `shard` checks its output against
+    assert {option: inputs[option] for option in inputs if inputs[option] is not None} == {
+        "--data.source.csv": tmp_path / "D/labels.csv",
+        "--data.source.root": tmp_path / "D",  # the CSV's folder
+        "--data.source.val_csv": tmp_path / "D/val.csv",
+        "--data.source.test_root": tmp_path / "T/images",
+        "--data.source.test_csv": tmp_path / "T/test.csv",
+        "--data.predict_root": tmp_path / "U",
     }
     for option, path in inputs.items():
-        data = {option: str(tmp_path / path)}
-        with pytest.raises(DataError, match=f"is --data.{option} "):
-            refuse_overlap(str(tmp_path / path), data)
-        with pytest.raises(DataError, match=f"contains --data.{option} "):
-            refuse_overlap(str(tmp_path), data)
-        with pytest.raises(DataError, match=f"lies inside --data.{option} "):
-            refuse_overlap(str(tmp_path / path / "shards"), data)
+        if path is None:
+            continue
+        one = [(option, path)]
+        with pytest.raises(DataError, match=f"is {option} "):
+            refuse_overlap(str(path), one)
+        with pytest.raises(DataError, match=f"contains {option} "):
+            refuse_overlap(str(tmp_path), one)
+        with pytest.raises(DataError, match=f"lies inside {option} "):
+            refuse_overlap(str(path / "shards"), one)
     # beside the data, a name that merely starts the same, or object storage: all fine
-    refuse_overlap(str(tmp_path / "D2"), {"root": str(tmp_path / "D"), "predict_root": None})
-    refuse_overlap("s3://bucket/D", {"root": str(tmp_path / "D")})
+    beside = [("--data.source.root", tmp_path / "D"), ("--data.predict_root", None)]
+    refuse_overlap(str(tmp_path / "D2"), beside)
+    refuse_overlap("s3://bucket/D", [("--data.source.root", tmp_path / "D")])
 
 
 @pytest.mark.slow
@@ -131,10 +148,11 @@ def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     image = train_and_val / "val" / "bee" / "1.png"
     good = image.read_bytes()
     image.write_bytes(good[: len(good) // 3])
-    data = ["--data.root", "D/train", "--data.val_root", "D/val", "--resize", "8"]
+    data = ["--data.source.root", "D/train", "--data.source.val_root", "D/val", "--resize", "8"]
     failed = run_shard(tmp_path, *data, "--output", "out")
     error = one_error(failed.returncode, failed.stderr)
-    assert "cannot read image D/val/bee/1.png" in error and "skip_bad_images" in error, error
+    assert "cannot read image D/val/bee/1.png" in error, error
+    assert "--data.source.skip_bad_images true" in error, error
     left = files(tmp_path / "out")
     assert "train/index.json" in left and "dataset.json" not in left
     assert json.loads(left["shard-manifest.json"])["files"] is None  # claimed, never finished

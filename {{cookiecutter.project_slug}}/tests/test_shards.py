@@ -1,5 +1,5 @@
-"""Shards: `shard` writes a dataset with LitData, `fit --data.stream` trains from it, from a local
-folder and from a real S3 API server (moto's) on 127.0.0.1, over HTTPS with a throwaway CA."""
+"""Shards: `shard` writes a dataset with LitData, `fit --data.source Shards` trains from it, from a
+local folder and from a real S3 API server (moto's) on 127.0.0.1, over HTTPS with a throwaway CA."""
 
 from __future__ import annotations
 
@@ -26,8 +26,13 @@ needs_litdata = pytest.mark.skipif(
 )
 
 
+def from_shards(path: Path | str) -> list[str]:
+    """The options that read `path` (a folder or s3://) as the data source."""
+    return ["--data.source", "Shards", "--data.source.path", str(path)]
+
+
 def shard(root: Path, output: str, *options: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", PACKAGE, "shard", "--data.root", str(root)]
+    command = [sys.executable, "-m", PACKAGE, "shard", "--data.source.root", str(root)]
     return subprocess.run(
         [*command, "--output", output, "--data.num_workers", "2", *options],
         cwd=cwd,
@@ -64,7 +69,7 @@ def test_incomplete_shards_are_refused_and_rewritten(colour_root: Path, tmp_path
     out = tmp_path / "shards"
     assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
     (out / "dataset.json").unlink()  # as a run killed before its end leaves them
-    refused = fit(colour_root, tmp_path, tmp_path, "--data.stream", str(out))
+    refused = fit(colour_root, tmp_path, tmp_path, *from_shards(out))
     error = one_error(refused.returncode, refused.stderr)
     assert "no complete shards" in error and str(out) in error
     done = shard(colour_root, str(out), cwd=tmp_path)
@@ -81,7 +86,7 @@ def test_a_run_from_local_shards_resumes_mid_epoch_exactly(
     crops and the same final weights."""
     out = tmp_path / "shards"
     assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
-    options = ["--data.stream", str(out), "--data.num_workers", "2"]
+    options = [*from_shards(out), "--data.num_workers", "2"]
     interrupted_and_resumed(colour_root, tmp_path, options, ranks=1)
 
 
@@ -90,8 +95,8 @@ def test_a_run_from_local_shards_resumes_mid_epoch_exactly(
 def test_bench_times_the_shards_beside_the_folder(colour_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "shards"
     assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
-    command = [sys.executable, "-m", PACKAGE, "bench", "--data.root", str(colour_root)]
-    options = ["--data.stream", str(out), "--data.image_size", "16", "--data.batch_size", "4"]
+    command = [sys.executable, "-m", PACKAGE, "bench", "--data.source.root", str(colour_root)]
+    options = ["--shards", str(out), "--data.image_size", "16", "--data.batch_size", "4"]
     timed = subprocess.run(
         [*command, *options, "--workers", "[1]", "--epochs", "1", "--json", "bench.json"],
         cwd=tmp_path,
@@ -234,7 +239,7 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
     assert {"colours/dataset.json", "colours/train/index.json"} <= stored
 
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    options = [*ddp, "--data.stream", "s3://shards/colours", "--data.num_workers", "1"]
+    options = [*ddp, *from_shards("s3://shards/colours"), "--data.num_workers", "1"]
     interrupted_and_resumed(colour_root, tmp_path, options, ranks=2)
 
     parts = tmp_path / "parts"
@@ -251,7 +256,7 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
     assert "val_acc" in scored.stdout
     predicted = subprocess.run(
         [sys.executable, "-m", PACKAGE, "predict", "--run", "version_0", "--ckpt_path", "last"]
-        + ["--data.stream", "s3://shards/colours", "--predictions.output", "s3.csv"],
+        + [*from_shards("s3://shards/colours"), "--predictions.output", "s3.csv"],
         cwd=parts,
         capture_output=True,
         text=True,
@@ -267,8 +272,8 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
 def test_without_litdata_the_stream_options_name_the_extra(tmp_path: Path) -> None:
     (tmp_path / "images").mkdir()
     for command in (
-        ["fit", "--data.stream", "shards"],
-        ["shard", "--data.root", "images", "--output", "shards"],
+        ["fit", *from_shards("shards")],
+        ["shard", "--data.source.root", "images", "--output", "shards"],
     ):
         run = subprocess.run(
             [sys.executable, "-m", PACKAGE, *command],

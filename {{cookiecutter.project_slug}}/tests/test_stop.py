@@ -72,14 +72,15 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
     if source == "shards":
         shards = tmp_path / "shards"
         made = subprocess.run(
-            [*command, "shard", "--data.root", str(image_root), "--output", str(shards)],
+            [*command, "shard", "--data.source.root", str(image_root), "--output", str(shards)],
             cwd=tmp_path,
             capture_output=True,
             text=True,
             timeout=300,
         )
         assert made.returncode == 0, made.stderr[-3000:]
-        data = ["--data.stream", str(shards), "--data.image_size", "16", "--data.batch_size", "4"]
+        data = ["--data.source", "Shards", "--data.source.path", str(shards)]
+        data += ["--data.image_size", "16", "--data.batch_size", "4"]
     command.append("fit")
     options = data + ["--data.num_workers", "1", *CSV_LOGGER]
     options += ["--trainer.max_epochs", "6", "--trainer.enable_progress_bar", "false"]

@@ -1,5 +1,6 @@
-"""Evaluation from shards: `validate`, `test` and `predict --data.stream` give what the folders
-give, in one process and in two (DDP) with every image counted once; how `shard` stores them."""
+"""Evaluation from shards: `validate`, `test` and `predict --data.source Shards` give what the
+folders give, in one process and in two (DDP) with every image counted once; how `shard` stores
+them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import CLASSES, one_error, write_image
 from test_mid_epoch import colour_root as colour_root  # the fixture, shared
-from test_shards import PACKAGE, needs_litdata, shard
+from test_shards import PACKAGE, from_shards, needs_litdata, shard
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
@@ -75,10 +76,10 @@ def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
     also where the images are fewer than the processes' batches (7 to predict, batches of 4)."""
     test_root, predict_root = eval_sets
     out = tmp_path / "shards"
-    sets = ["--data.test_root", str(test_root), "--data.predict_root", str(predict_root)]
+    sets = ["--data.source.test_root", str(test_root), "--data.predict_root", str(predict_root)]
     done = shard(colour_root, str(out), *sets, cwd=tmp_path)
     assert done.returncode == 0 and "11 test, 7 predict" in done.stdout, done.stderr[-3000:]
-    stream = ["--data.stream", str(out)]
+    stream = from_shards(out)
 
     from_folder = scores(cli("test", trained_checkpoint, *sets[:2], cwd=tmp_path))
     assert set(from_folder) == {"test_acc", "test_loss"}
@@ -109,10 +110,13 @@ def test_test_and_predict_need_their_split_in_the_shards(
 ) -> None:
     out = tmp_path / "shards"
     assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
-    for command, option in (("test", "--data.test_root"), ("predict", "--data.predict_root")):
+    for command, option in (
+        ("test", "--data.source.test_root"),
+        ("predict", "--data.predict_root"),
+    ):
         run = subprocess.run(
             [sys.executable, "-m", PACKAGE, command, "--ckpt_path", str(trained_checkpoint)]
-            + ["--data.stream", str(out), *QUIET],
+            + [*from_shards(out), *QUIET],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -139,7 +143,7 @@ def test_shard_shuffles_training_images_and_keeps_to_its_own_staging_folders(
         path.write_bytes(b"another job's chunk")
     out = tmp_path / "shards"
     env = {**os.environ, "TMPDIR": str(temp)}
-    command = [sys.executable, "-m", PACKAGE, "shard", "--data.root", str(colour_root)]
+    command = [sys.executable, "-m", PACKAGE, "shard", "--data.source.root", str(colour_root)]
     done = subprocess.run(
         [*command, "--output", str(out), "--data.num_workers", "2"],
         cwd=tmp_path,
@@ -162,6 +166,8 @@ def test_shard_shuffles_training_images_and_keeps_to_its_own_staging_folders(
 def test_folder_options_that_shards_cannot_honour_are_refused(
     colour_root: Path, tmp_path: Path
 ) -> None:
+    """The pixel cache, the skipping of unreadable images and the class-balanced sampler work on
+    image files only: `Shards` has no such options, and a run given one stops before it starts."""
     assert shard(colour_root, str(tmp_path / "shards"), cwd=tmp_path).returncode == 0
     for option, value in (
         ("balance_classes", "true"),
@@ -169,12 +175,15 @@ def test_folder_options_that_shards_cannot_honour_are_refused(
         ("skip_bad_images", "true"),
     ):
         run = subprocess.run(
-            [sys.executable, "-m", PACKAGE, "fit", "--data.stream", str(tmp_path / "shards")]
-            + [f"--data.{option}", value],
+            [sys.executable, "-m", PACKAGE, "fit", *from_shards(tmp_path / "shards")]
+            + [f"--data.source.{option}", value],
             cwd=tmp_path,
             capture_output=True,
             text=True,
             timeout=300,
         )
         error = one_error(run.returncode, run.stderr)
-        assert f"--data.stream does not take --data.{option} {value}" in error, error
+        assert '"data.source"' in error, error
+        assert f"class_path '{PACKAGE}.data.sources.Shards'" in run.stderr, run.stderr[-3000:]
+        assert f"Option '{option}' is not accepted" in run.stderr, run.stderr[-3000:]
+        assert not (tmp_path / "lightning_logs").exists()  # nothing started

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import ensure_demo_data
 from {{ cookiecutter.package_name }}.data.index import find_classes, make_dataset
 from {{ cookiecutter.package_name }}.data.scan import SKIPPED_FILE, drop_unreadable
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -64,7 +66,7 @@ def test_fit_three_times_on_data_leaves_it_unchanged(tmp_path: Path) -> None:
     data = write_classes(tmp_path / "data")
     before = snapshot(data)
     for _ in range(3):
-        run = fit("--data.root", "data", cwd=tmp_path)
+        run = fit("--data.source.root", "data", cwd=tmp_path)
         assert run.returncode == 0, run.stderr[-3000:]
         assert snapshot(data) == before
 
@@ -76,7 +78,7 @@ def test_fit_from_inside_the_dataset_twice_counts_no_run_folder_as_a_class(
     data = write_classes(tmp_path / "data")
     before = [snapshot(data / name) for name in CLASSES]
     for _ in range(2):
-        run = fit("--data.root", ".", cwd=data)
+        run = fit("--data.source.root", ".", cwd=data)
         assert run.returncode == 0, run.stderr[-3000:]
         assert (data / "lightning_logs").is_dir()  # the run folder, beside the classes
     assert [snapshot(data / name) for name in CLASSES] == before
@@ -93,8 +95,9 @@ def test_a_run_folder_is_a_class_only_when_it_holds_images_itself(tmp_path: Path
 
 
 def test_the_demo_set_beside_the_users_classes_is_no_class(tmp_path: Path) -> None:
-    """`fit` without --data.root writes the demo set to ./data/demo: with the user's classes in
-    ./data, neither `--data.root data` nor `--data.root .` takes it (or ./data) for a class."""
+    """`fit` without --data.source.root writes the demo set to ./data/demo: with the user's
+    classes in ./data, neither `--data.source.root data` nor `--data.source.root .` takes it (or
+    ./data) for a class."""
     root = write_classes(tmp_path / "a" / "data")  # the user's classes in ./data
     ensure_demo_data(root / "demo", images_per_class=2)
     assert find_classes(root) == sorted(CLASSES)
@@ -109,29 +112,29 @@ def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
     monkeypatch.delenv(CACHE_ENV)
     monkeypatch.chdir(tmp_path)
     data = write_classes(tmp_path / "data")
-    module = ImageDataModule(root="data")
-    for folder in (module.cache_dir, Path(module.stream_cache_dir)):
+    module = ImageDataModule(ClassFolders("data"))
+    for folder in (module.cache_dir, module.cache_dir / "stream"):  # pixels; streamed chunks
         resolved = folder.resolve()
         assert resolved.is_absolute()
         assert tmp_path.resolve() not in resolved.parents and data.resolve() not in resolved.parents
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     if sys.platform != "win32":
         expected = tmp_path / "xdg" / "{{ cookiecutter.package_name }}"
-        assert ImageDataModule(root="data").cache_dir == expected
+        assert ImageDataModule(ClassFolders("data")).cache_dir == expected
 
 
 @pytest.mark.parametrize(
-    ("option", "folder"),
+    ("folder", "among"),
     [
-        ("cache_dir", "data/cache"),  # inside
-        ("cache_dir", "data"),  # is
-        ("cache_dir", "."),  # contains
-        ("stream_cache_dir", "val/cache"),
-        ("cache_dir", "csvs/cache"),  # the folder of a labels CSV
+        ("data/cache", "--data.source.root data"),  # inside
+        ("data", "--data.source.root data"),  # is
+        (".", "--data.source.root data"),  # contains
+        ("val/cache", "--data.source.val_root val"),  # streamed chunks go in its stream/ too
+        ("csvs/cache", "--data.source.val_csv "),  # the folder of a labels CSV
     ],
 )
 def test_a_cache_folder_among_the_images_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, folder: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: str, among: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
     write_classes(tmp_path / "data")
@@ -139,9 +142,10 @@ def test_a_cache_folder_among_the_images_is_refused(
     csv = tmp_path / "csvs" / "val.csv"
     csv.parent.mkdir()
     csv.write_text("filename,label\nant/ant_0.png,ant\n")
-    options = {"root": "data", "val_root": "val", "val_csv": str(csv), option: folder}
-    with pytest.raises(DataError, match=f"--data.{option} {folder} lies among the images"):
-        ImageDataModule(**options)
+    source = ClassFolders("data", val_root="val", val_csv=str(csv))
+    message = f"--data.cache_dir {folder} lies among the images of {among}"
+    with pytest.raises(DataError, match=re.escape(message)):
+        ImageDataModule(source, cache_dir=folder)
 
 
 def test_a_per_user_cache_folder_inside_the_dataset_is_refused(
@@ -149,18 +153,20 @@ def test_a_per_user_cache_folder_inside_the_dataset_is_refused(
 ) -> None:
     data = write_classes(tmp_path / "data")
     monkeypatch.setenv(CACHE_ENV, str(data / "cache"))
-    way_out = rf"per-user cache folder\).*\(set --data.cache_dir or {CACHE_ENV}\)"
+    way_out = (
+        rf"^--data\.cache_dir .*per-user cache folder\).*\(set --data\.cache_dir or {CACHE_ENV}"
+    )
     with pytest.raises(DataError, match=way_out):
-        ImageDataModule(root=data)
+        ImageDataModule(ClassFolders(data))
 
 
 @pytest.mark.slow
 def test_the_cli_refuses_a_cache_dir_inside_the_root(tmp_path: Path) -> None:
     data = write_classes(tmp_path / "data")
     before = snapshot(data)
-    run = fit("--data.root", "data", "--data.cache_dir", "data/cache", cwd=tmp_path)
+    run = fit("--data.source.root", "data", "--data.cache_dir", "data/cache", cwd=tmp_path)
     line = one_error(run.returncode, run.stderr)
-    assert "--data.cache_dir data/cache" in line and "--data.root data" in line
+    assert "--data.cache_dir data/cache" in line and "--data.source.root data" in line
     assert snapshot(data) == before
 
 

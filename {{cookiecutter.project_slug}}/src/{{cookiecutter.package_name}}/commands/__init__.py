@@ -12,7 +12,10 @@ COMMANDS = {
     "export": ("export", "write a checkpoint as one file to serve: .pt2, ONNX or TorchScript"),
     "infer": ("infer", "classify images with an exported model, without Lightning"),
     "scan": ("scan", "list the images of a dataset that cannot be read"),
-    "shard": ("shard", "write a dataset as LitData shards (a folder or s3://) for --data.stream"),
+    "shard": (
+        "shard",
+        "write a dataset as LitData shards (a folder or s3://) for --data.source Shards",
+    ),
     "bench": ("bench", "time the data loader against a naive baseline, per num_workers"),
     "report": ("report", "write a run's HTML report: curves, confusion matrix, mistakes"),
 }

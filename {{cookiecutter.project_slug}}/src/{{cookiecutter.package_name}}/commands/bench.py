@@ -24,14 +24,13 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
-from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.sources import ImageFiles, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import check_output
 
 PROG = "python -m {{ cookiecutter.package_name }} bench"
-# The --data.* options that name files bench reads: --json is never written among them.
-DATA_INPUTS = ("root", "labels_csv", "val_root", "val_csv", "test_root", "test_csv")
 
 
 class NaiveDataset(Dataset):
@@ -134,25 +133,31 @@ def default_workers() -> list[int]:
     return sorted(counts)
 
 
-def run(data: dict, workers: list[int], epochs: int, device: torch.device) -> list[Result]:
+def run(
+    data: dict, workers: list[int], epochs: int, device: torch.device, shards: str | None = None
+) -> list[Result]:
     """The naive baseline, the loader without the cache and, as configured, with the pixel cache
-    (`--data.cache memmap`) and from shards (`--data.stream`, made from the same images).
+    (`--data.source.cache memmap`) and from `shards` (made from the same images).
 
-    `data` holds `ImageDataModule` arguments, as `--data.*` gives them to `fit`.
+    `data` holds `ImageDataModule` arguments, as `--data.*` gives them to `fit`; its source is
+    a file source (class folders or a labels CSV).
     """
-    pipelines = [("naive", None), ("decode", {"cache": "none", "stream": None})]
-    if data.get("cache") == "memmap":
-        pipelines.append(("memmap", {"cache": "memmap", "stream": None}))
-    if data.get("stream"):
-        # what shards cannot do (`--data.stream` refuses it) is left to the folder rows
-        off = {"cache": "none", "balance_classes": False, "skip_bad_images": False}
-        pipelines.append(("stream", off))
+    source = source_from_config(data["source"])
+    if not isinstance(source, ImageFiles):
+        raise DataError("bench times image files: give --data.source ClassFolders or LabelsCsv")
+    config = source.config()
+    uncached = {**config, "init_args": {**config["init_args"], "cache": "none"}}
+    pipelines = [("naive", None), ("decode", uncached)]
+    if source.cache == "memmap":
+        pipelines.append(("memmap", config))
+    if shards:
+        pipelines.append(("stream", {"class_path": "Shards", "init_args": {"path": shards}}))
     modules = {}
     for name, options in pipelines:
         if options is None:
             continue
         start = time.perf_counter()
-        module = ImageDataModule(**{**data, **options})
+        module = ImageDataModule(**{**data, "source": source_from_config(options)})
         module.setup("fit")
         modules[name] = module
         print(f"setup ({name}): {time.perf_counter() - start:.1f} s", file=sys.stderr)
@@ -244,7 +249,13 @@ def _is_bench_json(path: Path) -> bool:
 
 def main(args: list[str] | None = None) -> None:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_class_arguments(ImageDataModule, "data")
+    add_data_arguments(parser)
+    parser.add_argument(
+        "--shards",
+        type=str | None,
+        default=None,
+        help="also time these shards (written by `shard` from the same images): a folder or s3://",
+    )
     parser.add_argument(
         "--workers",
         type=list[int] | None,
@@ -268,20 +279,21 @@ def main(args: list[str] | None = None) -> None:
                 what="results that bench wrote",
                 overwrite=cfg.overwrite,
                 way_out="pass --overwrite true",
-                inputs=[(f"--data.{name}", data.get(name)) for name in DATA_INPUTS],
+                inputs=source_from_config(data["source"]).inputs(),
             )
         device_name = cfg.device
         if device_name == "auto":
             device_name = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device_name)
         workers = cfg.workers or default_workers()
-        results = run(data, workers, max(1, cfg.epochs), device)
+        results = run(data, workers, max(1, cfg.epochs), device, cfg.shards)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    pipeline = "memmap" if data.get("cache") == "memmap" else "decode"
+    pipeline = "memmap" if "memmap" in {r.pipeline for r in results} else "decode"
     print(
-        f"{data.get('root') or 'demo data'}: images at {data['image_size']}px, batch "
+        f"{data['source']['init_args'].get('root') or 'demo data'}: images at "
+        f"{data['image_size']}px, batch "
         f"{data['batch_size']}, device {device}, {usable_cpus()} usable CPUs (os.cpu_count "
         f"{os.cpu_count()}); images/s: median of epochs 2..{cfg.epochs}; private, PSS, RSS: "
         "the loader workers' memory in MiB, summed (RSS counts the shared cache once per worker)"

@@ -22,7 +22,8 @@ from {{ cookiecutter.package_name }}.commands.mlflow_outputs import (
     log_fit_outputs,
 )
 {% endif -%}
-from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.datamodule import DEFAULT_SOURCE, ImageDataModule
+from {{ cookiecutter.package_name }}.data.sources import source_class, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
@@ -91,6 +92,7 @@ class ImageCLI(LightningCLI):
             help="The run's name: its folder, and what `--ckpt_path last` resumes (default: a "
             "new run for each fit; under SLURM the job's, slurm_<job id>)",
         )
+        parser.set_defaults({"data.source": DEFAULT_SOURCE})
         for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -270,14 +272,40 @@ def _saved_data_options(data, checkpoint: dict, subcommand: str) -> dict:
     hparams = checkpoint["hyper_parameters"]
     options = {name: hparams[name] for name in LINKED if name in hparams}
     # Resuming, validating or testing: data options left at their defaults take the saved ones, so
-    # that a checkpoint trained on your own data needs no --data.root (predict reads only
+    # that a checkpoint trained on your own data needs no --data.source (predict reads only
     # --data.predict_root, and the training data may not be where the model is served).
     if subcommand in ("fit", "validate", "test"):
         defaults = inspect.signature(ImageDataModule).parameters
         for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
-            if name in defaults and options.get(name, data.get(name)) == defaults[name].default:
+            if name == "source":
+                options[name] = _saved_source(data.get("source"), value)
+            elif name in defaults and options.get(name, data.get(name)) == defaults[name].default:
                 options[name] = value
     return options
+
+
+def _saved_source(given, saved: dict) -> Namespace:
+    """The checkpoint's source, with the options given now: the same kind of source takes the
+    saved values of the options left at their defaults; another kind, given with options of its
+    own, is kept as given."""
+    if given is None:
+        given = DEFAULT_SOURCE
+    given = given.as_dict() if isinstance(given, Namespace) else dict(given)
+    class_path = given["class_path"]
+    parameters = inspect.signature(source_class(class_path)).parameters
+    typed = {
+        key: value
+        for key, value in (given.get("init_args") or {}).items()
+        if key not in parameters or parameters[key].default != value
+    }
+    if class_path != saved["class_path"]:
+        return _as_namespace(given if typed else saved)
+    return _as_namespace({"class_path": class_path, "init_args": {**saved["init_args"], **typed}})
+
+
+def _as_namespace(source: dict) -> Namespace:
+    args = Namespace(**(source.get("init_args") or {}))
+    return Namespace(class_path=source["class_path"], init_args=args)
 
 
 def _check_resumed_classes(config, checkpoint: dict) -> None:
@@ -287,13 +315,12 @@ def _check_resumed_classes(config, checkpoint: dict) -> None:
     from a DataModule built for the purpose, with the options the resumed run will have.
     """
     options = {**config.data.as_dict(), **_saved_data_options(config.data, checkpoint, "fit")}
-    data = ImageDataModule(**{**options, "class_names": None})
-    if data.labels_csv is not None:
-        source = f"--data.labels_csv {data.labels_csv}"
-    else:
-        source = f"--data.root {data.root}" if data.root is not None else "the demo data"
+    source = source_from_config(options.pop("source"))
+    data = ImageDataModule(**{**options, "source": source, "class_names": None})
+    given = [f"{name} {path}" for name, path in source.inputs() if path is not None]
     saved = list(checkpoint["hyper_parameters"]["class_names"])
-    check_classes_present(config.ckpt_path, saved, data.class_names, source)
+    where = given[0] if given else "the demo data"
+    check_classes_present(config.ckpt_path, saved, data.class_names, where)
 
 
 def _message(err: DataError) -> str:

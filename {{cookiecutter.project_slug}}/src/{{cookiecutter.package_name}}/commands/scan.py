@@ -1,6 +1,6 @@
 """Decode every image of a dataset once, in parallel, and list those that cannot be read.
 
-    python -m {{ cookiecutter.package_name }} scan --data.root DIR ...
+    python -m {{ cookiecutter.package_name }} scan --data.source.root DIR ...
 
 takes the same `--data.*` options as training (also from the `data:` section of a `--config FILE`),
 prints each unreadable file with the reason, one per line, and exits with code 1 if there is any
@@ -14,8 +14,13 @@ import sys
 import yaml
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.datamodule import (
+    DEFAULT_SOURCE,
+    ImageDataModule,
+    add_data_arguments,
+)
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
+from {{ cookiecutter.package_name }}.data.sources import ImageFiles, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 
 PROG = "python -m {{ cookiecutter.package_name }} scan"
@@ -23,7 +28,7 @@ PROG = "python -m {{ cookiecutter.package_name }} scan"
 
 def main(args: list[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_class_arguments(ImageDataModule, "data", skip={"skip_bad_images"})
+    add_data_arguments(parser)
     args = sys.argv[1:] if args is None else list(args)
     try:
         args = _with_config_defaults(parser, args)
@@ -32,7 +37,11 @@ def main(args: list[str] | None = None) -> int:
         return 2
     config = parser.parse_args(args)
     try:
-        datamodule = ImageDataModule(**config.data.as_dict())
+        source = source_from_config(config.data.source)
+        if not isinstance(source, ImageFiles):
+            raise DataError("scan reads image files: --data.source ClassFolders or LabelsCsv")
+        source.skip_bad_images = False  # what scan is for: every unreadable file listed
+        datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
         datamodule.setup("fit")
         datasets = [datamodule.train_dataset, datamodule.val_dataset]
         if datamodule.predict_root is not None:
@@ -63,7 +72,8 @@ def _with_config_defaults(parser: ArgumentParser, args: list[str]) -> list[str]:
             continue
         with open(config_file, encoding="utf-8") as file:
             data = (yaml.safe_load(file) or {}).get("data") or {}
-        data.pop("skip_bad_images", None)
+        if isinstance(data.get("source"), dict):  # options alone: of the default source
+            data["source"] = {**DEFAULT_SOURCE, **data["source"]}
         parser.set_defaults({f"data.{key}": value for key, value in data.items()})
         return _with_config_defaults(parser, rest)
     return args

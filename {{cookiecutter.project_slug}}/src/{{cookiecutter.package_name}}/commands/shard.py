@@ -1,14 +1,15 @@
-"""Write a dataset as LitData shards, to a folder or S3-compatible storage, for `--data.stream`.
+"""Write a dataset as LitData shards, to a folder or S3-compatible storage, for `Shards`.
 
-    python -m {{ cookiecutter.package_name }} shard --data.root DIR --output DIR_OR_S3_URL [--resize N]
+    python -m {{ cookiecutter.package_name }} shard --data.source.root DIR --output DIR_OR_S3 [--resize N]
 
-takes the same `--data.*` options as `fit` (class folders or a labels CSV, a validation folder or
-the seeded `val_fraction` split, `skip_bad_images`) and writes the training and validation images
-(and the test and predict images, where `--data.test_root` or `--data.test_csv` and
-`--data.predict_root` are given) as `--data.stream` reads them: the files' bytes as they are, or
-with `--resize N` re-encoded as JPEG at a short side of N pixels (smaller shards, for training at
-a smaller size). Running it again on the same images and options does nothing; other images or
-options at the same `--output` need `--overwrite`. An `--output` that is, holds or lies inside the
+takes the same `--data.*` options as `fit` (a `ClassFolders` or `LabelsCsv` source, with its
+validation folder or seeded `val_fraction` split and `skip_bad_images`) and writes the training
+and validation images (and the test and predict images, where `--data.source.test_root` or
+`--data.source.test_csv` and `--data.predict_root` are given) as `--data.source Shards
+--data.source.path OUTPUT` reads them: the files' bytes as they are, or with `--resize N`
+re-encoded as JPEG at a short side of N pixels (smaller shards, for training at a smaller size).
+Running it again on the same images and options does nothing; other images or options at the
+same `--output` need `--overwrite`. An `--output` that is, holds or lies inside the
 data is refused, as is one holding files `shard` did not write (unless `--overwrite`, which still
 removes only the files listed in `shard-manifest.json`, `shard`'s own). Needs the `stream` extra
 (`pip install ".[stream]"`).
@@ -22,9 +23,9 @@ import time
 from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
-from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.shard_output import ShardOutput, refuse_overlap
-from {{ cookiecutter.package_name }}.data.stream_extra import require_shards
+from {{ cookiecutter.package_name }}.data.sources import ImageFiles, require_shards, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 
 PROG = "python -m {{ cookiecutter.package_name }} shard"
@@ -32,8 +33,7 @@ PROG = "python -m {{ cookiecutter.package_name }} shard"
 
 def main(args: list[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    skip = {"stream", "stream_cache_dir", "stream_cache_limit", "cache", "cache_keep", "cache_key"}
-    parser.add_class_arguments(ImageDataModule, "data", skip=skip)
+    add_data_arguments(parser)
     parser.add_argument("--output", required=True, help="folder or s3://bucket/prefix to write")
     parser.add_argument("--resize", type=int | None, default=None, help="short side to re-encode")
     parser.add_argument(
@@ -47,14 +47,18 @@ def main(args: list[str] | None = None) -> int:
     if config.resize is not None and config.resize < 8:
         raise DataError(f"--resize must be at least 8 pixels, got {config.resize}")
     # before the data is read (or anything written): never among the images, `--overwrite` or not
-    refuse_overlap(config.output, config.data.as_dict())
+    source = source_from_config(config.data.source)
+    if not isinstance(source, ImageFiles):
+        raise DataError("shard reads image files: --data.source ClassFolders or LabelsCsv")
+    source.cache = "none"  # shards hold the files' own bytes: no pixel cache to build
+    datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
+    refuse_overlap(config.output, datamodule.inputs())
     output = ShardOutput(config.output)  # a folder (not a file) or s3://bucket/prefix
-    shards = require_shards()  # before the data is read: says which extra to install
+    shards = require_shards("shard")  # before the data is read: says which extra to install
     output.claim([], config.overwrite)  # others' files there: refused before the data is read
-    datamodule = ImageDataModule(**config.data.as_dict())
     datamodule.setup("fit")
     datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}
-    if datamodule.test_root is not None or datamodule.test_csv is not None:
+    if source.test_root is not None or source.test_csv is not None:
         datamodule.setup("test")
         datasets["test"] = datamodule.test_dataset
     if datamodule.predict_root is not None:

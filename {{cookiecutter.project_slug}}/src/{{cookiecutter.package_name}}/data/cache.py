@@ -1,4 +1,4 @@
-"""The pre-decoded image cache (`--data.cache memmap`): every image decoded once, to uint8 pixels.
+"""The pre-decoded image cache (`--data.source.cache memmap`): every image decoded once, to uint8.
 
 One cache per dataset folder: every file of the index (before the validation split and before
 `skip_bad_images` leaves files out) is decoded once, at the short side the training crop needs

@@ -4,7 +4,7 @@ The pixel cache and the chunks streamed from object storage live in a
 per-user cache folder (`user_cache_dir`), never beside the images: a cache written inside a
 dataset root would be read back as a class folder or an image on the next run. A cache folder
 the user names instead is refused when it is, contains or lies inside a dataset root
-(`refuse_inside_data`).
+(`cache_folder`).
 
 Each pixel cache holds an `owner.txt` naming the dataset it was built from; `prune` removes only
 older caches with this project's mark for the same dataset, so two datasets sharing a
@@ -26,9 +26,6 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "{{ cookiecutter.package_name | upper }}_CACHE_DIR"
 OWNER_FILE = "owner.txt"
-# The DataModule's options that name datasets: no cache may be inside one of them.
-DATASET_OPTIONS = ("root", "val_root", "test_root", "predict_root", "stream")
-DATASET_OPTIONS += ("labels_csv", "val_csv", "test_csv")
 _MARK = "{{ cookiecutter.package_name }} pixel cache"
 
 
@@ -45,39 +42,27 @@ def user_cache_dir() -> Path:
     return base / "{{ cookiecutter.package_name }}"
 
 
-def cache_folders(
-    cache_dir: str | Path | None, stream_cache_dir: str | Path | None, named: dict
-) -> tuple[Path, str]:
-    """`--data.cache_dir` and `--data.stream_cache_dir`, the per-user cache folder where unset,
-    each refused when it lies among the datasets `named` (`refuse_inside_data`)."""
-    pixels = Path(cache_dir) if cache_dir is not None else user_cache_dir()
-    stream = Path(stream_cache_dir) if stream_cache_dir is not None else user_cache_dir() / "stream"
-    refuse_inside_data(pixels, "cache_dir", named, cache_dir is not None)
-    refuse_inside_data(stream, "stream_cache_dir", named, stream_cache_dir is not None)
-    return pixels, str(stream)
-
-
-def refuse_inside_data(
-    folder: Path, option: str, named: dict[str, str | Path | None], given: bool = True
-) -> None:
-    """Stop with one error when `folder` is, contains or lies inside a dataset that `named` (the
-    `DATASET_OPTIONS` of the DataModule, a CSV standing for its folder) names: the cache would
-    be mixed with the user's images, and read back as images or class folders."""
-    mine = Path(folder).resolve()
-    for name, value in named.items():
+def cache_folder(cache_dir: str | Path | None, inputs: list[tuple[str, Path | str | None]]) -> Path:
+    """`--data.cache_dir`, the per-user cache folder where unset; refused when it is, contains or
+    lies inside one of the datasets in `inputs` ((option, path) pairs; a CSV stands for its
+    file): the cache would be mixed with the user's images, and read back as images or class
+    folders."""
+    mine = Path(cache_dir) if cache_dir is not None else user_cache_dir()
+    for name, value in inputs:
         if value is None or "://" in str(value):  # unset, or object storage
             continue
-        theirs = Path(value).parent if name.endswith("_csv") else Path(value)
-        theirs = theirs.resolve()
-        if mine == theirs or theirs in mine.parents or mine in theirs.parents:
-            way_out = f"leave --data.{option} unset: the per-user cache folder {user_cache_dir()}"
-            if not given:  # the per-user cache folder itself lies in the dataset
-                folder = f"{folder} (the per-user cache folder)"
-                way_out = f"set --data.{option} or {CACHE_ENV}"
+        theirs = Path(value).parent if Path(value).is_file() else Path(value)
+        theirs, resolved = theirs.resolve(), mine.resolve()
+        if resolved == theirs or theirs in resolved.parents or resolved in theirs.parents:
+            folder, way_out = mine, f"leave --data.cache_dir unset: {user_cache_dir()}"
+            if cache_dir is None:  # the per-user cache folder itself lies in the dataset
+                folder = f"{mine} (the per-user cache folder)"
+                way_out = f"set --data.cache_dir or {CACHE_ENV}"
             raise DataError(
-                f"--data.{option} {folder} lies among the images of --data.{name} {value}; "
+                f"--data.cache_dir {folder} lies among the images of {name} {value}; "
                 f"choose a folder outside every dataset ({way_out})"
             )
+    return mine
 
 
 def mark_owner(folder: Path, root: str | Path) -> None:
@@ -114,7 +99,7 @@ def prune(cache_dir: Path, keep: int, current: Path) -> None:
                 log.info("Keeping an older image cache that another process is reading: %s", old)
             if not held:
                 continue
-            log.info("Removing an older image cache (--data.cache_keep %d): %s", keep, old)
+            log.info("Removing an older image cache (--data.source.cache_keep %d): %s", keep, old)
             # Out of sight first (a reader either finds it whole or not at all), then deleted.
             doomed = cache_dir / f".{old.name}-removed"
             shutil.rmtree(doomed, ignore_errors=True)

@@ -19,8 +19,8 @@ class ImageFolderDataset(Dataset):
     """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
 
     Paths and targets are numpy arrays, not Python lists: forked workers then share them instead of
-    copying them page by page as reference counts change (pytorch/pytorch#13246). Nothing is opened before
-    `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
+    copying them page by page as reference counts change (pytorch/pytorch#13246). Nothing is opened
+    before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
 
     Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
     `min_size` and `approximate_decode` are `read_image`'s `min_size` and `approximate`.

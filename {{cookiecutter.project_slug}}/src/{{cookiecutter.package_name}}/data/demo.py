@@ -39,7 +39,7 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
             for i in range(images_per_class):
                 image = _draw(label, rng)
                 image.save(staging / name / f"{name}_{i:04d}.jpg", quality=90)
-        # The same images as one folder plus a labels CSV: the `--data.labels_csv` layout.
+        # The same images as one folder plus a labels CSV: the `LabelsCsv` source layout.
         with open(staging / "labels.csv", "w", encoding="utf-8", newline="") as labels:
             labels.write("filename,label\n")
             for name in DEMO_CLASSES:

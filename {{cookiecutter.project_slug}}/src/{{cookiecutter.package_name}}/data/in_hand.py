@@ -85,5 +85,5 @@ def worker_death_message(error: BaseException) -> str | None:
     return (
         f"a data loader worker died ({how}) {what}; list every file that cannot be read with "
         f"`python -m {package} scan` and the same --data options, or train with "
-        "--data.skip_bad_images true"
+        "--data.source.skip_bad_images true"
     )

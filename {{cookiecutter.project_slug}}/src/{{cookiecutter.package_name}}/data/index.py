@@ -14,7 +14,7 @@ from {{ cookiecutter.package_name }}.errors import DataError
 # Folders that archivers and operating systems leave beside the data; never classes.
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
 # Folders that training writes in the working folder (logs, runs, checkpoints, the demo set in
-# `data/demo`): with `--data.root .` (or `--data.root data` beside the demo set) they sit beside
+# `data/demo`): with `--data.source.root .` (or `data` beside the demo set) they sit beside
 # the class folders. One of them is a class only when it holds images directly, as a class folder
 # of the user's would.
 OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints", "data", "demo")
@@ -36,7 +36,7 @@ def _is_data_folder(name: str) -> bool:
     return not name.startswith(".") and name not in _JUNK_FOLDERS
 
 
-def find_classes(root: Path, option: str = "data.root") -> list[str]:
+def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
     """The sorted names of the class folders under `root` (hidden, `__MACOSX` and the run
     folders of `OUTPUT_FOLDERS` left out)."""
     check_dir(root, option)

@@ -61,7 +61,7 @@ def read_labels_csv(
     module defines the format (quoted fields, fields spanning lines); a row is a Python list only
     while it is read, and the table keeps numpy arrays, which loader workers share without copying.
     """
-    check_file(csv_file, "data.labels_csv")
+    check_file(csv_file, "data.source.csv")
     raw = csv_file.read_bytes().removeprefix(codecs.BOM_UTF8)
     try:
         text = raw.decode("utf-8")
@@ -123,7 +123,7 @@ def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
         return folded.index(name.casefold())
     raise DataError(
         f"{csv_file} has no column {name!r} (its header: {','.join(columns)}); "
-        f"name the column with --data.{option}"
+        f"name the column with --data.source.{option}"
     )
 
 
@@ -165,7 +165,7 @@ def classes_from_labels(table: LabelsTable, reading: str) -> list[str]:
         where, value = table.where(table.first_row(code)), table.values[code]
         raise DataError(
             f"{where}: label {value!r} is not a class index (0, 1, 2, ... in ASCII digits), "
-            "as --data.label_kind index reads every label"
+            "as --data.source.label_kind index reads every label"
         )
     return [str(i) for i in range(int(indices.max()) + 1)]
 
@@ -189,7 +189,7 @@ def encode_labels(
     if len(bad):  # codes number the labels in order of appearance: the first bad row's is first
         value, row = table.values[bad[0]], table.first_row(int(bad[0]))
         if reading == "name" and value.isascii() and value.isdigit():
-            known += "; --data.label_kind index reads labels as class indices"
+            known += "; --data.source.label_kind index reads labels as class indices"
         if split == "training":
             raise DataError(f"{table.where(row)}: unknown label {value!r} ({known})")
         raise DataError(
@@ -212,7 +212,7 @@ def find_missing(table: LabelsTable, root: Path) -> None:
     One directory listing answers for most rows; only the rows it does not match (absolute paths,
     `./` prefixes, links) cost a `stat` each.
     """
-    check_dir(root, "data.root")
+    check_dir(root, "data.source.root")
     present = set(map(os.fsencode, list_files(root, images_only=False)))
     missing = [
         row

@@ -1,6 +1,6 @@
 """Finding the images of a dataset that cannot be read: decoded once, in parallel, before training.
 
-Used by `--data.skip_bad_images` (which leaves them out) and by the `scan` command (which lists
+Used by `--data.source.skip_bad_images` (which leaves them out) and by `scan` (which lists
 them).
 """
 
@@ -221,7 +221,7 @@ def drop_unreadable(
     shown = "\n".join(message for _, message in bad[:_SHOWN])
     more = f"\n... and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
     rank_zero_warn(
-        f"--data.skip_bad_images: skipped {len(bad)} of {total} images that cannot be "
+        f"--data.source.skip_bad_images: skipped {len(bad)} of {total} images that cannot be "
         f"read{where}:\n{shown}{more}"
     )
     keep = np.ones(total, dtype=bool)

@@ -27,20 +27,12 @@ MANIFEST = "shard-manifest.json"
 META = "dataset.json"
 FORMAT = 1
 PAGE = 1000  # S3 lists and deletes at most 1,000 keys per request
-INPUTS = (
-    "root",
-    "labels_csv",
-    "val_root",
-    "val_csv",
-    "test_root",
-    "test_csv",
-    "predict_root",
-)
 
 
-def refuse_overlap(output: str, data: dict) -> None:
-    """Refuse a local `output` that is, contains or lies inside one of the inputs named in `data`
-    (the `--data.*` options), so that writing or replacing shards can never touch the images.
+def refuse_overlap(output: str, inputs: list[tuple[str, Path | str | None]]) -> None:
+    """Refuse a local `output` that is, contains or lies inside one of the `inputs` ((option,
+    path) pairs: `ImageDataModule.inputs()`), so that writing or replacing shards can never touch
+    the images.
 
     Raises:
         DataError: naming the option, both paths and the way out; `--overwrite` does not lift it.
@@ -48,8 +40,7 @@ def refuse_overlap(output: str, data: dict) -> None:
     if "://" in str(output):
         return  # object storage: the inputs are local files
     out = Path(output).expanduser().resolve()
-    for name in INPUTS:
-        given = data.get(name)
+    for name, given in inputs:
         if given is None:
             continue
         path = Path(given).expanduser().resolve()
@@ -62,7 +53,7 @@ def refuse_overlap(output: str, data: dict) -> None:
         else:
             continue
         raise DataError(
-            f"--output {output} {relation} --data.{name} {given}: choose an output folder "
+            f"--output {output} {relation} {name} {given}: choose an output folder "
             "outside the data (shard never writes among the files it reads)"
         )
 

@@ -11,7 +11,7 @@ index lists all its images: shards without it are incomplete, whatever a killed 
 node) its own part of every epoch and keeps downloaded chunks in a bounded local cache.
 
 LitData is an optional dependency (`pip install ".[stream]"`): this module is imported only once
-`stream_extra.require_shards` has found it. Storage goes through LitData's own clients (boto3 and
+`sources.require_shards` has found it. Storage goes through LitData's own clients (boto3 and
 obstore for S3), which read the usual AWS variables: `AWS_ENDPOINT_URL` for an S3-compatible store.
 """
 
@@ -219,7 +219,11 @@ def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool
         found = re.findall(causes, str(err), re.MULTILINE)
         if not found:
             raise
-        hint = "; --data.skip_bad_images true leaves it out" if "cannot read" in found[-1] else ""
+        hint = (
+            "; --data.source.skip_bad_images true leaves it out"
+            if "cannot read" in found[-1]
+            else ""
+        )
         print(file=sys.stderr)  # ends the line of LitData's progress bar, left where it stopped
         raise DataError(
             f"{url}: {found[-1]}{hint} (the next `shard` replaces what this one wrote)"
@@ -273,7 +277,7 @@ def meta_of(url: str) -> dict:
     meta = read_meta(url)
     if meta is None:
         raise DataError(
-            f"--data.stream {url} holds no complete shards (no {META}): write them with "
+            f"--data.source.path {url} holds no complete shards (no {META}): write them with "
             f"`python -m {{ cookiecutter.package_name }} shard --output {url}` and the data options"
         )
     return meta
@@ -301,10 +305,16 @@ def streamed_split(
         DataError: the shards were written without that split.
     """
     if split not in meta_of(url)["images"]:
-        option = {"test": "--data.test_root or --data.test_csv", "predict": "--data.predict_root"}
+        use = {
+            "test": (
+                "--data.source ClassFolders --data.source.test_root DIR",
+                "--data.source.test_root",
+            ),
+            "predict": ("--data.predict_root DIR", "--data.predict_root"),
+        }[split]
         raise DataError(
-            f"--data.stream {url} holds no {split} images: pass {option[split]} to use a folder, "
-            f"or write the shards again with it (`shard ... {option[split].split()[0]} DIR`)"
+            f"--data.source.path {url} holds no {split} images: pass {use[0]} to use a folder, "
+            f"or write the shards again with them (`shard ... {use[1]} DIR`)"
         )
     return StreamedImages(
         f"{url}/{split}", transform, image_size, cache_dir=cache_dir, cache_limit=cache_limit

@@ -56,7 +56,7 @@ def check_classes_present(
     it does for any folder outside `--data.class_names` (a model trained on a subset resumes).
 
     Args:
-        source: the option and value the classes were read from, e.g. `--data.root images`.
+        source: the option and value the classes were read from, e.g. `--data.source.root images`.
     """
     missing = [name for name in saved if name not in set(found)]
     if missing:

@@ -143,7 +143,7 @@ class RunHistory(Callback):
             # The n-th image this process validated is the n-th its sampler gave: sequential
             # alone, every world-size-th under DDP (data/loaders.py, EvalShardSampler).
             dataset = loader.dataset
-            # Shards (`--data.stream`) come through an IterableDataset: no sampler, no file path.
+            # Shards come through an IterableDataset: no sampler, no file path.
             streamed = isinstance(dataset, torch.utils.data.IterableDataset)
             order = None if streamed else list(loader.sampler)
             for position in top.tolist():

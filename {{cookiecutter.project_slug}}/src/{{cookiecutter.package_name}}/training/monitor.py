@@ -130,7 +130,7 @@ def starvation_advice(measurement: dict) -> str:
         )
     if m["cache"] == "none":
         lines.append(
-            "- Turn on --data.cache memmap: every image is decoded once, later epochs read "
+            "- Turn on --data.source.cache memmap: every image is decoded once, later epochs read "
             "pre-decoded pixels."
         )
     lines.append(

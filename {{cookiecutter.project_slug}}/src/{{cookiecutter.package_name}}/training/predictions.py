@@ -16,14 +16,12 @@ HEADER = ["path", "label", "probability", "top_k"]
 # predict's (or infer's) own, to be replaced without --overwrite.
 MARK = ",".join(HEADER)
 PART_MARK = ",".join(["index", *HEADER])
-# The DataModule's options that name what predict may read: no CSV is written among them.
-INPUTS = ("root", "labels_csv", "val_root", "val_csv", "test_root", "test_csv", "predict_root")
 
 
 class PredictionWriter(BasePredictionWriter):
     """Write `predict` results to a CSV file, batch by batch, and print where it is.
 
-    Columns: `path` (from shards, `--data.stream`: the path relative to the folder sharded),
+    Columns: `path` (from shards, `--data.source Shards`: the path relative to the folder sharded),
     `label` (the predicted class name), `probability` (of that class) and
     `top_k` (the `top_k` most likely classes as `name:probability` joined by spaces).
 
@@ -100,7 +98,7 @@ class PredictionWriter(BasePredictionWriter):
     def _check(self, trainer: L.Trainer, path: Path, mark: str) -> None:
         """Refuse, on every rank alike, a CSV among the inputs or over a file not predict's."""
         datamodule = trainer.datamodule
-        inputs = [(f"--data.{name}", getattr(datamodule, name, None)) for name in INPUTS]
+        inputs = datamodule.inputs() if hasattr(datamodule, "inputs") else []
         check_output(
             path,
             "--predictions.output" if self.output is not None else "predictions CSV",

@@ -32,7 +32,7 @@ class ResumeInEpoch(Callback):
     whenever the learning-rate schedule asks for `estimated_stepping_batches` (Lightning #20550),
     as ours does.
 
-    From shards (`--data.stream`), LitData's `StreamingDataLoader` keeps the position itself;
+    From shards (`--data.source Shards`), LitData's `StreamingDataLoader` keeps the position itself;
     Lightning saves its state in every checkpoint, and this callback restores it, for the same
     reason, and LitData continues the epoch (also with another process or worker count).
     """
@@ -125,7 +125,7 @@ def _order_inputs(trainer: L.Trainer, sampler: EpochShuffle) -> dict:
 
 def _changed(trainer: L.Trainer, done: int, saved: dict, now: dict) -> str:
     names = {"processes": "processes", "batch_size": "batch size", "images": "training images"}
-    names["sampler"] = "sampler (--data.balance_classes)"
+    names["sampler"] = "sampler (--data.source.balance_classes)"
     changes = ", ".join(
         f"{names[key]} {saved.get(key)} -> {now[key]}" for key in now if saved.get(key) != now[key]
     )

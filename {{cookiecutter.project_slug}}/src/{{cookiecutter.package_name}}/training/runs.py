@@ -28,15 +28,14 @@ FREE_ON_RESUME = frozenset(
     {
         "num_workers",
         "predict_root",
-        "test_root",
-        "test_csv",
-        "skip_bad_images",
-        "cache",
         "cache_dir",
-        "cache_keep",
-        "cache_key",
-        "stream_cache_dir",
-        "stream_cache_limit",
+        "source.test_root",
+        "source.test_csv",
+        "source.skip_bad_images",
+        "source.cache",
+        "source.cache_keep",
+        "source.cache_key",
+        "source.cache_limit",
         "weights_path",
         "compile",
         "channels_last",
@@ -45,7 +44,9 @@ FREE_ON_RESUME = frozenset(
 # Where the data lives, not what it is: it may move between jobs (a cluster job staging it to a
 # node-local disk each time). A resume applies a new place and says so; the classes found there
 # are checked against the run's before anything else.
-MOVABLE = frozenset({"root", "labels_csv", "val_root", "val_csv", "stream"})
+MOVABLE = frozenset(
+    {"source.root", "source.csv", "source.val_root", "source.val_csv", "source.path"}
+)
 
 
 class RunMark(Callback):
@@ -143,9 +144,11 @@ def changed_options(typed, checkpoint: dict, movable: bool = False) -> list[str]
     changes = []
     for group in ("model", "data"):
         given = typed.get(group)
-        for key, value in (given.as_dict() if given is not None else {}).items():
+        given = _flat(given.as_dict()) if given is not None else {}
+        saved_group = _flat(data_hparams) if group == "data" else {}
+        for key, value in given.items():
             # The linked options (classes, image size, normalisation) are the model's first.
-            saved = hparams.get(key, data_hparams.get(key, _MISSING))
+            saved = hparams.get(key, saved_group.get(key, _MISSING))
             if key in FREE_ON_RESUME or saved is _MISSING or _same(value, saved):
                 continue
             if (group == "data" and key in MOVABLE) == movable:
@@ -188,6 +191,18 @@ def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | 
 
 
 _MISSING = object()
+
+
+def _flat(options: dict) -> dict:
+    """The `source` option as `source` (its class, by name) and `source.<option>` for each of
+    its own options; the others as they are."""
+    flat = {key: value for key, value in options.items() if key != "source"}
+    source = options.get("source")
+    if isinstance(source, dict) and "class_path" in source:
+        flat["source"] = source["class_path"].rpartition(".")[2]
+        for key, value in (source.get("init_args") or {}).items():
+            flat[f"source.{key}"] = value
+    return flat
 
 
 def _logger(config) -> tuple[str | None, object]:

@@ -1,9 +1,9 @@
-"""Sources: where labelled images come from, turned into the train/val indexes a `setup` needs.
+"""Labelled sets of files, turned into the train/val indexes a source's `setup` needs.
 
-A labelled source (`ClassFolders`, `LabelsCsv`) knows its class names and indexes its files; a
+A labelled set (`FolderLabels`, `CsvLabels`) knows its class names and indexes its files; a
 split (`SeededSplit`, `SeparateValidation`) turns one or two of them into training and validation
-indexes. `unlabelled_folder` indexes the images `predict` reads. The DataModule picks one from
-its options and composes decoding, skipping, caching and loading around what it returns.
+indexes. `unlabelled_folder` indexes the images `predict` reads. The file sources of `sources.py`
+build these from their options.
 """
 
 from __future__ import annotations
@@ -73,18 +73,18 @@ class Split(Protocol):
     def split(self, class_names: list[str], stage: str | None) -> tuple[ImageIndex, ImageIndex]: ...
 
 
-class ClassFolders:
+class FolderLabels:
     """`root/<class>/<image>`: an image's class is the name of its folder.
 
     `role` is "training" or "validation": validation folders must name training classes, while
     training folders left out by given class names are only warned about. `reading`: how CSVs
-    of validation or test images read their labels alongside these folders (`LabelsCsv`).
+    of validation or test images read their labels alongside these folders (`CsvLabels`).
     """
 
     def __init__(
         self,
         root: Path,
-        option: str = "data.root",
+        option: str = "data.source.root",
         role: str = "training",
         reading: str = "name",
     ) -> None:
@@ -111,7 +111,7 @@ class ClassFolders:
         return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders))
 
 
-class LabelsCsv:
+class CsvLabels:
     """One image folder `root` and a CSV naming each file (relative to `root`) and its label.
 
     A training CSV's labels are read as `kind` says ("auto": `labels_csv.label_reading`); a
@@ -124,7 +124,7 @@ class LabelsCsv:
         csv_file: Path,
         filename_column: str = "filename",
         label_column: str = "label",
-        option: str = "data.root",
+        option: str = "data.source.root",
         role: str = "training",
         kind: str = "auto",
         follows: LabelledSource | None = None,
@@ -161,7 +161,7 @@ class LabelsCsv:
 class SeededSplit:
     """Hold out `fraction` of each class of `source` for validation, drawn with `seed`."""
 
-    def __init__(self, train: ClassFolders | LabelsCsv, fraction: float, seed: int) -> None:
+    def __init__(self, train: FolderLabels | CsvLabels, fraction: float, seed: int) -> None:
         self.train = train
         self.fraction = fraction
         self.seed = seed
@@ -173,14 +173,14 @@ class SeededSplit:
         index = self.train.index(class_names)
         val_mask = stratified_split(index.targets, self.fraction, self.seed)
         if stage in ("fit", None) and val_mask.all():
-            raise DataError(f"--data.val_fraction {self.fraction} leaves no training images")
+            raise DataError(f"--data.source.val_fraction {self.fraction} leaves no training images")
         return index.subset(~val_mask), index.subset(val_mask)
 
 
 class SeparateValidation:
     """Training images from one source, validation images from another (`--data.val_*`)."""
 
-    def __init__(self, train: ClassFolders | LabelsCsv, val: ClassFolders | LabelsCsv) -> None:
+    def __init__(self, train: FolderLabels | CsvLabels, val: FolderLabels | CsvLabels) -> None:
         self.train = train
         self.val = val
 
@@ -199,7 +199,7 @@ def labelled_source(
     label_kind: str = "auto",
     role: str = "training",
     follows: LabelledSource | None = None,
-) -> ClassFolders | LabelsCsv:
+) -> FolderLabels | CsvLabels:
     """Class folders under `root`, or the files `labels_csv` names in `root`.
 
     `label_kind` ("auto", "index", "name"): how a training CSV's labels are read; validation and
@@ -207,13 +207,14 @@ def labelled_source(
     """
     if label_kind not in LABEL_KINDS:
         kinds = ", ".join(LABEL_KINDS)
-        raise DataError(f"--data.label_kind must be one of {kinds}, got {label_kind!r}")
-    option = {"training": "data.root", "validation": "data.val_root"}.get(role, "data.test_root")
+        raise DataError(f"--data.source.label_kind must be one of {kinds}, got {label_kind!r}")
+    folder = {"training": "root", "validation": "val_root"}.get(role, "test_root")
+    option = f"data.source.{folder}"
     if labels_csv is None:  # folder names are class names; `reading` is for the CSVs that follow
         reading = "name" if label_kind == "auto" else label_kind
-        return ClassFolders(root, option, role, reading)
+        return FolderLabels(root, option, role, reading)
     columns = (filename_column, label_column)
-    return LabelsCsv(root, labels_csv, *columns, option, role, label_kind, follows)
+    return CsvLabels(root, labels_csv, *columns, option, role, label_kind, follows)
 
 
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:

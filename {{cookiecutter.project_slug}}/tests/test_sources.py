@@ -1,0 +1,94 @@
+"""Adding a source (ARCHITECTURE.md): a source defined here, chosen by `--data.source` and trained
+on through the real CLI, with no change to the DataModule."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from {{ cookiecutter.package_name }}.commands.cli import main
+from {{ cookiecutter.package_name }}.data.sources import Source
+from {{ cookiecutter.package_name }}.model.checkpoint import read_checkpoint
+
+COLOURS = ["red", "green", "blue"]
+
+
+class SolidColours(Source):
+    """Images of one flat colour per class, made in memory: a source with no files at all.
+
+    Args:
+        per_class: training images of each colour.
+    """
+
+    def __init__(self, per_class: int = 8) -> None:
+        self.per_class = per_class
+
+    def class_names(self) -> list[str]:
+        return list(COLOURS)
+
+    def fit_datasets(self, data, stage):
+        return _Solid(self.per_class, data.image_size), _Solid(2, data.image_size)
+
+    def test_dataset(self, data):
+        return _Solid(2, data.image_size)
+
+
+class _Solid(Dataset):
+    def __init__(self, per_class: int, size: int) -> None:
+        self.per_class, self.size = per_class, size
+
+    def __len__(self) -> int:
+        return len(COLOURS) * self.per_class
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        label = index % len(COLOURS)
+        image = torch.full((3, self.size, self.size), 20, dtype=torch.uint8)
+        image[label] = 120 + index % 100  # the class's channel bright, the others dark
+        return image, label
+
+
+def test_a_source_defined_in_a_test_trains_through_the_cli(tmp_path: Path) -> None:
+    main(
+        [
+            "fit",
+            "--data.source",
+            f"{__name__}.SolidColours",
+            "--data.source.per_class",
+            "6",
+            "--data.image_size",
+            "16",
+            "--data.batch_size",
+            "6",
+            "--data.num_workers",
+            "0",
+            "--model.lr",
+            "0.01",
+            "--trainer.max_epochs",
+            "4",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--run",
+            "solid",
+        ]
+    )
+    run = tmp_path / "lightning_logs" / "solid"
+    with open(run / "metrics.csv", encoding="utf-8") as file:
+        accuracies = [float(row["val_acc"]) for row in csv.DictReader(file) if row["val_acc"]]
+    assert len(accuracies) == 4 and accuracies[-1] == 1.0  # three colours: learnt
+    checkpoint = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert checkpoint["hyper_parameters"]["class_names"] == COLOURS
+    assert checkpoint["datamodule_hyper_parameters"]["source"] == {
+        "class_path": f"{__name__}.SolidColours",
+        "init_args": {"per_class": 6},
+    }
+
+
+def test_a_source_s_options_are_its_own(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--data.source", f"{__name__}.SolidColours", "--data.source.root", "x"])
+    assert stop.value.code == 2
+    assert "root" in capsys.readouterr().err
