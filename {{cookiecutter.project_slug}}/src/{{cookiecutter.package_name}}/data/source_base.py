@@ -1,0 +1,116 @@
+"""The `Source` interface (`sources.py` has the sources) and what every source builds with:
+the datasets of evaluation and prediction, the skipping of unreadable images, and each
+DataLoader's placement (pinned memory on CUDA, a rank's share under DDP).
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.accelerators import CUDAAccelerator
+from torch.utils.data import DataLoader, Dataset
+
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.labelled import ImageIndex, unlabelled_folder
+from {{ cookiecutter.package_name }}.data.loaders import make_loader
+from {{ cookiecutter.package_name }}.data.once import once
+from {{ cookiecutter.package_name }}.data.scan import drop_unreadable
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
+from {{ cookiecutter.package_name }}.errors import DataError
+
+# What each method is given: the `ImageDataModule` (`datamodule.py`, which imports this module).
+ImageDataModule = L.LightningDataModule
+
+
+class Source(ABC):
+    """Where the images of a run come from.
+
+    `data` in each method is the `ImageDataModule` (its trainer, image size, classes, batch size
+    and worker count). Each option is kept under its own name: `config()` reads them back.
+    """
+
+    skip_bad_images: bool = False  # also what a `predict_root` folder does with unreadable images
+
+    def config(self) -> dict:
+        """The source as LightningCLI writes it (`class_path`, `init_args`): kept in checkpoints."""
+        kind = type(self)
+        names = inspect.signature(kind).parameters
+        args = {name: _plain(getattr(self, name)) for name in names}
+        return {"class_path": f"{kind.__module__}.{kind.__qualname__}", "init_args": args}
+
+    def inputs(self) -> list[tuple[str, Path | str | None]]:
+        """(option, path) of each file or folder the source reads: outputs must stay out of them."""
+        names = inspect.signature(type(self)).parameters
+        return [(f"--data.source.{name}", getattr(self, name)) for name in names
+                if isinstance(getattr(self, name), Path)]  # fmt: skip
+
+    def prepare(self, predicting: bool) -> None:  # noqa: B027 (optional: most sources need none)
+        """Work done once per machine before `setup` (LightningDataModule.prepare_data)."""
+
+    @abstractmethod
+    def class_names(self) -> list[str]:
+        """The classes, in label order."""
+
+    @abstractmethod
+    def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
+        """The training and validation datasets."""
+
+    @abstractmethod
+    def test_dataset(self, data: ImageDataModule) -> Dataset:
+        """The labelled images `test` reads."""
+
+    def predict_dataset(self, data: ImageDataModule) -> Dataset:
+        """The images `predict` reads when no `--data.predict_root` is given."""
+        raise DataError("predict needs --data.predict_root: a folder of images")
+
+    def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
+        """The DataLoader of `dataset`: each process reads its own share of each epoch."""
+        workers = data.resolve_num_workers()
+        seed = data.seed
+        return make_loader(
+            dataset, data.batch_size, workers, train=train, seed=seed, **placement(data)
+        )
+
+
+def predict_folder(data: ImageDataModule, folder: Path) -> ImageFolderDataset:
+    """Every image below `folder`, for `predict`; unreadable ones left out where the source
+    skips them."""
+    predict = eval_dataset(data, once(data.trainer, partial(unlabelled_folder, folder)))
+    return skip_unreadable(data, predict)[0] if data.source.skip_bad_images else predict
+
+
+def eval_dataset(data: ImageDataModule, index: ImageIndex) -> ImageFolderDataset:
+    transform = eval_transform(data.image_size)
+    return ImageFolderDataset(*fields(index), transform, data.class_names, data.image_size)
+
+
+def skip_unreadable(data: ImageDataModule, *datasets: ImageFolderDataset) -> list:
+    trainer = data.trainer
+    writer = trainer is None or trainer.is_global_zero
+    workers = data.resolve_num_workers()
+    return drop_unreadable(
+        datasets, workers, writer, data.log_dir(), writer, partial(once, trainer)
+    )
+
+
+def placement(data: ImageDataModule) -> dict:
+    """Pinned memory on CUDA; each rank's share of the dataset under DDP."""
+    trainer = data.trainer
+    options = {
+        "pin_memory": trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
+    }
+    if trainer is not None and trainer.world_size > 1:
+        options["shard"] = (trainer.global_rank, trainer.world_size)
+    return options
+
+
+def fields(index: ImageIndex) -> tuple:
+    return index.root, index.paths, index.targets
+
+
+def _plain(value):
+    return str(value) if isinstance(value, Path) else value
