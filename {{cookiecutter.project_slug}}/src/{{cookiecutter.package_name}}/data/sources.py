@@ -1,0 +1,384 @@
+"""Sources: `--data.source`, where a run's images come from, each with only the options it uses.
+
+`ClassFolders` (the default: `--data.source.root DIR`), `LabelsCsv` (`--data.source LabelsCsv
+--data.source.csv FILE`) and `Shards` (`--data.source Shards --data.source.path DIR_OR_S3_URL`).
+A source gives the DataModule its class names, its datasets for each stage, and the DataLoader
+for each dataset; the DataModule composes and has no branch of its own per source. To add a
+kind of source, subclass `Source` (ARCHITECTURE.md, "Adding a source").
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property, partial
+from importlib import import_module
+from pathlib import Path
+from typing import Literal
+
+from torch.utils.data import DataLoader, Dataset
+
+from {{ cookiecutter.package_name }}.data.cache import cached
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, DEMO_DIR, ensure_demo_data
+from {{ cookiecutter.package_name }}.data.index import write_split
+from {{ cookiecutter.package_name }}.data.labelled import (
+    LabelledSource,
+    SeededSplit,
+    SeparateValidation,
+    Split,
+    find_csv,
+    labelled_source,
+)
+from {{ cookiecutter.package_name }}.data.loaders import make_loader
+from {{ cookiecutter.package_name }}.data.once import once
+from {{ cookiecutter.package_name }}.data.source_base import (
+    ImageDataModule,
+    Source,
+    eval_dataset,
+    fields,
+    placement,
+    skip_unreadable,
+)
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
+from {{ cookiecutter.package_name }}.errors import DataError
+
+__all__ = ["ClassFolders", "LabelsCsv", "Shards", "Source"]
+
+log = logging.getLogger(__name__)
+
+SPLIT_FILE = "val_files.csv"
+
+
+class ImageFiles(Source):
+    """Images on a file system, indexed in `setup`: what `ClassFolders` and `LabelsCsv` share.
+
+    Validation images are `val_fraction` of each class, or those of `val_root`/`val_csv`.
+    The pixel cache (`cache: memmap`), the skipping of unreadable images and the class-balanced
+    sampler work on these sources only.
+    """
+
+    csv: Path | None = None
+    filename_column = "filename"
+    label_column = "label"
+    label_kind = "auto"
+
+    def __init__(
+        self,
+        root: str | Path | None,
+        val_root: str | Path | None,
+        val_csv: str | Path | None,
+        val_fraction: float,
+        test_root: str | Path | None,
+        test_csv: str | Path | None,
+        balance_classes: bool,
+        skip_bad_images: bool,
+        cache: Literal["none", "memmap"],
+        cache_keep: int,
+        cache_key: Literal["stat", "mtime"],
+    ) -> None:
+        if not 0.0 <= val_fraction < 1.0:
+            raise DataError(f"--data.source.val_fraction must be in [0, 1), got {val_fraction}")
+        if cache not in ("none", "memmap"):
+            raise DataError(f"--data.source.cache must be 'none' or 'memmap', got {cache!r}")
+        if cache_keep < 0:
+            raise DataError(f"--data.source.cache_keep must be >= 0 (0: all), got {cache_keep}")
+        if cache_key not in ("stat", "mtime"):
+            raise DataError(f"--data.source.cache_key must be 'stat' or 'mtime', got {cache_key!r}")
+        self.root = _path(root)
+        if self.root is None and self.csv is not None:
+            self.root = self.csv.parent
+        self.val_root = _path(val_root)
+        self.val_csv = find_csv(val_csv, self.val_root or self.root, "data.source.val_csv")
+        self.val_fraction = val_fraction
+        self.test_root = _path(test_root)
+        self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.source.test_csv")
+        self.balance_classes = balance_classes
+        self.skip_bad_images = skip_bad_images
+        self.cache = cache
+        self.cache_keep = cache_keep
+        self.cache_key = cache_key
+
+    @cached_property
+    def labelled(self) -> LabelledSource:
+        """The training images: class folders, or the files the CSV names."""
+        return labelled_source(self.root or DEMO_DIR, self.csv, *self._columns)
+
+    @property
+    def _columns(self) -> tuple[str, str, str]:
+        return self.filename_column, self.label_column, self.label_kind
+
+    def split(self, seed: int) -> Split:
+        """Where the training and validation images come from, as the options say."""
+        if self.val_root is None and self.val_csv is None:
+            return SeededSplit(self.labelled, self.val_fraction, seed)
+        root = self.val_root or self.root or DEMO_DIR
+        val = labelled_source(root, self.val_csv, *self._columns, "validation", self.labelled)
+        return SeparateValidation(self.labelled, val)
+
+    def prepare(self, predicting: bool) -> None:
+        # predict reads only predict_root: no demo data to generate for it
+        if self.root is None and not predicting:
+            ensure_demo_data(DEMO_DIR)
+
+    def class_names(self) -> list[str]:
+        if self.root is None:  # known without generating the demo images
+            return list(DEMO_CLASSES)
+        return self.labelled.class_names()
+
+    def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
+        self.prepare(predicting=False)  # also done by prepare_data; here for use without a Trainer
+        # Listing folders, or reading the CSV and checking its files: on rank zero only (once.py)
+        split = partial(self.split(data.seed).split, data.class_names, stage)
+        train_index, val_index = once(data.trainer, split)
+        augment = train_transform(data.image_size, data.crop_scale, data.hflip)
+        # Random crops of training images tolerate libjpeg's fast approximate decode (`read_image`)
+        train = ImageFolderDataset(
+            *fields(train_index),
+            augment,
+            data.class_names,
+            augment.min_source_size(),
+            approximate_decode=True,
+        )
+        val = eval_dataset(data, val_index)
+        everything = (train, val)  # what the pixel cache covers: before the skip
+        if self.skip_bad_images:
+            train, val = skip_unreadable(data, train, val)
+        if self.cache == "memmap":
+            progress = data.trainer is None or data.trainer.local_rank == 0
+            train, val = cached(
+                (train, val),
+                max(data.image_size, augment.min_source_size()),
+                data.cache_dir,
+                progress=progress,
+                everything=everything,
+                skip_unreadable=self.skip_bad_images,
+                keep=self.cache_keep,
+                key=self.cache_key,
+                run_once=partial(once, data.trainer),
+            )
+        log_dir = data.log_dir()
+        if stage in ("fit", None) and log_dir is not None and data.trainer.is_global_zero:
+            path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, data.class_names)
+            log.info("Validation split: %d images, listed in %s", len(val), path)
+        return train, val
+
+    def test_dataset(self, data: ImageDataModule) -> Dataset:
+        if self.test_root is None and self.test_csv is None:
+            raise DataError(
+                "test needs --data.source.test_root (class folders) or --data.source.test_csv"
+            )
+        root = self.test_root or self.root or self.test_csv.parent
+        source = labelled_source(root, self.test_csv, *self._columns, "test", self.labelled)
+        test = eval_dataset(data, once(data.trainer, partial(source.index, data.class_names)))
+        return skip_unreadable(data, test)[0] if self.skip_bad_images else test
+
+    def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
+        balance = None
+        if train and self.balance_classes:
+            balance = (dataset.targets, data.num_classes, data.seed)
+        workers = data.resolve_num_workers()
+        options = {"train": train, "balance_classes": balance, "seed": data.seed}
+        return make_loader(dataset, data.batch_size, workers, **placement(data), **options)
+
+
+class ClassFolders(ImageFiles):
+    """Images in class folders, `root/<class>/<image>`; unset `root`: the generated demo set.
+
+    Args:
+        root: folder with one sub-folder of images per class. Unset: the demo dataset, generated
+            on first use in `data/demo`.
+        val_root: validation images in class folders (or the image folder of `val_csv`).
+        val_csv: validation images named by a CSV (as `LabelsCsv` reads one), relative to
+            `val_root` when set, else to `root`.
+        val_fraction: share of each class held out for validation, drawn with `--data.seed`: the
+            same files on every run and every process. Not used with `val_root` or `val_csv`.
+        test_root: held-out images for `test`, in class folders (or the image folder of
+            `test_csv`); its classes must be training classes.
+        test_csv: test images named by a CSV, relative to `test_root` when set, else to `root`.
+        balance_classes: draw training images with a weighted sampler, each class equally often.
+        skip_bad_images: decode every image once at setup (in parallel) and leave out those that
+            cannot be read, with a warning listing them (also for `--data.predict_root`). Off: an
+            unreadable image stops the run with an error naming it.
+        cache: "memmap" decodes every image once, at the size the training crop needs, into a
+            uint8 file under `--data.cache_dir` that later epochs and runs read instead of the
+            image files. A speed switch only: the same random crops and flips run on the stored
+            pixels. Built in `setup`, by one process per machine, for the whole dataset
+            (changing `val_fraction` or the seed reuses it); rebuilt when the files or the size
+            change.
+        cache_keep: how many caches of this dataset `--data.cache_dir` keeps, newest first,
+            after building one (older versions, other image sizes); 0 keeps them all.
+        cache_key: what of each file decides whether the cache is current: "stat" (size, times
+            and inode: sees any rewrite) or "mtime" (size and modification time: for datasets
+            copied to node-local scratch with `cp -p` or `rsync -a` at each job start).
+    """
+
+    def __init__(
+        self,
+        root: str | Path | None = None,
+        val_root: str | Path | None = None,
+        val_csv: str | Path | None = None,
+        val_fraction: float = 0.2,
+        test_root: str | Path | None = None,
+        test_csv: str | Path | None = None,
+        balance_classes: bool = False,
+        skip_bad_images: bool = False,
+        cache: Literal["none", "memmap"] = "none",
+        cache_keep: int = 3,
+        cache_key: Literal["stat", "mtime"] = "stat",
+    ) -> None:
+        super().__init__(
+            root,
+            val_root,
+            val_csv,
+            val_fraction,
+            test_root,
+            test_csv,
+            balance_classes,
+            skip_bad_images,
+            cache,
+            cache_keep,
+            cache_key,
+        )
+
+
+class LabelsCsv(ImageFiles):
+    """Images named by a CSV with a header row: `filename,label` (a path relative to `root`, and
+    a class name or index). The other options are those of `ClassFolders`.
+
+    Args:
+        csv: the labels CSV. A relative path that does not exist is also looked for in `root`.
+        root: the folder the CSV's file names are relative to; unset: the CSV's folder.
+        filename_column: the CSV column with the file names.
+        label_column: the CSV column with the labels.
+        label_kind: "index" reads labels as class indices, "name" as class names; "auto" reads
+            indices only when the training labels are exactly 0..K-1 (ASCII, no leading zeros).
+            Validation and test CSVs are read as the training labels are.
+    """
+
+    def __init__(
+        self,
+        csv: str | Path,
+        root: str | Path | None = None,
+        val_root: str | Path | None = None,
+        val_csv: str | Path | None = None,
+        val_fraction: float = 0.2,
+        test_root: str | Path | None = None,
+        test_csv: str | Path | None = None,
+        filename_column: str = "filename",
+        label_column: str = "label",
+        label_kind: Literal["auto", "index", "name"] = "auto",
+        balance_classes: bool = False,
+        skip_bad_images: bool = False,
+        cache: Literal["none", "memmap"] = "none",
+        cache_keep: int = 3,
+        cache_key: Literal["stat", "mtime"] = "stat",
+    ) -> None:
+        self.csv = find_csv(csv, _path(root), "data.source.csv")
+        self.filename_column = filename_column
+        self.label_column = label_column
+        self.label_kind = label_kind
+        super().__init__(
+            root,
+            val_root,
+            val_csv,
+            val_fraction,
+            test_root,
+            test_csv,
+            balance_classes,
+            skip_bad_images,
+            cache,
+            cache_keep,
+            cache_key,
+        )
+
+
+class Shards(Source):
+    """LitData shards written by the `shard` command: training and validation images (and test
+    and predict images where they were written). Needs the `stream` extra (LitData).
+
+    Args:
+        path: the shards' folder, or `s3://bucket/prefix` (with `AWS_ENDPOINT_URL` for an
+            S3-compatible store). Shards in a folder are read in place; chunks from object
+            storage are kept while in use in the `stream` folder of `--data.cache_dir`.
+        cache_limit: the most that folder holds, e.g. "50GB"; older chunks are deleted first.
+    """
+
+    def __init__(self, path: str, cache_limit: str = "50GB") -> None:
+        self.path = str(path).rstrip("/")
+        self.cache_limit = cache_limit
+
+    def inputs(self) -> list[tuple[str, Path | str | None]]:
+        return [("--data.source.path", self.path)]
+
+    def class_names(self) -> list[str]:
+        return require_shards().meta_of(self.path)["class_names"]
+
+    def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
+        augment = train_transform(data.image_size, data.crop_scale, data.hflip)
+        transform = eval_transform(data.image_size)
+        options = (data.image_size, data.seed, self._cache(data), self.cache_limit)
+        return require_shards().streamed(self.path, augment, transform, *options)
+
+    def test_dataset(self, data: ImageDataModule) -> Dataset:
+        return self._split(data, "test")
+
+    def predict_dataset(self, data: ImageDataModule) -> Dataset:
+        return self._split(data, "predict")
+
+    def _split(self, data: ImageDataModule, split: str) -> Dataset:
+        options = (self._cache(data), self.cache_limit)
+        transform = eval_transform(data.image_size)
+        return require_shards().streamed_split(
+            self.path, split, transform, data.image_size, *options
+        )
+
+    def _cache(self, data: ImageDataModule) -> str:
+        return str(data.cache_dir / "stream")
+
+    def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
+        if isinstance(dataset, ImageFolderDataset):  # a `--data.predict_root` folder
+            return super().loader(data, dataset, train)
+        # LitData splits each epoch between the processes itself.
+        trainer = data.trainer
+        processes = trainer.world_size if trainer is not None else 1
+        on_cuda = placement(data)["pin_memory"]
+        workers = data.resolve_num_workers()
+        return require_shards().streaming_loader(
+            dataset, data.batch_size, workers, on_cuda, processes
+        )
+
+
+def require_shards(needed_by: str = "--data.source Shards"):
+    """The shards module (`data/shards.py`), once LitData, an optional dependency, is found."""
+    try:
+        import litdata  # noqa: F401
+    except ImportError as err:
+        raise DataError(
+            f'{needed_by} needs LitData: pip install ".[stream]" (the stream extra)'
+        ) from err
+    from {{ cookiecutter.package_name }}.data import shards
+
+    return shards
+
+
+def source_from_config(value) -> Source:
+    """A source from its `class_path`/`init_args` (a dict or jsonargparse Namespace), as
+    LightningCLI would build it; a source is returned as it is."""
+    if isinstance(value, Source):
+        return value
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    return source_class(value["class_path"])(**(value.get("init_args") or {}))
+
+
+def source_class(class_path: str) -> type[Source]:
+    """The source class a `class_path` names (a short name: one of this module's)."""
+    module, _, name = class_path.rpartition(".")
+    kind = getattr(import_module(module), name, None) if module else globals().get(name)
+    if not (isinstance(kind, type) and issubclass(kind, Source)):
+        raise DataError(f"--data.source {class_path} is not a source")
+    return kind
+
+
+def _path(value: str | Path | None) -> Path | None:
+    return Path(value) if value is not None else None
