@@ -65,3 +65,22 @@ def test_the_repo_tracks_no_stray_artefacts() -> None:
     }  # fmt: skip
     binary = (".npz", ".npy", ".ckpt", ".pt", ".pt2", ".onnx", ".db", ".jpg", ".png")
     assert [path for path in tracked if path.endswith(binary)] == []
+
+
+def test_no_file_of_the_template_is_hidden_by_gitignore() -> None:
+    """A new module must reach a clean clone: a .gitignore pattern meant for the repo root (a
+    `data/` written by a command run there) once matched the package's own `data/` room too, and
+    hid a new file in it. Tracked files that a pattern matches show it, in a clean clone too."""
+    listed = []
+    for kind in ("--cached", "--others"):
+        listed += subprocess.run(
+            ["git", "ls-files", kind, "--ignored", "--exclude-standard"],
+            cwd=TEMPLATE,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    own = ("hooks/", "tests/", "benchmarks/", "scripts/", "{{cookiecutter.project_slug}}/")
+    caches = ("__pycache__/", ".pytest_cache/", ".ruff_cache/")
+    hidden = [p for p in listed if p.startswith(own) and not any(c in p for c in caches)]
+    assert hidden == []
