@@ -69,8 +69,12 @@ def test_a_source_defined_in_a_test_trains_through_the_cli(tmp_path: Path) -> No
             "0.01",
             "--trainer.max_epochs",
             "4",
-            "--trainer.default_root_dir",
+            "--trainer.logger",
+            "lightning.pytorch.loggers.CSVLogger",  # whichever logger the bake chose: its CSV
+            "--trainer.logger.save_dir",
             str(tmp_path),
+            "--trainer.logger.name",
+            "lightning_logs",
             "--run",
             "solid",
         ]
