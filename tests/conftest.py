@@ -42,9 +42,12 @@ def run(*cmd: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess
     """Run a command, failing the test with its output when it exits non-zero."""
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
+        # A failing test's name first: its own output can fill the tail shown below.
+        failed = [line[:200] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
         pytest.fail(
             f"{' '.join(cmd)} exited {done.returncode}\n"
-            f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+            + "".join(f"{f}\n" for f in failed)
+            + f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
         )
     return done
 
