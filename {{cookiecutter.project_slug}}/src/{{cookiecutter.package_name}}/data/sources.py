@@ -64,17 +64,17 @@ class ImageFiles(Source):
 
     def __init__(
         self,
-        root: str | Path | None,
-        val_root: str | Path | None,
-        val_csv: str | Path | None,
-        val_fraction: float,
-        test_root: str | Path | None,
-        test_csv: str | Path | None,
-        balance_classes: bool,
-        skip_bad_images: bool,
-        cache: Literal["none", "memmap"],
-        cache_keep: int,
-        cache_key: Literal["stat", "mtime"],
+        root: str | Path | None = None,
+        val_root: str | Path | None = None,
+        val_csv: str | Path | None = None,
+        val_fraction: float = 0.2,
+        test_root: str | Path | None = None,
+        test_csv: str | Path | None = None,
+        balance_classes: bool = False,
+        skip_bad_images: bool = False,
+        cache: Literal["none", "memmap"] = "none",
+        cache_keep: int = 3,
+        cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
         if not 0.0 <= val_fraction < 1.0:
             raise DataError(f"--data.source.val_fraction must be in [0, 1), got {val_fraction}")
@@ -212,34 +212,6 @@ class ClassFolders(ImageFiles):
             copied to node-local scratch with `cp -p` or `rsync -a` at each job start).
     """
 
-    def __init__(
-        self,
-        root: str | Path | None = None,
-        val_root: str | Path | None = None,
-        val_csv: str | Path | None = None,
-        val_fraction: float = 0.2,
-        test_root: str | Path | None = None,
-        test_csv: str | Path | None = None,
-        balance_classes: bool = False,
-        skip_bad_images: bool = False,
-        cache: Literal["none", "memmap"] = "none",
-        cache_keep: int = 3,
-        cache_key: Literal["stat", "mtime"] = "stat",
-    ) -> None:
-        super().__init__(
-            root,
-            val_root,
-            val_csv,
-            val_fraction,
-            test_root,
-            test_csv,
-            balance_classes,
-            skip_bad_images,
-            cache,
-            cache_keep,
-            cache_key,
-        )
-
 
 class LabelsCsv(ImageFiles):
     """Images named by a CSV with a header row: `filename,label` (a path relative to `root`, and
@@ -277,19 +249,8 @@ class LabelsCsv(ImageFiles):
         self.filename_column = filename_column
         self.label_column = label_column
         self.label_kind = label_kind
-        super().__init__(
-            root,
-            val_root,
-            val_csv,
-            val_fraction,
-            test_root,
-            test_csv,
-            balance_classes,
-            skip_bad_images,
-            cache,
-            cache_keep,
-            cache_key,
-        )
+        shared = (val_root, val_csv, val_fraction, test_root, test_csv, balance_classes)
+        super().__init__(root, *shared, skip_bad_images, cache, cache_keep, cache_key)
 
 
 class Shards(Source):
