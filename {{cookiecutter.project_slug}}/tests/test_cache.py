@@ -22,7 +22,7 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, locks
 from {{ cookiecutter.package_name }}.data import cache as cache_module
-from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, _write, cached
+from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, _write, build, cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.index import make_dataset
@@ -272,6 +272,32 @@ def test_a_waiting_process_uses_what_the_builder_built(image_root: Path, tmp_pat
         marker = (folder / "pixels.npy").stat().st_ino
     waiter.join(timeout=30)
     assert results and results[0].cache.folder == folder
+    assert (folder / "pixels.npy").stat().st_ino == marker  # used as it was, not rebuilt
+
+
+def test_a_process_waiting_to_build_does_not_outwait_the_builder(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """A process that found no cache and then the builder's lock waits for the build, not for
+    the lock: the builder goes on to hold it shared while it reads, and under DDP then waits for
+    the other process (the two-process deadlock this guards against)."""
+    fcntl = pytest.importorskip("fcntl", reason="POSIX file locks; Windows builds without one")
+    dataset = folder_dataset(image_root)
+    cache_dir = tmp_path / "cache"
+    serve(dataset, 16, cache_dir)
+    (folder,) = [p for p in cache_dir.iterdir() if p.is_dir()]
+    built = tmp_path / "built"
+    folder.rename(built)
+    with open(cache_dir / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is building
+        waiter = threading.Thread(target=build, args=(dataset, folder, 16, 0, False))
+        waiter.start()
+        time.sleep(0.5)
+        built.rename(folder)  # the builder finishes...
+        marker = (folder / "pixels.npy").stat().st_ino
+        fcntl.flock(lock, fcntl.LOCK_SH)  # ...and reads it, as `cached` does
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
     assert (folder / "pixels.npy").stat().st_ino == marker  # used as it was, not rebuilt
 
 

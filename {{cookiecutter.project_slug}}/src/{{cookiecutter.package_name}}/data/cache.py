@@ -239,16 +239,21 @@ def build(
     """Decode every image of `dataset` into `folder`, unless another process is doing it now.
 
     The first process to take the lock builds into a temporary folder and renames it into place;
-    the others block on the lock, then find the finished folder. Without working locks, processes
+    the others wait for it, then find the finished folder. Without working locks, processes
     may build side by side: the first rename wins and the others discard their copies. Then all
     but the newest `keep` caches beside it are removed (0: none is), never one being read.
     """
     _make_dir(folder.parent)
     with open(lock_path(folder), "a") as lock:
         held = try_lock(lock, exclusive=True, wait=False)
-        if held is False:
+        while held is False:
+            # Wait with a shared lock, never an exclusive one: the builder goes on to hold this
+            # lock shared while it reads the cache, and under DDP then waits for this process.
             log.warning("Waiting for another process to build the image cache %s", folder)
-            held = try_lock(lock, exclusive=True)
+            try_lock(lock, exclusive=False)
+            if (folder / "index.npy").exists():
+                return
+            held = try_lock(lock, exclusive=True, wait=False)  # that build died: ours now
         if (folder / "index.npy").exists():
             return
         if held:  # only we may build this cache now: a staging folder of it is a dead build's
