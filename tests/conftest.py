@@ -19,6 +19,25 @@ CHOICE_OPTIONS = {
 }
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked `minutes(n)` first, longest first, each followed by an unmarked one.
+
+    `make test` runs the suite on one pytest-xdist worker per CPU, each worker holding the test it
+    runs and the next: a quick test after each long one keeps two long tests from queueing on
+    one worker while another runs the quick ones.
+    """
+    long = sorted(
+        (item for item in items if item.get_closest_marker("minutes")),
+        key=lambda item: -item.get_closest_marker("minutes").args[0],
+    )
+    quick = [item for item in items if not item.get_closest_marker("minutes")]
+    ordered = []
+    for item in long:
+        ordered += [item, *quick[:1]]
+        quick = quick[1:]
+    items[:] = ordered + quick
+
+
 def all_combinations() -> list[dict[str, str]]:
     """Every combination of the choice options in cookiecutter.json."""
     names = list(CHOICE_OPTIONS)

@@ -3,6 +3,9 @@ and lint with no edits."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,17 +35,29 @@ OTHERS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dependencies(cookies_session, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment holding what a default bake declares (with `dev`), the bake itself
     removed: every bake below installs into its own venv beside it, so that only the packages its
-    own pyproject.toml adds (a logger, the extras) are installed per bake, and torch once."""
-    folder = tmp_path_factory.mktemp("dependencies")
-    project = bake(cookies_session, project_name="Base Bake")
-    python = str(new_venv(folder / "venv", folder))
-    run(python, "-m", "pip", "install", "--quiet", "-e", f"{project}[dev]", cwd=folder)
-    run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "base-bake", cwd=folder)
-    run(python, "-c", "import torch, lightning, pytest, moto", cwd=folder)
+    own pyproject.toml adds (a logger, the extras) are installed per bake, and torch once.
+
+    Once per run: under pytest-xdist the first worker to need it builds it in the workers' common
+    folder, holding a lock that the others wait on before they use it."""
+    run_folder = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_folder = run_folder.parent  # this run's folder, above each worker's own
+    folder = run_folder / "dependencies"
+    with open(run_folder / "dependencies.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "ready").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed on another worker
+            folder.mkdir()
+            project = bake(cookies_session, project_name="Base Bake")
+            python = str(new_venv(folder / "venv", folder))
+            run(python, "-m", "pip", "install", "--quiet", "-e", f"{project}[dev]", cwd=folder)
+            run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "base-bake", cwd=folder)
+            run(python, "-c", "import torch, lightning, pytest, moto", cwd=folder)
+            (folder / "ready").touch()
     return folder / "venv"
 
 
@@ -52,15 +67,28 @@ def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str
     return python
 
 
+# The default bake's whole suite runs in two halves, on two workers at once: these test files
+# (the two-process DDP and shard runs) and the rest. About 11 minutes each on 2 cores.
+FIRST_HALF = ("test_ddp.py", "test_mid_epoch.py", "test_shards.py", "test_stream_eval.py")
+HALVES = {
+    "ddp-shards": [f"tests/{name}" for name in FIRST_HALF],
+    "the-rest": [f"--ignore=tests/{name}" for name in FIRST_HALF],
+}
+
+
+@pytest.mark.minutes(12)
+@pytest.mark.parametrize("half", HALVES.values(), ids=HALVES.keys())
 def test_default_bake_passes_all_its_tests_and_lint(
-    cookies, tmp_path: Path, dependencies: Path
+    cookies, tmp_path: Path, dependencies: Path, half: list[str]
 ) -> None:
     """`make test-all`: its whole suite, with the onnx and stream extras, so that ONNX export and
     inference and shards (LitData, a local S3 server) are tested."""
     project = bake(cookies, **DEFAULT)
     python = install(project, tmp_path / "venv", dependencies, "dev,onnx,stream")
-    run("make", "lint", f"PYTHON={python}", cwd=project)
-    result = run("make", "test-all", f"PYTHON={python}", cwd=project, timeout=2700)
+    if half == HALVES["the-rest"]:
+        run("make", "lint", f"PYTHON={python}", cwd=project)
+    args = f"PYTEST_ARGS={' '.join(half)}"
+    result = run("make", "test-all", f"PYTHON={python}", args, cwd=project, timeout=2700)
     assert " passed" in result.stdout and "failed" not in result.stdout
     # No test skipped for a missing package: only the GPU tests, and the one for a bake without
     # the stream extra.
@@ -69,6 +97,7 @@ def test_default_bake_passes_all_its_tests_and_lint(
     assert all(any(reason in line for reason in allowed) for line in skipped), skipped
 
 
+@pytest.mark.minutes(3)
 @pytest.mark.parametrize("answers", OTHERS.values(), ids=OTHERS.keys())
 def test_bake_passes_its_fast_tests_and_lint(
     cookies, tmp_path: Path, dependencies: Path, answers: dict[str, str]
