@@ -88,6 +88,22 @@ def test_missing_data_root_exits_2_with_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("said", ["Connection closed by peer", "Connection reset by peer"])
+def test_a_process_whose_peer_failed_first_ends_in_one_line(said: str, monkeypatch, capsys):
+    """Under DDP the rank that fails says why; the others, their collective broken, say one line
+    (gloo words it either way, as the failed rank's socket is closed or reset)."""
+    from {{ cookiecutter.package_name }}.commands import report
+
+    def broken_collective(args: list[str]) -> None:
+        raise RuntimeError(f"[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:30108: {said}")
+
+    monkeypatch.setattr(report, "main", broken_collective)
+    with pytest.raises(SystemExit) as stopped:
+        main(["report"])
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err == "error: stopped because another process of the job failed\n"
+
+
 @pytest.mark.slow
 def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)

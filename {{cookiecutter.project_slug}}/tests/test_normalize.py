@@ -27,8 +27,12 @@ def test_normalises_every_value_as_mean_and_std_say() -> None:
 
 def test_cpu_path_leaves_torch_thread_count_as_it_was() -> None:
     before = torch.get_num_threads()
-    BatchNormalizer(MEAN, STD)(torch.zeros(2, 3, 4, 4, dtype=torch.uint8))
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(3)  # not 1, which the CPU path sets while it runs (OMP_NUM_THREADS=1)
+    try:
+        BatchNormalizer(MEAN, STD)(torch.zeros(2, 3, 4, 4, dtype=torch.uint8))
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_pickles_for_spawn_workers() -> None:

@@ -16,8 +16,9 @@ from {{ cookiecutter.package_name }}.errors import DataError
 USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]"
 
 
-# What gloo says on the other ranks when one rank of a DDP job exits.
-_PEER_GONE = "Connection closed by peer"
+# What gloo says on the other ranks when one rank of a DDP job exits: the one or the other, as
+# the exiting rank's socket happens to be closed or reset.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
 
 def usage() -> str:
@@ -52,7 +53,7 @@ def main(args: list[str] | None = None) -> None:
             # own: PyTorch's handler in the worker printed a line with no newline.
             print(f"\nerror: {message}", file=sys.stderr)
             sys.exit(2)
-        if _PEER_GONE in str(err):  # DDP: another process of the job failed first and said why
+        if any(words in str(err) for words in _PEER_GONE):  # DDP: another process failed first
             print("error: stopped because another process of the job failed", file=sys.stderr)
             sys.exit(1)
         raise
