@@ -68,7 +68,7 @@ def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str
 
 
 # The default bake's whole suite runs in two halves, on two workers at once: these test files
-# (the two-process DDP and shard runs) and the rest. About 11 minutes each on 2 cores.
+# (the two-process DDP and shard runs) and the rest: 8-11 minutes each on 2 cores.
 FIRST_HALF = ("test_ddp.py", "test_mid_epoch.py", "test_shards.py", "test_stream_eval.py")
 HALVES = {
     "ddp-shards": [f"tests/{name}" for name in FIRST_HALF],
