@@ -81,10 +81,10 @@ HALVES = {
 def test_default_bake_passes_all_its_tests_and_lint(
     cookies, tmp_path: Path, dependencies: Path, half: list[str]
 ) -> None:
-    """`make test-all`: its whole suite, with the onnx and stream extras, so that ONNX export and
+    """`make test-all`: its whole suite, with every extra (onnx, stream, timm, serve), so that ONNX export and
     inference and shards (LitData, a local S3 server) are tested."""
     project = bake(cookies, **DEFAULT)
-    python = install(project, tmp_path / "venv", dependencies, "dev,onnx,stream")
+    python = install(project, tmp_path / "venv", dependencies, "dev,onnx,stream,timm,serve")
     if half == HALVES["the-rest"]:
         run("make", "lint", f"PYTHON={python}", cwd=project)
     args = f"PYTEST_ARGS={' '.join(half)}"
