@@ -14,6 +14,7 @@ import torch
 from conftest import CSV_LOGGER, tiny_run_options, write_image
 from torch.utils.data import Dataset
 
+from {{ cookiecutter.package_name }}.commands.shard import write_shards
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Shards, require_shards
@@ -92,12 +93,12 @@ def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Pat
     """LitData deals whole batches to each process: a batch is at most a process's share."""
     folders = ImageDataModule(ClassFolders(image_root), image_size=16, num_workers=0)
     folders.setup("fit")
-    shards = require_shards()
     datasets = {"train": folders.train_dataset, "val": folders.val_dataset}
-    shards.write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1, False)
+    write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1, False)
     streamed = ImageDataModule(Shards(str(tmp_path / "shards")), image_size=16, num_workers=0)
     streamed.setup("fit")
     train, val = streamed.train_dataset, streamed.val_dataset
+    shards = require_shards()
     assert (len(train), len(val)) == (18, 6)
     for dataset, processes, batch_size in ((train, 16, 1), (train, 4, 4), (val, 4, 1)):
         loader = shards.streaming_loader(dataset, 64, 0, False, processes)

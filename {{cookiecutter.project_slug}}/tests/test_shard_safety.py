@@ -16,8 +16,8 @@ from test_mid_epoch import colour_root as colour_root  # the fixture, shared
 from test_shards import PACKAGE, needs_litdata, shard
 from test_shards import s3 as s3  # the fixture, shared
 
+from {{ cookiecutter.package_name }}.commands.shard_output import refuse_overlap
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
-from {{ cookiecutter.package_name }}.data.shard_output import refuse_overlap
 from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.errors import DataError
 

@@ -13,22 +13,38 @@ same `--output` need `--overwrite`. An `--output` that is, holds or lies inside 
 data is refused, as is one holding files `shard` did not write (unless `--overwrite`, which still
 removes only the files listed in `shard-manifest.json`, `shard`'s own). Needs the `stream` extra
 (`pip install ".[stream]"`).
+
+Each image is stored as its bytes, label and relative path, with `litdata.optimize`, in
+`<output>/<split>`; `<output>/dataset.json` (class names, image counts, what the shards were made
+from) comes last, once every split's LitData index lists all its images, so shards without it are
+incomplete, whatever a killed run left. `shard_output.py` decides what may be written and removed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
+import re
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 from jsonargparse import ArgumentParser
+from PIL import Image
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
+from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOutput, refuse_overlap
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
-from {{ cookiecutter.package_name }}.data.shard_output import ShardOutput, refuse_overlap
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.images import decode_image
 from {{ cookiecutter.package_name }}.data.sources import ImageFiles, require_shards, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 
 PROG = "python -m {{ cookiecutter.package_name }} shard"
+CHUNK_BYTES = "64MB"  # LitData's advice for images: large enough for few requests per epoch
 
 
 def main(args: list[str] | None = None) -> int:
@@ -54,7 +70,7 @@ def main(args: list[str] | None = None) -> int:
     datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
     refuse_overlap(config.output, datamodule.inputs())
     output = ShardOutput(config.output)  # a folder (not a file) or s3://bucket/prefix
-    shards = require_shards("shard")  # before the data is read: says which extra to install
+    require_shards("shard")  # before the data is read: says which extra to install
     output.claim([], config.overwrite)  # others' files there: refused before the data is read
     datamodule.setup("fit")
     datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}
@@ -67,7 +83,7 @@ def main(args: list[str] | None = None) -> int:
     workers = max(datamodule.resolve_num_workers(), 1)
     started = time.perf_counter()
     options = (config.resize, workers, config.overwrite, datamodule.seed)
-    written = shards.write_shards(datasets, datamodule.class_names, config.output, *options)
+    written = write_shards(datasets, datamodule.class_names, config.output, *options)
     counts = ", ".join(f"{len(dataset)} {split}" for split, dataset in datasets.items())
     if not written:
         print(f"{config.output}: shards of these images ({counts}) are already there")
@@ -75,3 +91,141 @@ def main(args: list[str] | None = None) -> int:
         seconds = time.perf_counter() - started
         print(f"wrote {counts} images as shards to {config.output} in {seconds:.1f} s")
     return 0
+
+
+def write_shards(
+    datasets: dict[str, ImageFolderDataset],
+    class_names: list[str],
+    output: str,
+    resize: int | None,
+    workers: int,
+    overwrite: bool,
+    seed: int = 0,
+) -> bool:
+    """Write `datasets` (by split name) as shards at `output`; False if they are already there.
+
+    Training images are stored in an order shuffled with `seed`: LitData shuffles chunks, and
+    items only within a few chunks, so images stored class by class would give batches of one
+    class. A run killed before its end is replaced without `overwrite`, being this command's own.
+
+    Raises:
+        DataError: `output` holds shards of other images or options, or files that `shard` did
+            not write, and `overwrite` is off; files that `shard` did not write sit where the
+            shards go; or a split's shards lack images once written (LitData interrupted).
+    """
+    output = str(output).rstrip("/")
+    made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
+    place = ShardOutput(output)
+    earlier = place.claim(list(datasets), overwrite)  # the files an earlier `shard` wrote here
+    existing = place.read_json(META) if earlier else None
+    if existing is not None and not overwrite:
+        if existing.get("made_of") == made_of:
+            return False
+        raise DataError(
+            f"--output {output} holds shards of other images or options: pass --overwrite true "
+            "to replace them, or choose another --output"
+        )
+    place.remove(earlier)  # also what a killed run left: shards without dataset.json
+    place.start(list(datasets))
+    # LitData stages chunks in $TMPDIR/chunks and $TMPDIR/data and empties both at every start:
+    # two jobs on one machine would delete each other's chunks. This job gets folders of its own.
+    with tempfile.TemporaryDirectory(prefix="shard-") as staging:
+        staged = {
+            "DATA_OPTIMIZER_CACHE_FOLDER": os.path.join(staging, "chunks"),
+            "DATA_OPTIMIZER_DATA_CACHE_FOLDER": os.path.join(staging, "data"),
+        }
+        saved = {name: os.environ.get(name) for name in staged}
+        os.environ.update({name: saved[name] or folder for name, folder in staged.items()})
+        try:
+            for split, dataset in datasets.items():
+                _optimize(dataset, f"{output}/{split}", resize, workers, split == "train", seed)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+    images = {split: len(dataset) for split, dataset in datasets.items()}
+    for split, count in images.items():  # e.g. Ctrl-C: LitData's workers stop, optimize returns
+        index = place.read_json(f"{split}/index.json") or {"chunks": []}
+        if sum(chunk["chunk_size"] for chunk in index["chunks"]) != count:
+            raise DataError(
+                f"{output}/{split}: the shards do not hold all {count} images (interrupted?); "
+                "run `shard` again to rewrite them"
+            )
+    place.finish(list(datasets))
+    meta = {"format": 1, "class_names": class_names, "images": images, "made_of": made_of}
+    place.write_json(META, meta)
+    return True
+
+
+def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
+    """What the shards are made of: each split's files (relative paths, labels, sizes, times)."""
+    digest = hashlib.sha256()
+    for split, dataset in datasets.items():
+        digest.update(split.encode())
+        for i in range(len(dataset)):
+            stat = os.stat(dataset.path(i))
+            name = os.fsdecode(dataset.paths[i])
+            label = None if dataset.targets is None else dataset.targets[i]
+            digest.update(repr((name, label, stat.st_size, stat.st_mtime_ns)).encode())
+    return digest.hexdigest()
+
+
+def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
+    """One image as stored in a shard (run in LitData's worker processes)."""
+    path, label, name, resize = entry
+    data = Path(path).read_bytes()
+    if resize:
+        data = _reencoded(data, path, resize)
+    return {"image": data, "label": label, "path": name}
+
+
+def _reencoded(data: bytes, path: str, size: int) -> bytes:
+    """The image as a JPEG with its short side `size` (never enlarged)."""
+    pixels = decode_image(bytearray(data), path, min_size=size)
+    image = Image.fromarray(pixels.permute(1, 2, 0).numpy())
+    scale = size / min(image.size)
+    if scale < 1:
+        width, height = image.size
+        image = image.resize((round(width * scale), round(height * scale)), Image.BICUBIC)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool, seed: int):
+    """One split as LitData chunks at `url`, its images in a `seed`ed random order if `shuffle`."""
+    import litdata  # the stream extra: found by `require_shards` before this runs
+
+    count = len(dataset)
+    order = np.random.default_rng(seed).permutation(count) if shuffle else range(count)
+    targets = np.full(count, -1) if dataset.targets is None else dataset.targets
+    items = [
+        (dataset.path(i), int(targets[i]), os.fsdecode(dataset.paths[i]), resize) for i in order
+    ]
+    try:
+        litdata.optimize(
+            fn=shard_item,
+            inputs=items,
+            output_dir=url,
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=max(workers, 1),
+            reorder_files=False,  # LitData's default sorts by file size: ours are in order
+            # LitData's default, spawn, starts each worker by importing torch again (seconds);
+            # this process has started no threads that a fork could copy mid-lock.
+            start_method="fork" if sys.platform == "linux" else None,
+            verbose=True,
+        )
+    except RuntimeError as err:  # a worker's error, passed on by LitData as its traceback's text
+        causes = r"^(?:[\w.]*DataError|FileNotFoundError|PermissionError): (.+)$"
+        found = re.findall(causes, str(err), re.MULTILINE)
+        if not found:
+            raise
+        hint = (
+            "; --data.source.skip_bad_images true leaves it out"
+            if "cannot read" in found[-1]
+            else ""
+        )
+        print(file=sys.stderr)  # ends the line of LitData's progress bar, left where it stopped
+        raise DataError(
+            f"{url}: {found[-1]}{hint} (the next `shard` replaces what this one wrote)"
+        ) from err

@@ -7,8 +7,8 @@ to numpy arrays; dataset: the lazy Dataset; images: decoding; transforms: uint8 
 pre-decoded pixels; cache_dirs: where caches live (never in a dataset) and which ones may be
 removed; locks: the cache's file locks; scan: unreadable files; loaders: DataLoader
 settings and samplers; normalize: uint8 to normalised float; cpus: worker arithmetic; once: work
-done on rank zero and sent to the others; demo: the generated demo set; shards and shard_output:
-LitData shards, and the output folder `shard` writes them to (its manifest, what it may remove).
+done on rank zero and sent to the others; demo: the generated demo set; shards: LitData shards
+streamed back (the `shard` command writes them).
 """
 
 

@@ -1,56 +1,35 @@
 """Shards: a dataset written once as LitData chunks (a folder or `s3://...`), streamed back.
 
-`write_shards` (the `shard` command) stores each image's encoded bytes as they are on disk (or,
-with `resize`, re-encoded as a JPEG at that short side), its label and its relative path, with
-`litdata.optimize`, into `<output>/train` and `<output>/val` (and `<output>/test`,
-`<output>/predict` where those sets were given), then writes `<output>/dataset.json` (class names,
-image counts, what the shards were made from). That file comes last, once every split's LitData
-index lists all its images: shards without it are incomplete, whatever a killed run left. What
-`shard` may write and remove there (never the user's files) is decided by `shard_output.py`.
-`StreamedImages` reads them back through `litdata.StreamingDataset`, which gives each process (and
-node) its own part of every epoch and keeps downloaded chunks in a bounded local cache.
-
-LitData is an optional dependency (`pip install ".[stream]"`): this module is imported only once
-`sources.require_shards` has found it. Storage goes through LitData's own clients (boto3 and
-obstore for S3), which read the usual AWS variables: `AWS_ENDPOINT_URL` for an S3-compatible store.
+The `shard` command (`commands/shard.py`) writes them. `StreamedImages` reads them through
+`litdata.StreamingDataset`, which gives each process (and node) its own part of every epoch and
+keeps downloaded chunks in a bounded local cache. LitData is the `stream` extra: this module is
+imported only once `sources.require_shards` has found it. Storage goes through LitData's clients,
+which read the usual AWS variables (`AWS_ENDPOINT_URL` for an S3-compatible store).
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import random
-import re
-import sys
 import tempfile
 import warnings
 from pathlib import Path
 
 import litdata
-import numpy as np
 import torch
 from litdata.streaming.fs_provider import _get_fs_provider
-from PIL import Image
 
-from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import decode_image
-from {{ cookiecutter.package_name }}.data.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.errors import DataError
 
-SPLITS = ("train", "val", "test", "predict")
-CHUNK_BYTES = "64MB"  # LitData's advice for images: large enough for few requests per epoch
-
-
-def is_remote(url: str) -> bool:
-    return "://" in str(url)
+META = "dataset.json"  # written last by `shard` (commands/shard_output.py): the shards are complete
 
 
 def read_meta(url: str) -> dict | None:
     """The `dataset.json` of the shards at `url`; None where there is none (or none complete)."""
     url = str(url).rstrip("/")
-    if not is_remote(url):
+    if "://" not in url:
         path = Path(url) / META
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     provider = _get_fs_provider(url)
@@ -61,173 +40,6 @@ def read_meta(url: str) -> dict | None:
         local = os.path.join(folder, META)
         provider.download_file(remote, local)
         return json.loads(Path(local).read_text(encoding="utf-8"))
-
-
-def _write_meta(url: str, meta: dict) -> None:
-    text = json.dumps(meta, indent=1)
-    if not is_remote(url):
-        staged = Path(url) / f".{META}.partial"
-        staged.write_text(text, encoding="utf-8")
-        os.replace(staged, Path(url) / META)
-        return
-    with tempfile.TemporaryDirectory() as folder:
-        local = os.path.join(folder, META)
-        Path(local).write_text(text, encoding="utf-8")
-        _get_fs_provider(url).upload_file(local, f"{url}/{META}")
-
-
-def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
-    """What the shards are made of: each split's files (relative paths, labels, sizes, times)."""
-    digest = hashlib.sha256()
-    for split, dataset in datasets.items():
-        digest.update(split.encode())
-        for i in range(len(dataset)):
-            stat = os.stat(dataset.path(i))
-            name = os.fsdecode(dataset.paths[i])
-            label = None if dataset.targets is None else dataset.targets[i]
-            digest.update(repr((name, label, stat.st_size, stat.st_mtime_ns)).encode())
-    return digest.hexdigest()
-
-
-def count_items(url: str) -> int:
-    """How many items the LitData index (`index.json`) at `url` lists; 0 where there is none."""
-    remote = f"{url}/index.json"
-    if not is_remote(url):
-        path = Path(remote)
-        index = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    else:
-        provider = _get_fs_provider(url)
-        index = None
-        if provider.exists(remote):
-            with tempfile.TemporaryDirectory() as folder:
-                provider.download_file(remote, os.path.join(folder, "index.json"))
-                index = json.loads(Path(folder, "index.json").read_text(encoding="utf-8"))
-    return sum(chunk["chunk_size"] for chunk in index["chunks"]) if index else 0
-
-
-def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
-    """One image as stored in a shard (run in LitData's worker processes)."""
-    path, label, name, resize = entry
-    data = Path(path).read_bytes()
-    if resize:
-        data = _reencoded(data, path, resize)
-    return {"image": data, "label": label, "path": name}
-
-
-def _reencoded(data: bytes, path: str, size: int) -> bytes:
-    """The image as a JPEG with its short side `size` (never enlarged)."""
-    pixels = decode_image(bytearray(data), path, min_size=size)
-    image = Image.fromarray(pixels.permute(1, 2, 0).numpy())
-    scale = size / min(image.size)
-    if scale < 1:
-        width, height = image.size
-        image = image.resize((round(width * scale), round(height * scale)), Image.BICUBIC)
-    out = io.BytesIO()
-    image.save(out, "JPEG", quality=90)
-    return out.getvalue()
-
-
-def write_shards(
-    datasets: dict[str, ImageFolderDataset],
-    class_names: list[str],
-    output: str,
-    resize: int | None,
-    workers: int,
-    overwrite: bool,
-    seed: int = 0,
-) -> bool:
-    """Write `datasets` (`SPLITS`) as shards at `output`; False if they are already there.
-
-    Training images are stored in an order shuffled with `seed`: LitData shuffles chunks, and
-    items only within a few chunks, so images stored class by class would give batches of one
-    class. The other splits keep their order.
-
-    Only what `shard` wrote is ever removed (its manifest, `shard_output.py`); a run killed
-    before its end is replaced without `overwrite`, being this command's own.
-
-    Raises:
-        DataError: `output` holds shards of other images or options, or files that `shard` did
-            not write, and `overwrite` is off; files that `shard` did not write sit where the
-            shards go; or a split's shards lack images once written (LitData interrupted).
-    """
-    output = str(output).rstrip("/")
-    made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
-    place = ShardOutput(output)
-    earlier = place.claim(list(datasets), overwrite)  # the files an earlier `shard` wrote here
-    existing = read_meta(output) if earlier else None
-    if existing is not None and not overwrite:
-        if existing.get("made_of") == made_of:
-            return False
-        raise DataError(
-            f"--output {output} holds shards of other images or options: pass --overwrite true "
-            "to replace them, or choose another --output"
-        )
-    place.remove(earlier)  # also what a killed run left: shards without dataset.json
-    place.start(list(datasets))
-    # LitData stages chunks in $TMPDIR/chunks and $TMPDIR/data and empties both at every start:
-    # two jobs on one machine would delete each other's chunks. This job gets folders of its own.
-    with tempfile.TemporaryDirectory(prefix="shard-") as staging:
-        staged = {
-            "DATA_OPTIMIZER_CACHE_FOLDER": os.path.join(staging, "chunks"),
-            "DATA_OPTIMIZER_DATA_CACHE_FOLDER": os.path.join(staging, "data"),
-        }
-        saved = {name: os.environ.get(name) for name in staged}
-        os.environ.update({name: saved[name] or folder for name, folder in staged.items()})
-        try:
-            for split, dataset in datasets.items():
-                _optimize(dataset, f"{output}/{split}", resize, workers, split == "train", seed)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-    images = {split: len(dataset) for split, dataset in datasets.items()}
-    for split, count in images.items():  # e.g. Ctrl-C: LitData's workers stop, optimize returns
-        if count_items(f"{output}/{split}") != count:
-            raise DataError(
-                f"{output}/{split}: the shards do not hold all {count} images (interrupted?); "
-                "run `shard` again to rewrite them"
-            )
-    place.finish(list(datasets))
-    meta = {"format": 1, "class_names": class_names, "images": images, "made_of": made_of}
-    _write_meta(output, meta)
-    return True
-
-
-def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool, seed: int):
-    """One split as LitData chunks at `url`, its images in a `seed`ed random order if `shuffle`."""
-    count = len(dataset)
-    order = np.random.default_rng(seed).permutation(count) if shuffle else range(count)
-    targets = np.full(count, -1) if dataset.targets is None else dataset.targets
-    items = [
-        (dataset.path(i), int(targets[i]), os.fsdecode(dataset.paths[i]), resize) for i in order
-    ]
-    try:
-        litdata.optimize(
-            fn=shard_item,
-            inputs=items,
-            output_dir=url,
-            chunk_bytes=CHUNK_BYTES,
-            num_workers=max(workers, 1),
-            reorder_files=False,  # LitData's default sorts by file size: ours are in order
-            # LitData's default, spawn, starts each worker by importing torch again (seconds);
-            # this process has started no threads that a fork could copy mid-lock.
-            start_method="fork" if sys.platform == "linux" else None,
-            verbose=True,
-        )
-    except RuntimeError as err:  # a worker's error, passed on by LitData as its traceback's text
-        causes = r"^(?:[\w.]*DataError|FileNotFoundError|PermissionError): (.+)$"
-        found = re.findall(causes, str(err), re.MULTILINE)
-        if not found:
-            raise
-        hint = (
-            "; --data.source.skip_bad_images true leaves it out"
-            if "cannot read" in found[-1]
-            else ""
-        )
-        print(file=sys.stderr)  # ends the line of LitData's progress bar, left where it stopped
-        raise DataError(
-            f"{url}: {found[-1]}{hint} (the next `shard` replaces what this one wrote)"
-        ) from err
 
 
 class StreamedImages(litdata.StreamingDataset):

@@ -1,17 +1,15 @@
-"""Where `shard` may write and what it may remove: its output checked against the data it reads,
-and a manifest of every file it writes there.
+"""Where `shard` may write and what it may remove: never among the images it reads, and only the
+files its manifest lists.
 
-`shard` writes `shard-manifest.json` at its output first, naming the split folders it claims
-(`train/`, `val/`, ...), each empty when claimed; once LitData has written them, it lists every
-file they hold in the manifest, and only then writes `dataset.json`. So whatever a run leaves,
-finished or killed half-way, the next run knows it as its own: the files the manifest lists, or
-for a run that never finished, the files inside the folders it claimed. Nothing else at the
-output is ever removed, `--overwrite` or not: a user's file beside the shards stays, and a
-non-empty output without a manifest of ours is refused unless `--overwrite` (which then writes
-beside what is there, never over it).
+`shard` writes `shard-manifest.json` first, claiming the split folders (`train/`, `val/`, ...),
+each empty when claimed; once LitData has written them, the manifest lists every file they hold,
+and only then is `dataset.json` written. Whatever a run leaves, finished or killed, the next one
+knows as its own: the files listed, or for a run that never finished, the files inside the
+folders it claimed. Nothing else is removed, `--overwrite` or not; a non-empty output without our
+manifest is refused unless `--overwrite` (which then writes beside what is there).
 
-Folders are local paths; `s3://bucket/prefix` goes through LitData's boto3 client, listing page by
-page (1,000 keys each) and deleting in batches of 1,000, S3's limits per request.
+`s3://bucket/prefix` goes through LitData's boto3 client, a page of 1,000 keys per list or delete
+request (S3's limit).
 """
 
 from __future__ import annotations
@@ -111,11 +109,7 @@ class ShardOutput:
 
     def manifest(self) -> dict | None:
         """The manifest of an earlier `shard` here; None where there is none of ours."""
-        text = self._read(MANIFEST)
-        try:
-            manifest = json.loads(text) if text is not None else None
-        except json.JSONDecodeError:
-            return None
+        manifest = self.read_json(MANIFEST)
         if not isinstance(manifest, dict) or manifest.get("shard_manifest") != FORMAT:
             return None
         return manifest
@@ -203,13 +197,13 @@ class ShardOutput:
         self._refuse([name for split in splits for name in self.files(split, limit=1)])
         if not self.remote:
             Path(self.url).mkdir(parents=True, exist_ok=True)
-        self._write(MANIFEST, {"shard_manifest": FORMAT, "folders": splits, "files": None})
+        self.write_json(MANIFEST, {"shard_manifest": FORMAT, "folders": splits, "files": None})
 
     def finish(self, splits: list[str]) -> None:
         """List in the manifest every file the `splits` folders now hold (and `dataset.json`,
         written next)."""
         files = sorted({name for split in splits for name in self.files(split)} | {META})
-        self._write(MANIFEST, {"shard_manifest": FORMAT, "folders": splits, "files": files})
+        self.write_json(MANIFEST, {"shard_manifest": FORMAT, "folders": splits, "files": files})
 
     def _join(self, name: str) -> str:
         return f"{self.url}/{name}"
@@ -221,18 +215,25 @@ class ShardOutput:
         found = self._s3.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=1)
         return any(item["Key"] == key for item in found.get("Contents", []))
 
-    def _read(self, name: str) -> str | None:
+    def read_json(self, name: str) -> dict | None:
+        """The JSON file `name` of the output; None where it is missing or not JSON."""
         if not self.remote:
             path = Path(self.url, name)
-            return path.read_text(encoding="utf-8") if path.is_file() else None
-        client = self._s3
+            text = path.read_text(encoding="utf-8") if path.is_file() else None
+        else:
+            client = self._s3
+            try:
+                body = client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+                text = body.read().decode("utf-8")
+            except client.exceptions.NoSuchKey:
+                text = None
         try:
-            body = client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
-        except client.exceptions.NoSuchKey:
+            return json.loads(text) if text is not None else None
+        except json.JSONDecodeError:
             return None
-        return body.read().decode("utf-8")
 
-    def _write(self, name: str, content: dict) -> None:
+    def write_json(self, name: str, content: dict) -> None:
+        """Write `name`, whole or not at all (a local file is renamed into place)."""
         text = json.dumps(content, indent=1)
         if self.remote:
             self._s3.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=text)
