@@ -27,6 +27,7 @@ from {{ cookiecutter.package_name }}.data.sources import source_class, source_fr
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
+from {{ cookiecutter.package_name }}.model.pretrained import pretrained_inputs
 from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
 from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
@@ -83,6 +84,7 @@ class ImageCLI(LightningCLI):
                 _resume_run(config, typed, self.ckpt_contents)
         elif subcommand == "fit":
             _refuse_run_taken(config)
+            _follow_pretrained_inputs(config, typed)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -160,6 +162,25 @@ class ImageCLI(LightningCLI):
     def after_fit(self) -> None:
         log_fit_outputs(self.trainer, self.model)
 {%- endif %}
+
+
+def _follow_pretrained_inputs(config, typed) -> None:
+    """`--model.pretrained`: the image size and normalisation the weights were trained with,
+    for the data options not given (the model's copies, linked, go into checkpoints and exports).
+    """
+    if not config.model.pretrained:
+        return
+    inputs = pretrained_inputs(config.model.architecture)
+    if inputs is None:
+        return
+    given = typed.get("data") or Namespace()
+    chosen = []
+    for name, value in zip(("image_size", "mean", "std"), inputs, strict=True):
+        if given.get(name) is None:
+            config.data[name] = value
+            chosen.append(f"--data.{name} {value}")
+    if chosen and rank_zero_only.rank == 0:
+        print(f"--model.pretrained {config.model.architecture}: {', '.join(chosen)}", flush=True)
 
 
 def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
@@ -264,7 +285,7 @@ def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
     for name, value in _saved_data_options(config.data, checkpoint, subcommand).items():
         config.data[name] = value
     # The checkpoint holds the trained weights; the file that seeded them may be gone.
-    config.model.weights_path = None
+    config.model.weights, config.model.pretrained = None, False
 
 
 def _saved_data_options(data, checkpoint: dict, subcommand: str) -> dict:

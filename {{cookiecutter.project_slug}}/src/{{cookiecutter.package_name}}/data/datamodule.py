@@ -7,6 +7,7 @@ on the device. This module only composes them.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,7 @@ from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.data.source_base import predict_folder
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Source
+from {{ cookiecutter.package_name }}.data.transforms import CROP_ONLY, Augment
 from {{ cookiecutter.package_name }}.errors import DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -47,11 +49,8 @@ class ImageDataModule(L.LightningDataModule):
             streamed from object storage in `stream/`); never inside a dataset. Unset: the
             per-user cache folder (`data/cache_dirs.py`: on Linux,
             `~/.cache/{{ cookiecutter.package_name }}`).
-        crop_scale: range of the area share of a training image that each random crop keeps.
-            0.08-1 (torchvision's default) is standard for large photo datasets and long
-            training; the milder default learns small datasets faster (docs/performance.md).
-        hflip: flip training images left-right at random. Off by default because a mirror image
-            is not always the same class (digits, text, some scans); turn it on for natural photos.
+        augment: how training images vary: the random crop's `crop_scale`, `hflip`, an
+            automatic augmentation `policy` and random `erasing` (`transforms.Augment`).
     """
 
     def __init__(
@@ -66,8 +65,7 @@ class ImageDataModule(L.LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         cache_dir: str | Path | None = None,
-        crop_scale: tuple[float, float] = (0.6, 1.0),
-        hflip: bool = False,
+        augment: Augment = CROP_ONLY,
     ) -> None:
         super().__init__()
         if image_size < 8:
@@ -76,13 +74,14 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError(f"--data.batch_size must be at least 1, got {batch_size}")
         if num_workers != "auto" and num_workers < 0:
             raise DataError(f"--data.num_workers must be 'auto' or >= 0, got {num_workers}")
-        if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
-            raise DataError(f"--data.crop_scale needs 0 < low <= high <= 1, got {crop_scale}")
         self.source = source if source is not None else ClassFolders()
         # The model saves the linked values (class names, normalisation); saving them here too
         # would make Lightning refuse to merge the two sets of hyperparameters when they differ.
         self.save_hyperparameters(ignore=["source", "class_names", "mean", "std"])
         self.hparams["source"] = self.source.config()  # plain values: checkpoints load safely
+        if isinstance(augment, dict):  # a config's or a checkpoint's plain values
+            augment = Augment(**augment)
+        self.hparams["augment"] = asdict(augment)
         self.image_size = image_size
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -91,8 +90,7 @@ class ImageDataModule(L.LightningDataModule):
         self._class_names = list(class_names) if class_names else None
         self.mean = tuple(mean)
         self.std = tuple(std)
-        self.crop_scale = tuple(crop_scale)
-        self.hflip = hflip
+        self.augment = augment
         self.cache_dir = cache_folder(cache_dir, self.inputs())
         self.normalizer = BatchNormalizer(self.mean, self.std)
         self.train_dataset = self.val_dataset = self.test_dataset = self.predict_dataset = None

@@ -130,7 +130,7 @@ class ImageFiles(Source):
         # Listing folders, or reading the CSV and checking its files: on rank zero only (once.py)
         split = partial(self.split(data.seed).split, data.class_names, stage)
         train_index, val_index = once(data.trainer, split)
-        augment = train_transform(data.image_size, data.crop_scale, data.hflip)
+        augment = train_transform(data.image_size, data.augment)
         # Random crops of training images tolerate libjpeg's fast approximate decode (`read_image`)
         train = ImageFolderDataset(
             *fields(train_index),
@@ -275,7 +275,7 @@ class Shards(Source):
         return require_shards().meta_of(self.path)["class_names"]
 
     def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
-        augment = train_transform(data.image_size, data.crop_scale, data.hflip)
+        augment = train_transform(data.image_size, data.augment)
         transform = eval_transform(data.image_size)
         options = (data.image_size, data.seed, self._cache(data), self.cache_limit)
         return require_shards().streamed(self.path, augment, transform, *options)

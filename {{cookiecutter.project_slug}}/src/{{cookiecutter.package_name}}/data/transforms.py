@@ -1,14 +1,19 @@
-"""The uint8 transforms run in the Dataset: random resized crops for training, resize and centre
-crop for evaluation; the same whether pixels come from files or from the pixel cache."""
+"""The uint8 transforms run in the Dataset: random resized crops (and, where asked, flips, an
+automatic augmentation policy and random erasing) for training, resize and centre crop for
+evaluation; the same whether pixels come from files or from the pixel cache."""
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
+
+from {{ cookiecutter.package_name }}.errors import DataError
 
 
 class Draw(int):
@@ -39,11 +44,52 @@ def seed_augmentation(index: int) -> None:
         random.seed(seed)
 
 
-def train_transform(
-    image_size: int, scale: tuple[float, float] = (0.6, 1.0), hflip: bool = False
-) -> RandomResizedCropFlip:
-    """Random resized crop and (with `hflip`) horizontal flip on uint8 tensors."""
-    return RandomResizedCropFlip(image_size, scale, hflip=hflip)
+@dataclass(frozen=True)
+class Augment:
+    """How training images vary (`--data.augment.*`), on uint8 in the loader workers.
+
+    Args:
+        crop_scale: range of the area share of a training image that each random crop keeps.
+            0.08-1 (torchvision's default) is standard for large photo datasets and long
+            training; the milder default learns small datasets faster (docs/performance.md).
+        hflip: flip left-right at random. Off by default because a mirror image is not always
+            the same class (digits, text, some scans); turn it on for natural photos.
+        policy: after the crop, "trivial" (TrivialAugmentWide: one random operation of random
+            strength per image) or "rand" (RandAugment: two operations at strength 9), from
+            torchvision; unset: none.
+        erasing: the probability that a random rectangle of each image is blanked (torchvision's
+            RandomErasing, as timm's recipes use it at 0.25).
+    """
+
+    crop_scale: tuple[float, float] = (0.6, 1.0)
+    hflip: bool = False
+    policy: Literal["trivial", "rand"] | None = None
+    erasing: float = 0.0
+
+    def __post_init__(self) -> None:
+        low, high = self.crop_scale
+        if not 0.0 < low <= high <= 1.0:
+            raise DataError(
+                f"--data.augment.crop_scale needs 0 < low <= high <= 1, got {self.crop_scale}"
+            )
+        if not 0.0 <= self.erasing <= 1.0:
+            raise DataError(f"--data.augment.erasing is a probability, got {self.erasing}")
+
+
+CROP_ONLY = Augment()  # the default: the random resized crop alone
+
+
+def train_transform(image_size: int, augment: Augment | None = None) -> RandomResizedCropFlip:
+    """The training transform that `augment` describes (default: crop only)."""
+    augment = augment or Augment()
+    extra = []
+    if augment.policy == "trivial":
+        extra.append(v2.TrivialAugmentWide())
+    elif augment.policy == "rand":
+        extra.append(v2.RandAugment())
+    if augment.erasing:
+        extra.append(v2.RandomErasing(augment.erasing, value=0))
+    return RandomResizedCropFlip(image_size, augment.crop_scale, hflip=augment.hflip, extra=extra)
 
 
 class RandomResizedCropFlip:
@@ -52,7 +98,9 @@ class RandomResizedCropFlip:
     The same sampling as torchvision's, written out because the v2 pipeline's per-call overhead
     (pytree flattening, tensor-valued parameters) costs more than the resize itself on the small
     images a loader worker handles, with the same antialiased resize kernel. Draws from Python's
-    `random`, seeded for each training draw (`Draw`).
+    `random`, seeded for each training draw (`Draw`). The `extra` transforms (torchvision's, which
+    draw from torch's generator) follow, under a torch seed drawn from that same `random`, so
+    they too are the same again for the same draw.
     """
 
     def __init__(
@@ -61,8 +109,10 @@ class RandomResizedCropFlip:
         scale: tuple[float, float] = (0.6, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: bool = False,
+        extra: list | None = None,
     ) -> None:
         self.size = size
+        self.extra = v2.Compose(extra) if extra else None
         self.hflip = hflip
         self.scale = scale
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -110,6 +160,11 @@ class RandomResizedCropFlip:
         out = out[0]
         if self.hflip and random.random() < 0.5:
             out = out.flip(-1)
+        if self.extra is not None:
+            # Forked: torch's own generator (dropout, shuffles) is left as it was.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(random.getrandbits(63))
+                out = self.extra(out)
         # Contiguous (C, H, W): collation then copies each image with one memcpy.
         return out.contiguous()
 

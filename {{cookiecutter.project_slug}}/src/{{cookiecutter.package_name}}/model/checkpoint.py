@@ -175,7 +175,7 @@ def _check_contents(checkpoint: object, where: str, resume: bool) -> dict:
 
 def _build(hparams: dict, where: str) -> ImageClassifier:
     # The checkpoint holds the trained weights; the file that seeded them may be gone.
-    arguments = {**hparams, "weights_path": None}
+    arguments = {**hparams, "weights": None, "pretrained": False}
     try:
         return ImageClassifier(**arguments)
     except Exception as err:  # the values came from the file: whatever they break is its fault

@@ -1,4 +1,4 @@
-"""The networks: a compact residual CNN (the default) and torchvision architectures by name."""
+"""The networks: a compact residual CNN (the default), torchvision and timm models by name."""
 
 from __future__ import annotations
 
@@ -6,10 +6,16 @@ from pathlib import Path
 
 import torch
 import torchvision
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model.pretrained import (
+    _first_line,
+    timm_network,
+    torchvision_pretrained,
+)
 
 COMPACT = "compact_resnet"
 
@@ -94,38 +100,98 @@ def build_network(
     width: int = 32,
     depths: tuple[int, ...] = (1, 1, 2, 1),
     dropout: float = 0.0,
-    weights_path: str | Path | None = None,
+    weights: str | Path | None = None,
+    pretrained: bool = False,
 ) -> nn.Module:
-    """The compact CNN, or a torchvision model by name (`resnet18`, `efficientnet_b0`, ...).
+    """The compact CNN, a torchvision model by name (`resnet18`, ...) or a timm model by name
+    (`timm/convnext_nano.in12k`, or any name timm knows that torchvision does not: the `timm`
+    extra), with `num_classes` outputs.
 
-    torchvision models start from random weights, or from `weights_path`: a local state dict for
-    the architecture as torchvision defines it (usually ImageNet, 1000 classes), whose classifier
-    layer is then replaced to give `num_classes` outputs. Nothing is ever downloaded.
+    `pretrained`: start from the model's published weights (`pretrained.py`). `weights`: start
+    from a local file instead (`load_weights`). Otherwise the weights are random.
     """
+    if pretrained and weights is not None:
+        raise DataError("--model.pretrained and --model.weights both say where to start: pick one")
     if architecture == COMPACT:
-        if weights_path is not None:
-            raise DataError("--model.weights_path is for torchvision architectures only")
-        return CompactResNet(num_classes, image_size, width, tuple(depths), dropout=dropout)
-    available = torchvision.models.list_models(module=torchvision.models)
-    if architecture not in available:
-        raise DataError(
-            f"--model.architecture {architecture!r} is neither {COMPACT!r} nor a torchvision "
-            f"classification model (e.g. resnet18, resnet50, efficientnet_b0, convnext_tiny)"
+        if pretrained:
+            raise DataError(
+                f"--model.pretrained: {COMPACT} has no published weights; start it from a file "
+                f"with --model.weights PATH, or pick a torchvision or timm architecture"
+            )
+        network: nn.Module = CompactResNet(
+            num_classes, image_size, width, tuple(depths), dropout=dropout
         )
-    check_runs(architecture, num_classes, image_size)
-    if weights_path is None:
-        return _torchvision_network(architecture, num_classes)
-    network = _torchvision_network(architecture, None)
-    path = Path(weights_path)
-    if not path.is_file():
-        raise DataError(f"--model.weights_path {path} is not a file")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    try:
-        network.load_state_dict(state)
-    except RuntimeError as err:
-        raise DataError(f"--model.weights_path {path} does not fit {architecture}: {err}") from err
-    _replace_classifier(network, num_classes)
+    elif architecture in torchvision.models.list_models(module=torchvision.models):
+        check_runs(architecture, num_classes, image_size)
+        if pretrained:
+            network = torchvision_pretrained(architecture)
+            replace_classifier(network, num_classes)
+        else:
+            network = _torchvision_network(architecture, num_classes)
+    else:
+        network = timm_network(architecture, num_classes, dropout, pretrained)
+    if weights is not None:
+        load_weights(network, weights, architecture)
     return network
+
+
+def classifier_of(network: nn.Module) -> nn.Module:
+    """The layer that gives the class scores: what is re-made for new classes and trained first
+    when the rest (the backbone) is frozen. timm models name it; torchvision's is the last
+    `nn.Linear`, or in SqueezeNet, which has none, the last convolution."""
+    if isinstance(network, CompactResNet):
+        return network.head[-1]
+    if hasattr(network, "get_classifier"):  # timm
+        return network.get_classifier()
+    return _last_layer(network)[1]
+
+
+def load_weights(network: nn.Module, path: str | Path, architecture: str) -> None:
+    """Start `network` from a local file: a state dict (`torch.save`), a `.safetensors` file, or
+    a checkpoint of this project. A classifier of another number of classes is re-made (and said
+    so); any other layer that is missing or of another shape is refused, naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"--model.weights {path} is not a file")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except ImportError as err:
+        raise DataError(
+            f'--model.weights {path}: reading .safetensors needs pip install ".[timm]" ({err})'
+        ) from err
+    except Exception as err:  # whatever the file is, it is not weights we can read
+        raise DataError(f"--model.weights {path} holds no weights: {_first_line(err)}") from err
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):  # our checkpoint
+        prefix = "net."
+        state = {
+            k[len(prefix) :]: v for k, v in state["state_dict"].items() if k.startswith(prefix)
+        }
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise DataError(f"--model.weights {path} is not a state dict of tensors")
+    own = network.state_dict()
+    head = {f"{n}." for n, module in network.named_modules() if module is classifier_of(network)}
+    reshaped = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
+    # torch's own account of what is missing and extra; a layer the network removed (set to
+    # None, as torchvision's auxiliary heads) is neither
+    missing, extra = network.load_state_dict(
+        {k: v for k, v in state.items() if k not in reshaped}, strict=False
+    )
+    wrong = [k for k in reshaped + missing + extra if not k.startswith(tuple(head))]
+    if wrong:
+        raise DataError(
+            f"--model.weights {path} does not fit {architecture}: {len(wrong)} layers missing or "
+            f"of another shape, e.g. {', '.join(wrong[:3])}"
+        )
+    if reshaped or missing:
+        rank_zero_warn(
+            f"--model.weights {path}: its classifier is for other classes; the classifier is "
+            f"re-made for {_outputs(network)} classes and trained from random weights"
+        )
 
 
 def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
@@ -201,16 +267,23 @@ def _torchvision_network(architecture: str, num_classes: int | None) -> nn.Modul
     return network
 
 
-def _replace_classifier(network: nn.Module, num_classes: int) -> None:
-    """Swap the last `nn.Linear` (the classifier of torchvision models) for a fresh one; in
-    SqueezeNet, which has none, the last convolution, its 1x1 classifier."""
+def _last_layer(network: nn.Module) -> tuple[str, nn.Module]:
     layers = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Linear)]
-    if layers:
-        name, layer = layers[-1]
+    return (layers or [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Conv2d)])[-1]
+
+
+def replace_classifier(network: nn.Module, num_classes: int) -> None:
+    """Swap torchvision's classifier (`classifier_of`) for a fresh one of `num_classes`."""
+    name, layer = _last_layer(network)
+    if isinstance(layer, nn.Linear):
         fresh: nn.Module = nn.Linear(layer.in_features, num_classes)
     else:
-        name, layer = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Conv2d)][-1]
         fresh = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
     parent_name, _, attribute = name.rpartition(".")
     parent = network.get_submodule(parent_name) if parent_name else network
     setattr(parent, attribute, fresh)
+
+
+def _outputs(network: nn.Module) -> int:
+    layer = classifier_of(network)
+    return layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels

@@ -23,7 +23,7 @@ LIMITS = ("max_epochs", "max_steps")
 # The logger argument that names its run folder: `<save_dir>/<name or project>/<run>/`.
 _VERSIONED = {"CSVLogger": "version", "TensorBoardLogger": "version", "WandbLogger": "id"}
 # Options that say how the data is read or the model run, not what is trained: free on resume.
-# (`weights_path` is not used on resume: the checkpoint holds the weights.)
+# (`weights` and `pretrained` are not used on resume: the checkpoint holds the weights.)
 FREE_ON_RESUME = frozenset(
     {
         "num_workers",
@@ -36,7 +36,8 @@ FREE_ON_RESUME = frozenset(
         "source.cache_keep",
         "source.cache_key",
         "source.cache_limit",
-        "weights_path",
+        "weights",
+        "pretrained",
         "compile",
         "channels_last",
     }

@@ -1,0 +1,119 @@
+"""Published weights, offline-safe: timm models (the `timm` extra) and torchvision's, each read
+from its local cache (Hugging Face's hub cache, torch's hub folder) before any download, and a
+stop before training, naming the model and the folder, where neither has them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torchvision
+from torch import nn
+
+from {{ cookiecutter.package_name }}.errors import DataError
+
+TIMM_PREFIX = "timm/"  # as the Hugging Face hub names timm's weights: timm/convnext_nano.in12k
+
+
+def _timm(architecture: str):
+    try:
+        import timm
+    except ImportError as err:
+        raise DataError(
+            f"--model.architecture {architecture!r} is neither compact_resnet nor a torchvision "
+            f"classification model; for timm's models install the timm extra: "
+            f'pip install ".[timm]"'
+        ) from err
+    name = architecture.removeprefix(TIMM_PREFIX)
+    if not timm.is_model(name):
+        raise DataError(
+            f"--model.architecture {architecture!r} is neither compact_resnet, a torchvision "
+            f"classification model (e.g. resnet18) nor a timm model (e.g. convnext_nano.in12k; "
+            f"timm.list_models() lists them)"
+        )
+    return timm, name
+
+
+def timm_network(
+    architecture: str, num_classes: int, dropout: float, pretrained: bool
+) -> nn.Module:
+    """timm's `architecture` with a fresh classifier of `num_classes`, from its published
+    weights when `pretrained` (timm then leaves the old classifier out)."""
+    timm, name = _timm(architecture)
+    overlay = None
+    if pretrained:
+        cached = _hub_cached(timm, name)
+        # From the cache file itself: no network call at all when the weights are already here.
+        overlay = {"file": cached, "source": ""} if cached else None
+    try:
+        return timm.create_model(
+            name,
+            pretrained=pretrained,
+            num_classes=num_classes,
+            drop_rate=dropout,
+            pretrained_cfg_overlay=overlay,
+        )
+    except (OSError, RuntimeError, ValueError) as err:  # offline, or no such weights
+        if not pretrained:
+            raise
+        raise DataError(
+            f"--model.pretrained: the weights of {name} are not in the Hugging Face cache "
+            f"{_hub_cache()} and could not be downloaded ({_first_line(err)}); run once with "
+            f"network access, point HF_HOME at a cache that has them, or give a file with "
+            f"--model.weights PATH"
+        ) from err
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _hub_cached(timm, name: str) -> str | None:
+    """The weights file of timm's `name` in the Hugging Face cache, if it is there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = timm.get_pretrained_cfg(name)
+    if config is None or not config.hf_hub_id:
+        return None
+    for filename in ("model.safetensors", "pytorch_model.bin"):
+        found = try_to_load_from_cache(config.hf_hub_id, filename)
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def torchvision_pretrained(architecture: str) -> nn.Module:
+    """torchvision's `architecture` with its default published weights (still 1000 classes)."""
+    weights = torchvision.models.get_model_weights(architecture).DEFAULT
+    folder = Path(torch.hub.get_dir()) / "checkpoints"
+    try:  # torch's hub uses the file in `folder` if it is there, else downloads it there
+        return torchvision.models.get_model(architecture, weights=weights)
+    except OSError as err:  # urllib's errors are OSErrors: offline, refused, timed out
+        name = os.path.basename(weights.url)
+        raise DataError(
+            f"--model.pretrained: the weights of {architecture} ({name}) are not in torch's hub "
+            f"folder {folder} and could not be downloaded ({_first_line(err)}); run once with "
+            f"network access, set TORCH_HOME, or give a file with --model.weights PATH"
+        ) from err
+
+
+def pretrained_inputs(architecture: str) -> tuple[int, tuple, tuple] | None:
+    """(image size, mean, std) the published weights of `architecture` were trained with, or
+    None for a model without them (the compact CNN)."""
+    if architecture in torchvision.models.list_models(module=torchvision.models):
+        preset = torchvision.models.get_model_weights(architecture).DEFAULT.transforms()
+        return int(preset.crop_size[0]), tuple(preset.mean), tuple(preset.std)
+    if architecture == "compact_resnet":
+        return None
+    timm, name = _timm(architecture)
+    config = timm.get_pretrained_cfg(name)
+    if config is None:
+        return None
+    return int(config.input_size[-1]), tuple(config.mean), tuple(config.std)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
