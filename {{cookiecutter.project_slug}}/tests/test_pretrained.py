@@ -1,0 +1,158 @@
+"""Starting from weights: timm models, published weights from the local hub caches (made here, no
+network), local weight files of every kind, and the errors when none of them is there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from conftest import CLASSES, one_error, tiny_run_options
+
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.model.networks import build_network, classifier_of
+
+timm = pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
+from safetensors.torch import save_file  # noqa: E402  (the timm extra brings it)
+
+TIMM_MODEL = "test_resnet.r160_in1k"  # a tiny timm model with published weights (160 px)
+STEM = "conv1.0.weight"  # its first convolution
+
+
+def hub_cache(home: Path, model: str = TIMM_MODEL) -> dict[str, torch.Tensor]:
+    """A Hugging Face cache under `home` (HF_HOME) holding weights for timm's `model`, laid out as
+    `huggingface_hub` downloads them; returns the weights."""
+    weights = timm.create_model(model).state_dict()  # random: what matters is that they load
+    repo = home / "hub" / f"models--timm--{model}"
+    snapshot = repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    snapshot.mkdir(parents=True)
+    save_file(weights, snapshot / "model.safetensors")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(snapshot.name)
+    return weights
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hugging Face home and torch hub folder, with downloads off."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    from huggingface_hub import constants
+
+    # huggingface_hub reads its folders when imported: point it at this test's
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path / "hf"
+
+
+def test_timm_model_from_the_hub_cache(offline_hub: Path) -> None:
+    weights = hub_cache(offline_hub)
+    network = build_network(TIMM_MODEL, 3, 160, pretrained=True)
+    torch.testing.assert_close(network.state_dict()[STEM], weights[STEM])
+    assert classifier_of(network).out_features == 3  # the head re-made for three classes
+    # the hub-style name too
+    network = build_network(f"timm/{TIMM_MODEL}", 5, 160, pretrained=True)
+    torch.testing.assert_close(network.state_dict()[STEM], weights[STEM])
+
+
+def test_missing_published_weights_name_the_model_and_the_cache(offline_hub: Path) -> None:
+    with pytest.raises(DataError, match=f"weights of {TIMM_MODEL} are not in the Hugging") as e:
+        build_network(TIMM_MODEL, 3, 160, pretrained=True)
+    assert str(offline_hub / "hub") in str(e.value)
+
+
+def test_torchvision_weights_from_the_torch_hub_folder(offline_hub: Path) -> None:
+    weights = torchvision.models.ResNet18_Weights.DEFAULT
+    saved = torchvision.models.resnet18().state_dict()
+    folder = offline_hub.parent / "torch" / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    torch.save(saved, folder / os.path.basename(weights.url))
+    network = build_network("resnet18", 3, 64, pretrained=True)
+    torch.testing.assert_close(network.conv1.weight, saved["conv1.weight"])
+    assert network.fc.out_features == 3
+
+
+def test_compact_network_has_no_published_weights() -> None:
+    with pytest.raises(DataError, match="compact_resnet has no published weights"):
+        build_network("compact_resnet", 3, 32, pretrained=True)
+
+
+def test_without_timm_one_line_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
+    with pytest.raises(DataError, match=r'pip install "\.\[timm\]"'):
+        build_network(TIMM_MODEL, 3, 32)
+
+
+def test_unknown_name_says_where_names_come_from() -> None:
+    with pytest.raises(DataError, match="nor a timm model"):
+        build_network("no_such_net", 3, 32)
+
+
+@pytest.mark.parametrize("kind", ["state dict", "safetensors", "checkpoint"])
+def test_weights_file_of_other_classes_starts_the_backbone(tmp_path: Path, kind: str) -> None:
+    """A file trained on two classes starts a three-class model: all but the classifier."""
+    trained = ImageClassifier(class_names=["x", "y"], image_size=32, architecture=TIMM_MODEL)
+    state = trained.net.state_dict()
+    if kind == "state dict":
+        path = tmp_path / "weights.pt"
+        torch.save(state, path)
+    elif kind == "safetensors":
+        path = tmp_path / "weights.safetensors"
+        save_file(state, path)
+    else:  # what this project's checkpoints hold: the LightningModule's state, `net.` first
+        path = tmp_path / "trained.ckpt"
+        torch.save({"state_dict": trained.state_dict(), "hyper_parameters": {}}, path)
+    with pytest.warns(UserWarning, match="classifier is re-made for 3 classes"):
+        model = ImageClassifier(
+            class_names=list(CLASSES), image_size=32, architecture=TIMM_MODEL, weights=str(path)
+        )
+    torch.testing.assert_close(model.net.state_dict()[STEM], state[STEM])
+    assert model.net.fc.out_features == 3
+
+
+def test_weights_of_another_architecture_are_refused_naming_layers(tmp_path: Path) -> None:
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
+    with pytest.raises(DataError, match=f"does not fit {TIMM_MODEL}: .* e.g. "):
+        build_network(TIMM_MODEL, 3, 32, weights=tmp_path / "resnet18.pth")
+    (tmp_path / "notes.txt").write_text("not weights")
+    with pytest.raises(DataError, match="notes.txt holds no weights"):
+        build_network(TIMM_MODEL, 3, 32, weights=tmp_path / "notes.txt")
+
+
+@pytest.mark.slow
+def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path: Path) -> None:
+    """`fit --model.architecture <timm> --model.pretrained true`, offline, from a hub cache: the
+    weights' image size and normalisation are taken (and said), recorded in the checkpoint and
+    in the export."""
+    home = tmp_path / "hf"
+    hub_cache(home)
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    options = [o for o in tiny_run_options(image_root) if o not in ("--data.image_size", "16")]
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options,
+         "--model.architecture", TIMM_MODEL, "--model.pretrained", "true",
+         "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+         "--trainer.logger", "false", "--checkpoint.dirpath", "ckpts"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = f"--model.pretrained {TIMM_MODEL}: --data.image_size 160, --data.mean (0.5, 0.5, 0.5)"
+    assert said in done.stdout
+    checkpoint = torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["image_size"] == 160
+    assert tuple(checkpoint["hyper_parameters"]["mean"]) == (0.5, 0.5, 0.5)
+    # Offline without the weights: one line before training, naming the model and the folder.
+    env["HF_HOME"] = str(tmp_path / "empty")
+    failed = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options,
+         "--model.architecture", TIMM_MODEL, "--model.pretrained", "true"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    line = one_error(failed.returncode, failed.stderr)
+    assert TIMM_MODEL in line and str(tmp_path / "empty") in line
