@@ -49,7 +49,7 @@ def main() -> None:
         size = args.min_size
         decoders = {
             f"PIL draft to >= {size} (exact)": lambda d: images._decode_jpeg_reduced(
-                d, min(images._jpeg_header(d)[:2]) / size
+                d, min(images._check_header(d, "")[:2]) / size
             ),
             f"simplejpeg n/8 to >= {size} (training)": lambda d: fast(d, size),
         }

@@ -219,7 +219,10 @@ def xmp(orientation: str) -> bytes:
 def test_jpeg_header_reads_the_orientation(tmp_path: Path, save: dict, orientation: int) -> None:
     path = tmp_path / "photo.jpg"
     noisy_photo(path, **save)
-    assert images._jpeg_header(bytearray(path.read_bytes())) == (64, 48, orientation)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"PIL\.")  # damaged Exif, as decode_image does
+        header = images._check_header(bytearray(path.read_bytes()), "x")
+    assert header == (64, 48, orientation)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # damaged Exif data too: nothing to say, the pixels read
         exact = read_image(str(path))
@@ -314,17 +317,16 @@ HEADERS = {
 
 @pytest.mark.parametrize("name", list(HEADERS))
 def test_size_from_header_matches_the_image(tmp_path: Path, name: str) -> None:
-    """The fast header parsers read the size from the bytes, without PIL."""
+    """The size is read from the header, before any pixel is decoded."""
     path = tmp_path / name
     HEADERS[name](path)
     data = bytearray(path.read_bytes())
-    assert (images._jpeg_header(data) or images._png_size(data))[:2] == (20, 12)
+    assert images._check_header(data, str(path))[:2] == (20, 12)
     assert read_image(str(path)).shape[0] == 3
 
 
 @pytest.mark.parametrize("content", [b"\xff\xd8", b"\xff\xd8\xff\xda\x00\x02", b"\xff\xd8junk" * 4])
 def test_damaged_jpeg_header_falls_back_to_pil(tmp_path: Path, content: bytes) -> None:
-    assert images._jpeg_header(bytearray(content)) is None
     path = tmp_path / "damaged.jpg"
     path.write_bytes(content)
     with pytest.raises(DataError, match=r"cannot read image .*damaged\.jpg"):
@@ -338,7 +340,7 @@ def test_jpeg_decompression_bomb_is_refused_before_decoding(tmp_path: Path) -> N
     frame = data.index(b"\xff\xc0")
     data[frame + 5 : frame + 9] = struct.pack(">HH", 60_000, 60_000)  # 3.6 gigapixels
     path.write_bytes(bytes(data))
-    with pytest.raises(DataError, match=r"refusing image .*bomb\.jpg: 60000x60000 pixels"):
+    with pytest.raises(DataError, match=r"refusing image .*bomb\.jpg: .*3600000000 pixels"):
         read_image(str(path))
 
 

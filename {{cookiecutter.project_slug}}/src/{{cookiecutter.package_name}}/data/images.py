@@ -7,7 +7,6 @@ import io
 import logging
 import math
 import os
-import re
 import struct
 import tempfile
 import warnings
@@ -33,24 +32,14 @@ MAX_IMAGE_PIXELS = 2 * 89_478_485
 # stderr when the application has configured no logging; with one, they go where it says.
 logging.getLogger("PIL").addHandler(logging.NullHandler())
 
-# Which decoder reads what was chosen by fuzzing first, speed second: no file may kill
-# the process that reads it. Given the damaged files of tests/test_fuzz.py, torchvision's PNG
-# decoder crashed the process (SIGSEGV) on bit flips in the compressed data and its JPEG decoder
-# printed to stderr; PIL and simplejpeg crashed on none. So:
-# - JPEG: simplejpeg (libjpeg-turbo), exact (islow IDCT, fancy upsampling) or, for training,
-#   fast. Its `strict` mode refuses any file libjpeg warns about; PIL then decides, decoding
-#   through recoverable damage quietly (as torchvision did, noisily) or raising. The exact pixels
-#   are torchvision's and PIL's, bit for bit; the Exif orientation is applied here, from
-#   `_jpeg_header`, so Exif JPEGs take the fast path in training too. Large JPEGs reduced
-#   exactly: PIL's `draft`.
-# - PNG (8- and 16-bit), GIF, WebP, BMP, TIFF: PIL, which nothing crashed, a little slower than
-#   torchvision's PNG decoder: the price of not crashing (torchvision's decoders are deprecated
-#   since 0.29 in any case).
-# What decoders print names no file. simplejpeg and PIL's JPEG, PNG, WebP, GIF and BMP readers
-# print nothing; libtiff (PIL's decoder for compressed TIFFs) does, and is kept quiet
-# (`_libtiff_quiet`): its words are added to the DataError of a file that cannot be read, and
-# dropped for one that reads. PIL's warnings (damaged metadata) and log records are not printed
-# either: when they matter, PIL raises, and the DataError says what and where.
+# Which decoder reads what: safety first (tests/test_fuzz.py: no damaged file may kill the process
+# that reads it, as torchvision's PNG decoder did), speed second.
+# - JPEG: simplejpeg (libjpeg-turbo), exact or, for training, fast. Its strict mode refuses any
+#   file libjpeg warns about; PIL then decodes through recoverable damage quietly, or raises.
+#   The exact pixels are PIL's, bit for bit; the orientation is applied here, so Exif JPEGs take
+#   the fast path too. Large JPEGs reduced exactly: PIL's `draft`.
+# - Every other format: PIL. libtiff, the only decoder here that prints, is kept quiet
+#   (`_libtiff_quiet`) and its words go into the DataError of a file that cannot be read.
 
 
 def read_image(path: str, min_size: int | None = None, approximate: bool = False) -> torch.Tensor:
@@ -64,11 +53,9 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
     far less work than a full decode and resize.
 
     `approximate`: for training. A JPEG is decoded with libjpeg-turbo's fast integer IDCT and fast
-    chroma upsampling (`simplejpeg`, which also does the reduction above, at any n/8 scale), which
-    makes cold training epochs faster. Pixels differ from the exact decode by 1.2-1.3 levels on
-    average, up to ~60 at a few sharp colour edges: far less than random crops change, but not what
-    a model should be evaluated or served on, so validation, prediction and the pixel cache decode
-    exactly.
+    chroma upsampling (also reduced as above, at any n/8 scale): faster cold epochs, pixels a
+    level or so off the exact decode (more at sharp colour edges), far less than random crops
+    change; validation, prediction and the pixel cache decode exactly.
 
     Raises:
         DataError: naming the file, when it cannot be decoded or declares more than
@@ -122,91 +109,29 @@ def _read_bytes(path: str) -> bytearray:
 
 
 def _check_header(data: bytearray, path: str) -> tuple[int, int, int]:
-    """(width, height, a JPEG's Exif orientation), refusing empty files, unknown formats and
-    decompression bombs first."""
+    """(width, height, a JPEG's orientation) from PIL's header parse, refusing empty files,
+    unknown formats and decompression bombs before any pixel is decoded.
+
+    The orientation (1 is upright) is Exif's, else XMP's, as PIL's `exif_transpose` reads it: the
+    simplejpeg path turns the pixels itself.
+    """
     if not data:
         raise DataError(f"cannot read image {path}: the file is empty")
-    jpeg = _jpeg_header(data)
-    if jpeg:
-        width, height, orientation = jpeg
-    else:
-        width, height = _png_size(data) or _pil_size(data, path)
-        orientation = 1
+    try:
+        with _open(data) as header:
+            width, height = header.size
+            jpeg = header.format == "JPEG"
+            orientation = header.getexif().get(0x0112, 1) if jpeg else 1
+    except Image.DecompressionBombError as err:
+        raise DataError(f"refusing image {path}: {err}") from err
+    except UnidentifiedImageError as err:
+        raise DataError(f"cannot read image {path}: not a known image format") from err
     if width * height > MAX_IMAGE_PIXELS:
         raise DataError(
             f"refusing image {path}: {width}x{height} pixels is more than MAX_IMAGE_PIXELS "
             f"({MAX_IMAGE_PIXELS}): a decompression bomb, or far larger than training needs"
         )
-    return width, height, orientation
-
-
-# JPEG start-of-frame markers (the frame header holds the size): 0xC0-0xCF but for DHT (0xC4),
-# JPG (0xC8) and DAC (0xCC). Markers without a length field: TEM, RST0-7, SOI, EOI.
-_JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_JPEG_BARE_MARKERS = frozenset({0x01, *range(0xD0, 0xDA)})
-_XMP = b"http://ns.adobe.com/xap/1.0/\x00"
-_XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([1-8])')
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _jpeg_header(data: bytearray) -> tuple[int, int, int] | None:
-    """(width, height, orientation) from a JPEG's header; None if not a JPEG or no frame header.
-
-    Our own marker walk rather than `PIL.Image.open`, which parses every header segment in
-    Python, a large share of the time a small photo takes to read, for three facts. The
-    orientation (1-8; 1 is upright) is the Exif one, or else XMP's, as PIL's `exif_transpose`
-    reads it: both come before the frame header.
-    """
-    if data[:2] != b"\xff\xd8":
-        return None
-    pos = 2
-    exif = xmp = None
-    while pos + 9 <= len(data):
-        if data[pos] != 0xFF:
-            return None  # not at a marker: damaged; PIL's parser words the error
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte before a marker
-            pos += 1
-        elif marker in _JPEG_FRAME_MARKERS:
-            height, width = struct.unpack_from(">HH", data, pos + 5)
-            if not (width and height):
-                return None
-            orientation = exif or (_xmp_orientation(data, *xmp) if xmp else None)
-            return width, height, orientation or 1
-        elif marker in _JPEG_BARE_MARKERS:
-            pos += 2
-        elif marker == 0xDA:  # start of scan before any frame header
-            return None
-        else:
-            end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
-            if marker == 0xE1 and exif is None and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
-                exif = _exif_orientation(memoryview(data)[pos + 10 : end])
-            elif marker == 0xE1 and xmp is None and data.startswith(_XMP, pos + 4):
-                xmp = (pos + 4 + len(_XMP), end)
-            pos = end
-    return None
-
-
-def _exif_orientation(tiff: memoryview) -> int | None:
-    """The Orientation tag of Exif data (a TIFF header and directory), if it has a valid one."""
-    order = {b"II": "<", b"MM": ">"}.get(bytes(tiff[:2]))
-    if order is None or len(tiff) < 8:
-        return None
-    directory = struct.unpack_from(order + "I", tiff, 4)[0]
-    if directory + 2 > len(tiff):
-        return None
-    count = struct.unpack_from(order + "H", tiff, directory)[0]
-    for entry in range(directory + 2, min(directory + 2 + 12 * count, len(tiff) - 11), 12):
-        tag, kind = struct.unpack_from(order + "HH", tiff, entry)
-        if tag == 0x0112 and kind in (3, 4):  # Orientation, a SHORT (or a LONG, as PIL allows)
-            value = struct.unpack_from(order + ("H" if kind == 3 else "I"), tiff, entry + 8)[0]
-            return value if 1 <= value <= 8 else None
-    return None
-
-
-def _xmp_orientation(data: bytearray, start: int, end: int) -> int | None:
-    match = _XMP_ORIENTATION.search(data, start, end)
-    return int(match[2]) if match else None
+    return width, height, orientation if orientation in _ORIENT else 1
 
 
 # Exif orientation -> how to turn the stored (H, W, 3) pixels upright (as PIL's exif_transpose)
@@ -222,13 +147,6 @@ _ORIENT = {
 }
 
 
-def _png_size(data: bytearray) -> tuple[int, int] | None:
-    """(width, height) from a PNG's IHDR chunk, which the format requires to come first."""
-    if data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR" or len(data) < 24:
-        return None
-    return struct.unpack_from(">II", data, 16)
-
-
 def _open(data: bytearray) -> Image.Image:
     """A PIL image over `data`, its header parsed and its pixels not yet decoded.
 
@@ -238,17 +156,6 @@ def _open(data: bytearray) -> Image.Image:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(io.BytesIO(data))
-
-
-def _pil_size(data: bytearray, path: str) -> tuple[int, int]:
-    """(width, height) of any format PIL knows, from the header only."""
-    try:
-        with _open(data) as header:
-            return header.size
-    except Image.DecompressionBombError as err:
-        raise DataError(f"refusing image {path}: {err}") from err
-    except UnidentifiedImageError as err:
-        raise DataError(f"cannot read image {path}: not a known image format") from err
 
 
 def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
