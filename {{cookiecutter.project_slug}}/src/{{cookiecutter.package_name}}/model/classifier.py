@@ -10,13 +10,22 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model.mixing import BatchMixer
 from {{ cookiecutter.package_name }}.model.networks import COMPACT, build_network
+from {{ cookiecutter.package_name }}.model.optim import (
+    check_layer_decay,
+    freeze_backbone,
+    lr_schedule,
+    param_groups,
+)
 from {{ cookiecutter.package_name }}.model.reports import per_class_table, save_confusion_png
 
 
@@ -40,6 +49,25 @@ class ImageClassifier(L.LightningModule):
         warmup_fraction: share of all training steps spent warming up.
         compile: run the network through `torch.compile` when fitting.
         channels_last: NHWC memory layout (faster convolutions on recent GPUs); unset: on CUDA only.
+        freeze_backbone_epochs: fine-tuning: for this many first epochs only the classifier
+            (`networks.classifier_of`) trains, the rest (the backbone) frozen with its BatchNorm
+            layers in eval mode; then everything trains. 0: everything from the start.
+        backbone_lr_scale: the backbone's learning rate relative to the classifier's; unset: 0.1
+            after a frozen phase, else 1.0.
+        layer_decay: timm architectures only: layer-wise learning-rate decay, each layer group's
+            rate this times the next one's up to the classifier (`timm.optim`'s
+            `param_groups_layer_decay`; 0.65 to 0.85 are usual for fine-tuning).
+        lr_reference_batch: the global batch `lr` is meant for: the peak learning rate becomes
+            `lr` x global batch / this, the global batch being `--data.batch_size` x processes x
+            `--trainer.accumulate_grad_batches`. Unset: `lr` as it is.
+        tta_flip: validate, test and predict on each image and its left-right mirror, averaging
+            their class probabilities (`predict`'s probabilities are that mean).
+        mixup_alpha: MixUp of training batches, the mixing weight drawn from Beta(alpha, alpha)
+            (0.2 is common); 0: off.
+        cutmix_alpha: CutMix of training batches likewise (1.0 is common); with MixUp also on,
+            each batch gets one of the two.
+        mix_off_epochs: no MixUp or CutMix in the last this many epochs of
+            `--trainer.max_epochs`, which train on the images as they are.
     """
 
     def __init__(
@@ -60,6 +88,14 @@ class ImageClassifier(L.LightningModule):
         warmup_fraction: float = 0.05,
         compile: bool = False,
         channels_last: bool | None = None,
+        freeze_backbone_epochs: int = 0,
+        backbone_lr_scale: float | None = None,
+        layer_decay: float | None = None,
+        lr_reference_batch: int | None = None,
+        tta_flip: bool = False,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mix_off_epochs: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -68,7 +104,12 @@ class ImageClassifier(L.LightningModule):
         self.net = build_network(
             architecture, num_classes, image_size, width, tuple(depths), dropout, weights_path
         )
+        _check_recipe(self.hparams)
+        check_layer_decay(self.net, architecture, layer_decay)
+        # With probabilities as targets (MixUp, CutMix) too; label smoothing applies to both.
         self.loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        mixing = mixup_alpha > 0 or cutmix_alpha > 0
+        self.mixer = BatchMixer(num_classes, mixup_alpha, cutmix_alpha) if mixing else None
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc_top5 = (
             MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
@@ -95,6 +136,8 @@ class ImageClassifier(L.LightningModule):
             self._channels_last = True
         if hp.compile and stage == "fit":
             self.net.compile()  # in place: the state dict keeps its keys, checkpoints stay portable
+        if stage == "fit":
+            self._check_fit()
 
     def forward(self, images: Tensor) -> Tensor:
         if self._channels_last:
@@ -103,6 +146,11 @@ class ImageClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, targets = batch
+        if self._mixing():
+            # Drawn from the batch's place, not the global random state: exact on resume.
+            seed = getattr(self.trainer.datamodule, "seed", 0)
+            key = (seed, self.current_epoch, batch_idx, self.global_rank)
+            images, targets = self.mixer(images, targets, key)
         loss = self.loss(self(images), targets)
         # Each step: this process's loss, no communication. Each epoch: the mean over all
         # processes (one all-reduce per epoch, where `sync_dist` on the step value would add one
@@ -114,7 +162,7 @@ class ImageClassifier(L.LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Update the validation metrics; the logits go to callbacks (the run history)."""
         images, targets = batch
-        logits = self(images)
+        logits = self._scores(images)
         self.val_acc(logits, targets)
         self.val_confusion.update(logits, targets)
         self.val_loss.update(self.loss(logits, targets), weight=len(targets))
@@ -127,7 +175,7 @@ class ImageClassifier(L.LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         images, targets = batch
-        logits = self(images)
+        logits = self._scores(images)
         self.test_acc(logits, targets)
         self.test_confusion.update(logits, targets)
         self.test_loss.update(self.loss(logits, targets), weight=len(targets))
@@ -161,46 +209,101 @@ class ImageClassifier(L.LightningModule):
         path = save_confusion_png(self.confusion, self.class_names, folder / "confusion_matrix.png")
         print(f"confusion matrix: {path}")
 
+    def on_train_start(self) -> None:
+        # Lightning 2.6 skips `on_train_epoch_start` in an epoch resumed part-way through.
+        self.on_train_epoch_start()
+
+    def on_train_epoch_start(self) -> None:
+        # From the epoch alone, so that a run resumed inside the frozen phase is frozen again.
+        if self.hparams.freeze_backbone_epochs:
+            freeze_backbone(self.net, self.current_epoch < self.hparams.freeze_backbone_epochs)
+
+    def on_train_end(self) -> None:
+        if self.hparams.freeze_backbone_epochs:
+            freeze_backbone(self.net, False)  # the model leaves `fit` whole and trainable
+
+    def _mixing(self) -> bool:
+        """MixUp or CutMix in this epoch: on, and not in the last `mix_off_epochs`."""
+        off = self.hparams.mix_off_epochs
+        if self.mixer is None:
+            return False
+        return not off or self.current_epoch < self.trainer.max_epochs - off
+
+    def _scores(self, images: Tensor) -> Tensor:
+        """The logits of `images`; with `tta_flip`, the log of the mean class probabilities of
+        each image and its mirror. Probabilities are averaged, as for any ensemble, rather than
+        logits, whose scale differs from view to view; their log is a logit vector like any
+        other, so the loss, the metrics and `predict`'s softmax apply unchanged."""
+        if not self.hparams.tta_flip:
+            return self(images)
+        logits = self(torch.cat([images, images.flip(-1)])).float()
+        views = logits.log_softmax(dim=1).unflatten(0, (2, len(images)))
+        return views.logsumexp(dim=0) - math.log(2)
+
+    def _peak_lr(self) -> float:
+        """`lr`, or with `lr_reference_batch` scaled by the global batch, said on rank zero."""
+        hp = self.hparams
+        if hp.lr_reference_batch is None:
+            return hp.lr
+        trainer = self.trainer
+        batch_size = getattr(trainer.datamodule, "batch_size", None)
+        if batch_size is None:
+            batch_size = getattr(trainer.train_dataloader, "batch_size", None)
+        if batch_size is None:
+            raise DataError(
+                "--model.lr_reference_batch: the training data's batch size is unknown; "
+                "give --data.batch_size"
+            )
+        batch = batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        lr = hp.lr * batch / hp.lr_reference_batch
+        rank_zero_info(
+            f"learning rate {hp.lr:g} x {batch}/{hp.lr_reference_batch} = {lr:g} "
+            f"for a global batch of {batch}"
+        )
+        return lr
+
+    def _check_fit(self) -> None:
+        """Refuse, before training, recipe options that this trainer cannot follow."""
+        hp, trainer = self.hparams, self.trainer
+        if hp.mix_off_epochs and (trainer.max_epochs is None or trainer.max_epochs < 0):
+            raise DataError(
+                "--model.mix_off_epochs counts back from --trainer.max_epochs, which is not set"
+            )
+        strategy = trainer.strategy
+        # DDP waits for a gradient of every parameter that took one when it was set up.
+        unused_ok = isinstance(strategy, DDPStrategy) and strategy._ddp_kwargs.get(
+            "find_unused_parameters"
+        )
+        if hp.freeze_backbone_epochs and isinstance(strategy, DDPStrategy) and not unused_ok:
+            raise DataError(
+                "--model.freeze_backbone_epochs under DDP needs --trainer.strategy "
+                "ddp_find_unused_parameters_true (the frozen backbone takes no gradients)"
+            )
+
     def predict_step(self, batch: tuple, batch_idx: int) -> dict:
         """Class probabilities of `(images, indices)`, or `(images, indices, paths)` (shards)."""
         images, indices, *paths = batch
-        out = {"index": indices, "probs": self(images).float().softmax(dim=1)}
+        out = {"index": indices, "probs": self._scores(images).float().softmax(dim=1)}
         if paths:
             out["path"] = paths[0]
         return out
 
     def configure_optimizers(self):
         hp = self.hparams
-        decay, no_decay = [], []
-        for param in self.parameters():
-            if param.requires_grad:
-                (decay if param.ndim > 1 else no_decay).append(param)
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": hp.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=hp.lr,
-        )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = max(1, int(self.trainer.estimated_stepping_batches))  # sets up the train data
+        lr = self._peak_lr()
+        backbone_scale = hp.backbone_lr_scale
+        if backbone_scale is None:
+            backbone_scale = 0.1 if hp.freeze_backbone_epochs else 1.0
+        # Every parameter from the start, frozen or not: the schedule and a resumed optimizer
+        # state never meet a group added later; freezing is `on_train_epoch_start`'s alone.
+        groups = param_groups(self.net, lr, hp.weight_decay, backbone_scale, hp.layer_decay)
+        optimizer = torch.optim.AdamW(groups, lr=lr)
         self._schedule_total = total
         if self._resumed is not None:
             self._stretch_schedule(*self._resumed, total)
             self._resumed = None
-        if hp.schedule == "onecycle":
-            scheduler = torch.optim.lr_scheduler.OneCycleLR(
-                optimizer, max_lr=hp.lr, total_steps=total, pct_start=max(hp.warmup_fraction, 1e-3)
-            )
-        else:
-            warmup = int(total * hp.warmup_fraction)
-
-            def factor(step: int) -> float:
-                if step < warmup:
-                    return (step + 1) / warmup
-                progress = (step - warmup) / max(1, total - warmup)
-                return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        scheduler = lr_schedule(optimizer, hp.schedule, total, hp.warmup_fraction)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
@@ -232,3 +335,16 @@ class ImageClassifier(L.LightningModule):
             if "total_steps" in state:  # OneCycleLR: its phases follow from the new total
                 state["total_steps"] = total
                 state.pop("_schedule_phases", None)
+
+
+def _check_recipe(hp) -> None:
+    """Refuse training-recipe options out of range, before anything trains."""
+    for name in ("freeze_backbone_epochs", "mix_off_epochs", "mixup_alpha", "cutmix_alpha"):
+        if hp[name] < 0:
+            raise DataError(f"--model.{name} must be at least 0, got {hp[name]}")
+    if hp.backbone_lr_scale is not None and hp.backbone_lr_scale < 0:
+        raise DataError(f"--model.backbone_lr_scale must be at least 0, got {hp.backbone_lr_scale}")
+    if hp.lr_reference_batch is not None and hp.lr_reference_batch < 1:
+        raise DataError(
+            f"--model.lr_reference_batch must be at least 1, got {hp.lr_reference_batch}"
+        )

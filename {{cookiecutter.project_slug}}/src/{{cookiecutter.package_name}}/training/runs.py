@@ -40,6 +40,7 @@ FREE_ON_RESUME = frozenset(
         "pretrained",
         "compile",
         "channels_last",
+        "tta_flip",
     }
 )
 # Where the data lives, not what it is: it may move between jobs (a cluster job staging it to a

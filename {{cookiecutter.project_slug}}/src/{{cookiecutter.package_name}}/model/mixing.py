@@ -1,0 +1,32 @@
+"""MixUp and CutMix of a training batch on the device, drawn from a key (seed, epoch, batch,
+rank) rather than the global random state, so that a run resumed mid-epoch mixes its remaining
+batches exactly as the uninterrupted run would."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchvision.transforms import v2
+
+
+class BatchMixer:
+    """torchvision's `v2.MixUp` and/or `v2.CutMix` (with both, one of the two per batch, as
+    `v2.RandomChoice` picks): float images and class indices in, mixed images and soft targets
+    (class probabilities, for a cross-entropy over probabilities) out."""
+
+    def __init__(self, num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> None:
+        mixers: list[v2.Transform] = []
+        if mixup_alpha > 0:
+            mixers.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
+        if cutmix_alpha > 0:
+            mixers.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
+        if not mixers:
+            raise ValueError("BatchMixer needs mixup_alpha or cutmix_alpha above 0")
+        self.transform = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
+
+    def __call__(self, images: Tensor, targets: Tensor, key: tuple[int, ...]) -> tuple:
+        # The draws (which mixer, the mixing weight, the box) all come from the CPU generator,
+        # seeded here from `key` alone and put back as it was afterwards.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(hash(key))  # ints hash the same in every process, unlike str
+            return self.transform(images, targets)

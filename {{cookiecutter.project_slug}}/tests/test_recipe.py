@@ -1,0 +1,281 @@
+"""The fine-tuning recipe: a frozen backbone first, the learning rate per group and per global
+batch, flip test-time augmentation, MixUp/CutMix, and Lightning's early stopping."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import CLASSES, CSV_LOGGER, quiet_trainer, tiny_run_options
+from torch import nn
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
+from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
+from {{ cookiecutter.package_name }}.training.resume import ResumeInEpoch
+
+
+def tiny_data(root: Path, batch_size: int = 4) -> ImageDataModule:
+    return ImageDataModule(ClassFolders(root), image_size=16, batch_size=batch_size, num_workers=0)
+
+
+def tiny_model(**options) -> ImageClassifier:
+    return ImageClassifier(list(CLASSES), image_size=16, width=8, **options)
+
+
+class EpochRecord(L.Callback):
+    """At each epoch's first batch: whether the backbone and the classifier take gradients,
+    whether the backbone's BatchNorm trains, each group's learning rate, and the weights."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self.epochs and self.epochs[-1]["epoch"] == trainer.current_epoch:
+            return
+        net = pl_module.net
+        groups = trainer.optimizers[0].param_groups
+        self.epochs.append(
+            {
+                "epoch": trainer.current_epoch,
+                "backbone_grad": net.stem[0].weight.requires_grad,
+                "head_grad": net.head[-1].weight.requires_grad,
+                "backbone_bn_trains": net.stem[1].training,
+                "lrs": {group["name"]: group["lr"] for group in groups},
+                "stem": net.stem[0].weight.detach().clone(),
+                "running_mean": net.stem[1].running_mean.clone(),
+                "head": net.head[-1].weight.detach().clone(),
+            }
+        )
+
+
+def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate(
+    image_root: Path,
+) -> None:
+    L.seed_everything(0)
+    model = tiny_model(freeze_backbone_epochs=1, warmup_fraction=0.0)
+    record = EpochRecord()
+    quiet_trainer(max_epochs=3, callbacks=[record]).fit(model, tiny_data(image_root))
+
+    first, second, third = record.epochs
+    assert [e["epoch"] for e in record.epochs] == [0, 1, 2]
+    assert (first["backbone_grad"], first["head_grad"], first["backbone_bn_trains"]) == (
+        False,
+        True,
+        False,
+    )
+    for later in (second, third):
+        assert later["backbone_grad"] and later["head_grad"] and later["backbone_bn_trains"]
+    # The frozen epoch left the backbone's weights and BatchNorm statistics alone, not the head.
+    assert torch.equal(first["stem"], second["stem"])
+    assert torch.equal(first["running_mean"], second["running_mean"])
+    assert not torch.equal(first["head"], second["head"])
+    assert not torch.equal(second["stem"], third["stem"])
+    # Every parameter in the optimizer from the start; the backbone at a tenth of the head's rate.
+    for epoch in record.epochs:
+        lrs = epoch["lrs"]
+        assert list(lrs) == ["head", "head_no_decay", "backbone", "backbone_no_decay"]
+        assert lrs["backbone"] == pytest.approx(0.1 * lrs["head"])
+        assert lrs["head"] == lrs["head_no_decay"] > 0
+    assert first["lrs"]["head"] == pytest.approx(3e-3)  # the cosine schedule's first step
+    assert first["lrs"]["head"] > second["lrs"]["head"] > third["lrs"]["head"]
+    groups = model.trainer.optimizers[0].param_groups
+    assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in model.parameters()}
+    assert all(p.requires_grad for p in model.parameters())  # whole again after `fit`
+
+
+class KeepAt(L.Callback):
+    """Copies `last.ckpt`, written after every batch, as it was after batch 1 of epoch 1."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (1, 2) and trainer.ckpt_path is None:
+            shutil.copy(self.folder / "last.ckpt", self.folder / "mid_epoch1.ckpt")
+
+
+def test_a_run_resumed_inside_the_frozen_phase_is_frozen_again_and_mixes_alike(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """Resumed from the middle of epoch 1 of 2 frozen ones, with MixUp and CutMix on: the
+    backbone is frozen again, and training ends with the uninterrupted run's weights."""
+    options = dict(freeze_backbone_epochs=2, mixup_alpha=0.4, cutmix_alpha=1.0)
+
+    def run(ckpt_path: Path | None, callbacks: list) -> ImageClassifier:
+        L.seed_everything(0)
+        model = tiny_model(**options)
+        callbacks = [ResumeInEpoch(), LastCheckpoint(every_minutes=1e-9), *callbacks]
+        trainer = quiet_trainer(
+            max_epochs=3, default_root_dir=tmp_path, enable_checkpointing=True, callbacks=callbacks
+        )
+        trainer.fit(model, tiny_data(image_root), ckpt_path=ckpt_path)
+        return model
+
+    whole = run(None, [KeepAt(tmp_path)])
+    record = EpochRecord()
+    resumed = run(tmp_path / "mid_epoch1.ckpt", [record])
+    assert [e["epoch"] for e in record.epochs] == [1, 2]
+    assert not record.epochs[0]["backbone_grad"] and not record.epochs[0]["backbone_bn_trains"]
+    assert record.epochs[1]["backbone_grad"] and record.epochs[1]["backbone_bn_trains"]
+    saved = torch.load(tmp_path / "mid_epoch1.ckpt", map_location="cpu", weights_only=False)
+    assert torch.equal(saved["state_dict"]["net.stem.0.weight"], record.epochs[1]["stem"])
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, msg=name)
+
+
+class LossTargets(nn.CrossEntropyLoss):
+    """The cross-entropy loss, noting (epoch, targets) of each training call."""
+
+    def __init__(self, model: ImageClassifier, label_smoothing: float = 0.0) -> None:
+        super().__init__(label_smoothing=label_smoothing)
+        self.model = [model]  # not a submodule
+        self.seen: list[tuple[int, torch.Tensor]] = []
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            self.seen.append((self.model[0].current_epoch, targets.detach().clone()))
+        return super().forward(logits, targets)
+
+
+def test_mixing_trains_on_soft_targets_until_its_last_epochs(image_root: Path) -> None:
+    model = tiny_model(mixup_alpha=0.4, cutmix_alpha=1.0, mix_off_epochs=1, label_smoothing=0.1)
+    model.loss = LossTargets(model, label_smoothing=0.1)
+    quiet_trainer(max_epochs=3, limit_val_batches=0).fit(model, tiny_data(image_root))
+
+    by_epoch = {e: [t for seen, t in model.loss.seen if seen == e] for e in (0, 1, 2)}
+    for targets in by_epoch[0] + by_epoch[1]:
+        assert targets.dtype.is_floating_point and targets.shape == (4, len(CLASSES))
+        torch.testing.assert_close(targets.sum(dim=1), torch.ones(4))
+    mixed = torch.cat(by_epoch[0] + by_epoch[1])
+    assert ((mixed > 0) & (mixed < 1)).any(dim=1).float().mean() > 0.5  # not one-hot
+    assert all(t.dtype == torch.int64 and t.ndim == 1 for t in by_epoch[2])  # off at the end
+
+
+def test_mixing_repeats_with_the_seed(image_root: Path) -> None:
+    def trained(**options) -> dict[str, torch.Tensor]:
+        L.seed_everything(0)
+        model = tiny_model(**options)
+        quiet_trainer(max_epochs=2, limit_val_batches=0).fit(model, tiny_data(image_root))
+        return model.state_dict()
+
+    mixing = dict(mixup_alpha=0.4, cutmix_alpha=1.0)
+    first, again = trained(**mixing), trained(**mixing)
+    for name, value in first.items():
+        assert torch.equal(again[name], value), name
+    plain = trained()
+    assert not torch.equal(plain["net.head.3.weight"], first["net.head.3.weight"])
+
+
+def test_flip_tta_predicts_the_same_for_an_image_and_its_mirror(image_root: Path) -> None:
+    torch.manual_seed(0)
+    images, indices = torch.randn(4, 3, 16, 16), torch.arange(4)
+    for tta_flip in (False, True):
+        torch.manual_seed(0)
+        model = tiny_model(tta_flip=tta_flip).eval()
+        probs = model.predict_step((images, indices), 0)["probs"]
+        mirrored = model.predict_step((images.flip(-1), indices), 0)["probs"]
+        torch.testing.assert_close(probs.sum(dim=1), torch.ones(4))
+        if tta_flip:
+            torch.testing.assert_close(probs, mirrored)
+            views = torch.stack([model(images), model(images.flip(-1))]).softmax(dim=2)
+            torch.testing.assert_close(probs, views.mean(dim=0))  # the mean probabilities
+        else:
+            assert not torch.allclose(probs, mirrored)  # so the check above could fail
+    metrics = quiet_trainer().validate(model, tiny_data(image_root))[0]
+    assert 0.0 <= metrics["val_acc"] <= 1.0 and metrics["val_loss"] > 0
+
+
+@pytest.mark.parametrize("batch_size", [4, 8])
+def test_the_learning_rate_follows_the_global_batch(
+    image_root: Path, batch_size: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = tiny_model(lr=0.01, lr_reference_batch=8)
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, accumulate_grad_batches=2)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model, tiny_data(image_root, batch_size=batch_size))
+    peak = 0.01 * batch_size * 2 / 8
+    assert [g["initial_lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx(
+        [peak, peak]
+    )
+    said = f"learning rate 0.01 x {2 * batch_size}/8 = {peak:g} for a global batch of "
+    assert said + str(2 * batch_size) in caplog.text
+
+
+def test_layer_decay_scales_timm_layer_groups_and_is_refused_elsewhere() -> None:
+    pytest.importorskip("timm")
+    model = ImageClassifier(
+        list(CLASSES), image_size=32, architecture="test_convnext", layer_decay=0.5
+    )
+    model.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
+    groups = model.configure_optimizers()["optimizer"].param_groups
+    rates = sorted({g["lr"] for g in groups}, reverse=True)
+    assert rates[0] == pytest.approx(3e-3) and len(rates) > 2
+    assert rates[1] == pytest.approx(3e-3 * 0.5)  # each layer group half the next one's
+    assert [g["lr"] for g in groups if g["name"].startswith("head")] == pytest.approx([3e-3] * 2)
+    in_groups = [id(p) for g in groups for p in g["params"]]
+    assert sorted(in_groups) == sorted(id(p) for p in model.parameters())  # each once
+
+    with pytest.raises(DataError, match="--model.layer_decay needs a timm architecture"):
+        tiny_model(layer_decay=0.75)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"freeze_backbone_epochs": -1}, "--model.freeze_backbone_epochs must be at least 0"),
+        ({"mixup_alpha": -0.2}, "--model.mixup_alpha must be at least 0"),
+        ({"lr_reference_batch": 0}, "--model.lr_reference_batch must be at least 1"),
+        ({"backbone_lr_scale": -1.0}, "--model.backbone_lr_scale must be at least 0"),
+    ],
+)
+def test_recipe_options_out_of_range_are_refused(options: dict, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        tiny_model(**options)
+
+
+def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters() -> None:
+    model = tiny_model(freeze_backbone_epochs=1)
+    for strategy, refused in (("ddp", True), ("ddp_find_unused_parameters_true", False)):
+        model.trainer = L.Trainer(
+            accelerator="cpu", devices=2, strategy=strategy, logger=False, max_epochs=2
+        )
+        if refused:
+            with pytest.raises(DataError, match="ddp_find_unused_parameters_true"):
+                model.setup("fit")
+        else:
+            model.setup("fit")
+
+
+@pytest.mark.slow  # a subprocess: the fast tier's one real command line is test_cli's
+def test_early_stopping_through_the_command_line(image_root: Path, tmp_path: Path) -> None:
+    """Lightning's EarlyStopping, as docs/training.md gives it: no improvement of val_loss by
+    more than `min_delta` (here more than it can improve) for `patience` epochs stops the run."""
+    early = [
+        "--trainer.callbacks+=EarlyStopping",
+        "--trainer.callbacks.monitor",
+        "val_loss",
+        "--trainer.callbacks.patience",
+        "1",
+        "--trainer.callbacks.min_delta",
+        "100",
+    ]
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
+    options = [*tiny_run_options(image_root), "--trainer.max_epochs", "5", *quiet, *CSV_LOGGER]
+    done = subprocess.run(
+        [*command, *options, *early], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "lightning_logs/version_0/metrics.csv", newline="") as file:
+        validated = [row["epoch"] for row in csv.DictReader(file) if row["val_loss"]]
+    assert validated == ["0", "1"]  # stopped after two of five epochs
