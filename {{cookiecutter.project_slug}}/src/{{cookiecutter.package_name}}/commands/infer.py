@@ -199,12 +199,19 @@ def classify(
             batch, images = [], []
 
 
+def top_classes(probabilities: Tensor, class_names: list[str]) -> list[tuple[str, float]]:
+    """The `TOP_K` likeliest classes and their probabilities, the likeliest first."""
+    top_probs, top_labels = probabilities.topk(min(TOP_K, len(class_names)))
+    return [
+        (class_names[c], p) for c, p in zip(top_labels.tolist(), top_probs.tolist(), strict=True)
+    ]
+
+
 def prediction_row(path: str, probabilities: Tensor, class_names: list[str]) -> list[str]:
     """`path, label, probability, top_k`, formatted as predict's CSV writer does."""
-    top_probs, top_labels = probabilities.topk(min(TOP_K, len(class_names)))
-    probs, labels = top_probs.tolist(), top_labels.tolist()
-    top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(labels, probs, strict=True))
-    return [path, class_names[labels[0]], f"{probs[0]:.4f}", top]
+    top = top_classes(probabilities, class_names)
+    label, probability = top[0]
+    return [path, label, f"{probability:.4f}", " ".join(f"{c}:{p:.4f}" for c, p in top)]
 
 
 def main(args: list[str] | None = None) -> int:

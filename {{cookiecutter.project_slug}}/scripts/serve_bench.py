@@ -1,0 +1,170 @@
+"""Requests per second and latency of `serve`, with batching on and off, for 1, 8 and 32 clients.
+
+`python scripts/serve_bench.py --model model.pt2 [--requests 256] [--clients 1 8 32]`
+
+Starts the server itself, on 127.0.0.1 and a free port, once with batching off
+(`--max_batch_size 1`) and once on (`--max_batch_size 32 --batch_timeout 0.01`). For each number
+of clients, that many threads, each with one keep-alive connection, send `--requests` POSTs in
+all of one photo-sized JPEG (500x375, as the body), after one request each to warm up. Prints a
+Markdown table (requests/s, p50 and p99 latency) and batching's speed-up in requests/s. Stops
+after `--time_limit` seconds with what it has measured. The clients share the machine with the
+server: on a small CPU they take part of it. A benchmark, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import io
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+from PIL import Image
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+SETTINGS = {
+    "off": ["--max_batch_size", "1"],
+    "on": ["--max_batch_size", "32", "--batch_timeout", "0.01"],
+}
+
+
+def photo_jpeg(width: int = 500, height: int = 375) -> bytes:
+    """A photo-like JPEG: gradients and noise, so that it compresses as photos do."""
+    ys, xs = np.mgrid[0:height, 0:width]
+    pixels = np.stack([xs * 255 / width, ys * 255 / height, np.full(xs.shape, 128.0)], axis=-1)
+    noise = np.random.default_rng(0).normal(0, 12, pixels.shape)
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+@contextmanager
+def served(model: str, options: list[str], deadline: float):
+    """A `serve` process on a free port of 127.0.0.1, ready; stopped with SIGTERM after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", PACKAGE, "serve", "--model", model, "--port", str(port)]
+    command += ["--host", "127.0.0.1", "--log_level", "warning", *options]
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+        try:
+            while not healthy(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    sys.exit(f"error: serve did not start: {log.read()[-2000:].decode()}")
+                time.sleep(0.5)
+            yield port
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def healthy(port: int) -> bool:
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+
+
+def measure(port: int, image: bytes, clients: int, requests: int, deadline: float) -> dict:
+    """requests/s and latencies of `requests` POSTs from `clients` threads at once."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    left = [requests]
+    ready = threading.Barrier(clients + 1)
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        headers = {"Content-Type": "image/jpeg"}
+        connection.request("POST", "/predict", image, headers)  # warm-up, not counted
+        connection.getresponse().read()
+        ready.wait()
+        while time.monotonic() < deadline:
+            with lock:
+                if left[0] == 0:
+                    break
+                left[0] -= 1
+            start = time.perf_counter()
+            connection.request("POST", "/predict", image, headers)
+            response = connection.getresponse()
+            response.read()
+            elapsed = time.perf_counter() - start
+            with lock:
+                latencies.append(elapsed)
+                if response.status != 200:
+                    failures.append(str(response.status))
+        connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if failures:
+        sys.exit(f"error: {len(failures)} requests failed, with status {failures[0]}")
+    cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {
+        "requests": len(latencies),
+        "per_s": len(latencies) / wall,
+        "p50": 1000 * statistics.median(latencies),
+        "p99": 1000 * cuts[98],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="a model written by export")
+    parser.add_argument("--requests", type=int, default=256, help="per setting (256)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--time_limit", type=float, default=900, help="seconds in all (900)")
+    options = parser.parse_args()
+    deadline = time.monotonic() + options.time_limit
+    image = photo_jpeg()
+    results = {}
+    for batching, server_options in SETTINGS.items():
+        with served(options.model, server_options, deadline) as port:
+            for clients in options.clients:
+                if time.monotonic() < deadline:
+                    results[batching, clients] = measure(
+                        port, image, clients, options.requests, deadline
+                    )
+    print(f"{options.model}, a {len(image) // 1024} KB JPEG of 500x375, {os.cpu_count()} CPUs")
+    print("| batching | clients | requests | requests/s | p50 ms | p99 ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for (batching, clients), row in results.items():
+        print(
+            f"| {batching} | {clients} | {row['requests']} | {row['per_s']:.1f} "
+            f"| {row['p50']:.1f} | {row['p99']:.1f} |"
+        )
+    speedups = [
+        f"{clients}: {results['on', clients]['per_s'] / results['off', clients]['per_s']:.2f}x"
+        for clients in options.clients
+        if ("on", clients) in results and ("off", clients) in results
+    ]
+    print("batching on / off, requests/s, by clients: " + ", ".join(speedups))
+    if time.monotonic() >= deadline:
+        sys.exit(f"error: stopped at --time_limit {options.time_limit:g} s, before the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Serve an exported model over HTTP with LitServe: POST an image, get its top classes as JSON.
+
+`python -m {{ cookiecutter.package_name }} serve --model model.pt2 [--port 8000]` (`--help`: the other options)
+
+Needs the serve extra (`pip install '.[serve]'`). `POST /predict` takes one image, as the body
+(`Content-Type: image/...` or `application/octet-stream`) or as the file of a multipart form
+(`curl -F file=@photo.jpg`), and answers `{"label", "probability", "top_k": [{"label",
+"probability"}, ...]}`, the `TOP_K` most probable classes: `infer`'s answer for the same file, as
+the class names and image size come from the model's metadata and the image is decoded and
+resized as `infer` reads a file (`decode_image`, then `eval_transform`). `GET /health` answers
+`ok` once the model is loaded.
+
+LitServe runs this process, which starts and stops the others; an HTTP server (uvicorn); and an
+inference worker that holds the model and runs batches of up to `--max_batch_size` requests,
+waiting at most `--batch_timeout` seconds to fill one. Each upload is checked and decoded in the
+HTTP process (`UploadGuard`), before LitServe sees it, so that a bad upload is answered there
+and never joins a batch: LitServe (0.2.19) fails every request of a batch when `decode_request`
+raises for one of them. Refused: a body over `--max_upload_mb` (413: from its Content-Length
+before any of it is read, else while reading), another Content-Type (415), a form without a file
+(400), and a file that is not an image, is damaged or is a decompression bomb (422).
+
+SIGTERM, as Docker and Kubernetes stop a server, stops the HTTP server first, which answers the
+requests in flight, then the other processes; the exit code is 0. Load only models you trust
+(see `commands/infer.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import functools
+import json
+import multiprocessing
+import os
+import signal
+from email.message import Message
+from email.utils import collapse_rfc2231_value
+
+import torch
+from torch import Tensor
+
+from {{ cookiecutter.package_name }}.commands.infer import load_exported, top_classes
+from {{ cookiecutter.package_name }}.data.images import decode_image
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
+from {{ cookiecutter.package_name }}.errors import DataError
+
+try:
+    import litserve
+except ImportError:  # an optional extra: main() says how to install it
+    litserve = None
+
+API_PATH = "/predict"  # LitServe's default
+HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # the ones LitServe accepts
+# Decodes at a time in an HTTP process: each may hold an image of MAX_IMAGE_PIXELS (0.5 GB RGB).
+DECODERS = 4
+MAX_FORM_HEAD = 4096  # bytes of a form part's headers, read as text only up to this
+
+
+class Refused(Exception):
+    """An upload answered with an HTTP `status` and one sentence, before it reaches the model."""
+
+    def __init__(self, status: int, sentence: str) -> None:
+        super().__init__(sentence)
+        self.status = status
+
+
+class UploadGuard:
+    """ASGI middleware of the HTTP process: an image upload to `API_PATH` becomes the uint8
+    pixels the model takes (as JSON, which LitServe passes on), or is answered 4xx."""
+
+    def __init__(self, app, *, image_size: int, max_bytes: int) -> None:
+        self.app = app
+        self.image_size = image_size
+        self.max_bytes = max_bytes
+        self.transform = eval_transform(image_size)
+        self.decoding: asyncio.Semaphore | None = None  # made in the server's own event loop
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != API_PATH or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        content_type = headers.get("content-type", "")
+        try:
+            form = _is_form(content_type)
+            body = await self._body(headers.get("content-length"), receive)
+            data, name = _form_file(content_type, body) if form else (body, "the request body")
+            pixels = await self._decode(data, name)
+        except Refused as refused:
+            return await _answer(send, refused.status, str(refused))
+        encoded = base64.b64encode(pixels.numpy().tobytes()).decode("ascii")
+        payload = json.dumps({"pixels": encoded}).encode()
+        kept = [(k, v) for k, v in scope["headers"] if k not in _BODY_HEADERS]
+        length = str(len(payload)).encode()
+        scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
+        scope["headers"].append((b"content-length", length))
+        given = False
+
+        async def replay() -> dict:
+            nonlocal given
+            if given:  # the upload is read: what comes next is the client's disconnect
+                return await receive()
+            given = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _body(self, content_length: str | None, receive) -> bytearray:
+        too_large = f"the upload is larger than --max_upload_mb ({self.max_bytes / 2**20:g} MB)"
+        if content_length and content_length.isdigit() and int(content_length) > self.max_bytes:
+            raise Refused(413, too_large)  # before any of it is read
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise Refused(400, "the upload ended before its last byte")
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:  # sent without a Content-Length, in chunks
+                raise Refused(413, too_large)
+            if not message.get("more_body", False):
+                return body
+
+    async def _decode(self, data: bytearray, name: str) -> Tensor:
+        if self.decoding is None:
+            self.decoding = asyncio.Semaphore(DECODERS)
+        async with self.decoding:  # in threads: the server keeps answering meanwhile
+            return await asyncio.to_thread(self._pixels, data, name)
+
+    def _pixels(self, data: bytearray, name: str) -> Tensor:
+        try:  # as infer reads a file: exact decode, a large JPEG reduced no lower than the size
+            return self.transform(decode_image(data, name, self.image_size))
+        except DataError as err:
+            raise Refused(422, str(err)) from None
+
+
+_BODY_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")
+
+
+def _is_form(content_type: str) -> bool:
+    media = content_type.split(";")[0].strip().lower()
+    if media.startswith("image/") or media == "application/octet-stream":
+        return False
+    if media == "multipart/form-data":
+        return True
+    raise Refused(
+        415,
+        f"Content-Type {media or '(none)'} is not accepted: send the image as the body, with "
+        "Content-Type image/jpeg, image/png, ... or application/octet-stream, or as the file "
+        "of a multipart/form-data upload",
+    )
+
+
+def _form_file(content_type: str, body: bytearray) -> tuple[bytearray, str]:
+    """The first file of a multipart/form-data body, and its file name.
+
+    Split with bytes methods rather than parsed by the email package, whose line-by-line parser
+    a body of 20 MB of newlines would keep busy for minutes.
+    """
+    boundary = _parameter("content-type", content_type, "boundary")
+    if not boundary:
+        raise Refused(400, "the multipart/form-data Content-Type has no boundary")
+    delimiter = b"\r\n--" + boundary.encode("latin-1")
+    for part in (b"\r\n" + body).split(delimiter)[1:-1]:  # not the preamble, not the end
+        head, found, content = part.partition(b"\r\n\r\n")
+        if not found or len(head) > MAX_FORM_HEAD:
+            continue
+        for line in head.decode("latin-1").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-disposition":
+                filename = _parameter(name, value, "filename")
+                if filename is not None:
+                    return content, filename or "the uploaded file"
+    raise Refused(400, "the form has no file: send the image as a file, as curl -F file=@x.jpg")
+
+
+def _parameter(header: str, value: str, name: str) -> str | None:
+    """A parameter of a header value (`boundary` of a Content-Type), quotes removed."""
+    message = Message()
+    message[header] = value
+    found = message.get_param(name, header=header)
+    return None if found is None else collapse_rfc2231_value(found)
+
+
+async def _answer(send, status: int, sentence: str) -> None:
+    body = json.dumps({"detail": sentence}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    headers.append((b"connection", b"close"))  # the client may still be sending, unread
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ImageClassifierAPI(litserve.LitAPI if litserve else object):
+    """The inference worker: the pixels `UploadGuard` sends, through the model in batches, to
+    each image's top classes."""
+
+    def __init__(
+        self, model: str, image_size: int, max_batch_size: int, batch_timeout: float
+    ) -> None:
+        super().__init__(
+            max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=API_PATH
+        )
+        self.model_path = model
+        self.image_size = image_size
+
+    def setup(self, device: str) -> None:
+        self.model = load_exported(self.model_path)
+        self.device = "cpu"
+        if device != "cpu" and isinstance(self.model.run, torch.nn.Module):
+            self.model.run.to(device)  # an ONNX model stays on onnxruntime's CPU provider
+            self.device = device
+
+    # `request` and the response are not annotated: LitServe takes the annotations as the
+    # endpoint's body and response types; without, the JSON body comes as a dict.
+    def decode_request(self, request):
+        pixels = bytearray(base64.b64decode(request["pixels"]))
+        size = self.image_size
+        return torch.frombuffer(pixels, dtype=torch.uint8).view(3, size, size)
+
+    def predict(self, images: Tensor) -> Tensor:
+        """Probabilities of LitServe's stack of images, or of one image without batching."""
+        batch = images if images.dim() == 4 else images[None]
+        probabilities = self.model.probabilities(batch.to(self.device)).cpu()
+        return probabilities if images.dim() == 4 else probabilities[0]
+
+    def encode_response(self, probabilities: Tensor):
+        top = top_classes(probabilities, self.model.class_names)
+        top_k = [{"label": label, "probability": p} for label, p in top]
+        return {"label": top[0][0], "probability": top[0][1], "top_k": top_k}
+
+
+def _stop_on_sigterm(main_pid: int, signum: int, frame) -> None:
+    """SIGTERM as Ctrl-C: LitServe then stops its HTTP servers first (uvicorn finishes the
+    requests in flight, while the inference worker still runs), then the other processes."""
+    if os.getpid() != main_pid:  # a child forked from this process inherited the handler
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    signal.signal(signum, signal.SIG_IGN)  # one stop at a time
+    raise KeyboardInterrupt
+
+
+def _end_children() -> None:
+    """Stop any process LitServe left, as after a SIGTERM before its servers had started."""
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+
+
+def main(args: list[str] | None = None) -> int:
+    options = _parser().parse_args(args)
+    if litserve is None:
+        raise DataError("serve needs LitServe: install the serve extra (pip install '.[serve]')")
+    # loaded here too, so that a bad file stops with one line before any process starts
+    image_size = load_exported(options.model).image_size
+    api = ImageClassifierAPI(
+        str(options.model), image_size, options.max_batch_size, options.batch_timeout
+    )
+    guard = {"image_size": image_size, "max_bytes": int(options.max_upload_mb * 2**20)}
+    server = litserve.LitServer(
+        api, accelerator=options.accelerator, middlewares=[(UploadGuard, guard)]
+    )
+    signal.signal(signal.SIGTERM, functools.partial(_stop_on_sigterm, os.getpid()))
+    try:
+        server.run(
+            host=options.host,
+            port=options.port,
+            log_level=options.log_level,
+            generate_client_file=False,  # it would write client.py where the server is started
+        )
+    except KeyboardInterrupt:  # before the servers started: no request to finish
+        pass
+    finally:
+        _end_children()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m {{ cookiecutter.package_name }} serve",
+        description="Serve a model written by export over HTTP: POST /predict an image.",
+    )
+    parser.add_argument("--model", required=True, metavar="FILE", help="model.pt2 or model.onnx")
+    parser.add_argument("--host", choices=HOSTS, default=HOSTS[0], help="0.0.0.0: all interfaces")
+    parser.add_argument("--port", type=_port, default=8000, help="1024-65535 (8000)")
+    parser.add_argument(
+        "--max_batch_size", type=_number(int, 1), default=32, help="images per batch (32)"
+    )
+    parser.add_argument(
+        "--batch_timeout",
+        type=_number(float, 0),
+        default=0.01,
+        metavar="SECONDS",
+        help="longest wait for a batch to fill (0.01)",
+    )
+    parser.add_argument(
+        "--max_upload_mb", type=_number(float, 0.001), default=20, help="largest upload (20)"
+    )
+    parser.add_argument("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--log_level", choices=("debug", "info", "warning", "error"), default="info"
+    )
+    return parser
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1024 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 1024 to 65535, got {port}")
+    return port
+
+
+def _number(kind: type, least: float):
+    def parse(text: str):
+        value = kind(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
