@@ -265,7 +265,8 @@ class ImageClassifier(L.LightningModule):
     def _check_fit(self) -> None:
         """Refuse, before training, recipe options that this trainer cannot follow."""
         hp, trainer = self.hparams, self.trainer
-        if hp.mix_off_epochs and (trainer.max_epochs is None or trainer.max_epochs < 0):
+        no_limit = trainer.max_epochs is None or trainer.max_epochs < 0
+        if hp.mix_off_epochs and self.mixer is not None and no_limit:
             raise DataError(
                 "--model.mix_off_epochs counts back from --trainer.max_epochs, which is not set"
             )
