@@ -2,26 +2,15 @@
 
 `python -m {{ cookiecutter.package_name }} serve --model model.pt2 [--port 8000]` (`--help`: the other options)
 
-Needs the serve extra (`pip install '.[serve]'`). `POST /predict` takes one image, as the body
-(`Content-Type: image/...` or `application/octet-stream`) or as the file of a multipart form
-(`curl -F file=@photo.jpg`), and answers `{"label", "probability", "top_k": [{"label",
-"probability"}, ...]}`, the `TOP_K` most probable classes: `infer`'s answer for the same file, as
-the class names and image size come from the model's metadata and the image is decoded and
-resized as `infer` reads a file (`decode_image`, then `eval_transform`). `GET /health` answers
-`ok` once the model is loaded.
-
-LitServe runs this process, which starts and stops the others; an HTTP server (uvicorn); and an
-inference worker that holds the model and runs batches of up to `--max_batch_size` requests,
-waiting at most `--batch_timeout` seconds to fill one. Each upload is checked and decoded in the
-HTTP process (`UploadGuard`), before LitServe sees it, so that a bad upload is answered there
+`POST /predict` takes one image, as the body or the file of a multipart form, and answers
+`infer`'s top classes for the same file: the model's metadata gives the class names and image
+size, and the image is decoded and resized as `infer` reads a file. LitServe runs this process,
+an HTTP server (uvicorn) and an inference worker, which holds the model and runs batches of up
+to `--max_batch_size` requests, waiting at most `--batch_timeout` s to fill one. Uploads are
+checked and decoded in the HTTP process (`UploadGuard`), so that a bad one is answered 4xx there
 and never joins a batch: LitServe (0.2.19) fails every request of a batch when `decode_request`
-raises for one of them. Refused: a body over `--max_upload_mb` (413: from its Content-Length
-before any of it is read, else while reading), another Content-Type (415), a form without a file
-(400), and a file that is not an image, is damaged or is a decompression bomb (422).
-
-SIGTERM, as Docker and Kubernetes stop a server, stops the HTTP server first, which answers the
-requests in flight, then the other processes; the exit code is 0. Load only models you trust
-(see `commands/infer.py`).
+raises for one. SIGTERM stops the HTTP server first, which answers the requests in flight, then
+the rest; exit code 0. docs/inference.md tells more.
 """
 
 from __future__ import annotations
@@ -90,20 +79,17 @@ class UploadGuard:
             return await _answer(send, refused.status, str(refused))
         encoded = base64.b64encode(pixels.numpy().tobytes()).decode("ascii")
         payload = json.dumps({"pixels": encoded}).encode()
-        kept = [(k, v) for k, v in scope["headers"] if k not in _BODY_HEADERS]
-        length = str(len(payload)).encode()
-        scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
-        scope["headers"].append((b"content-length", length))
-        given = False
+        headers = [(k, v) for k, v in scope["headers"] if k not in _BODY_HEADERS]
+        headers += [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(payload)),
+        ]
+        messages = [{"type": "http.request", "body": payload, "more_body": False}]
 
-        async def replay() -> dict:
-            nonlocal given
-            if given:  # the upload is read: what comes next is the client's disconnect
-                return await receive()
-            given = True
-            return {"type": "http.request", "body": payload, "more_body": False}
+        async def replay() -> dict:  # the pixels, then what the client sends next: its disconnect
+            return messages.pop() if messages else await receive()
 
-        await self.app(scope, replay, send)
+        await self.app({**scope, "headers": headers}, replay, send)
 
     async def _body(self, content_length: str | None, receive) -> bytearray:
         too_large = f"the upload is larger than --max_upload_mb ({self.max_bytes / 2**20:g} MB)"
@@ -281,41 +267,25 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m {{ cookiecutter.package_name }} serve",
         description="Serve a model written by export over HTTP: POST /predict an image.",
     )
-    parser.add_argument("--model", required=True, metavar="FILE", help="model.pt2 or model.onnx")
-    parser.add_argument("--host", choices=HOSTS, default=HOSTS[0], help="0.0.0.0: all interfaces")
-    parser.add_argument("--port", type=_port, default=8000, help="1024-65535 (8000)")
-    parser.add_argument(
-        "--max_batch_size", type=_number(int, 1), default=32, help="images per batch (32)"
-    )
-    parser.add_argument(
-        "--batch_timeout",
-        type=_number(float, 0),
-        default=0.01,
-        metavar="SECONDS",
-        help="longest wait for a batch to fill (0.01)",
-    )
-    parser.add_argument(
-        "--max_upload_mb", type=_number(float, 0.001), default=20, help="largest upload (20)"
-    )
-    parser.add_argument("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument(
-        "--log_level", choices=("debug", "info", "warning", "error"), default="info"
-    )
+    add = parser.add_argument
+    add("--model", required=True, metavar="FILE", help="model.pt2 or model.onnx")
+    add("--host", choices=HOSTS, default=HOSTS[0], help="0.0.0.0: all interfaces")
+    add("--port", type=_number(int, 1024, 65535), default=8000, help="1024-65535 (8000)")
+    add("--max_batch_size", type=_number(int, 1), default=32, help="images per batch (32)")
+    add("--batch_timeout", type=_number(float, 0), default=0.01, help="seconds (0.01)")
+    add("--max_upload_mb", type=_number(float, 0.001), default=20, help="largest upload (20)")
+    add("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
+    add("--log_level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
 
 
-def _port(text: str) -> int:
-    port = int(text)
-    if not 1024 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be from 1024 to 65535, got {port}")
-    return port
-
-
-def _number(kind: type, least: float):
+def _number(kind: type, least: float, most: float = float("inf")):
     def parse(text: str):
         value = kind(text)
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        if not least <= value <= most:
+            allowed = f"from {least} to {most}" if most < float("inf") else f"at least {least}"
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value}")
         return value
 
+    parse.__name__ = kind.__name__  # argparse's "invalid int value"
     return parse
