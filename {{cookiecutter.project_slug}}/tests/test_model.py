@@ -68,7 +68,7 @@ def test_local_weights_file_is_loaded_and_the_classifier_replaced(tmp_path: Path
         class_names=["a", "b", "c"],
         image_size=32,
         architecture="resnet18",
-        weights_path=str(tmp_path / "resnet18.pth"),
+        weights=str(tmp_path / "resnet18.pth"),
     )
     torch.testing.assert_close(model.net.conv1.weight, pretrained.conv1.weight)
     assert model.net.fc.out_features == 3
@@ -77,7 +77,7 @@ def test_local_weights_file_is_loaded_and_the_classifier_replaced(tmp_path: Path
             class_names=["a"],
             image_size=32,
             architecture="efficientnet_b0",
-            weights_path=str(tmp_path / "resnet18.pth"),
+            weights=str(tmp_path / "resnet18.pth"),
         )
 
 
@@ -94,7 +94,7 @@ def test_weights_with_auxiliary_heads_or_a_convolutional_classifier_load(
         class_names=["a", "b", "c"],
         image_size=32,
         architecture=architecture,
-        weights_path=str(tmp_path / "weights.pth"),
+        weights=str(tmp_path / "weights.pth"),
     )
     torch.testing.assert_close(next(model.net.parameters()), next(pretrained.parameters()))
     model.train()

@@ -40,6 +40,7 @@ from {{ cookiecutter.package_name }}.training.run_log import (
     resumed_version,
 )
 from {{ cookiecutter.package_name }}.training.runs import (
+    FREE_ON_RESUME,
     RunMark,
     apply_limits,
     changed_options,
@@ -63,6 +64,7 @@ class ImageCLI(LightningCLI):
     """LightningCLI with the data-dependent model arguments linked from the DataModule."""
 
     ckpt_contents: dict | None = None  # of --ckpt_path, read and checked once
+    typed: Namespace = Namespace()  # the options given, without defaults (`_typed_options`)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         super().parse_arguments(parser, args)
@@ -72,7 +74,7 @@ class ImageCLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
-        typed = _typed_options(self, parser, args, subcommand)
+        typed = self.typed = _typed_options(self, parser, args, subcommand)
         name_run(config, typed)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
@@ -85,6 +87,17 @@ class ImageCLI(LightningCLI):
         elif subcommand == "fit":
             _refuse_run_taken(config)
             _follow_pretrained_inputs(config, typed)
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's: the checkpoint's model options replace those given. Then the given
+        options that say how a model is run, not what it learnt (`FREE_ON_RESUME`: `tta_flip`,
+        `compile`, ...), are put back: `validate --ckpt_path X --model.tta_flip true` flips."""
+        super()._parse_ckpt_path()
+        if not self.config.get("subcommand"):
+            return
+        config, given = self.config[self.config.subcommand], self.typed.get("model") or Namespace()
+        for name in FREE_ON_RESUME & set(given.keys()):
+            config.model[name] = given[name]
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(

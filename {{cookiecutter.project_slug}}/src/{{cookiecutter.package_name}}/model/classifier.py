@@ -36,10 +36,14 @@ class ImageClassifier(L.LightningModule):
     saved in every checkpoint, so that a checkpoint alone is enough to predict or export.
 
     Args:
-        architecture: "compact_resnet" (the default, sized by `width` and `depths`) or a
-            torchvision classification model by name: "resnet18", "resnet50", "efficientnet_b0"...
-        weights_path: a local torchvision state dict to start from (torchvision models only);
-            unset: random initialisation. Nothing is downloaded.
+        architecture: "compact_resnet" (the default, sized by `width` and `depths`), a
+            torchvision classification model by name ("resnet18", "efficientnet_b0", ...) or,
+            with the timm extra, a timm model ("convnext_nano.in12k", "timm/resnet50.a1_in1k").
+        pretrained: start from the architecture's published weights: from the local Hugging
+            Face or torch hub cache, else downloaded; the data's image size and normalisation
+            then follow the weights' unless given (`model/pretrained.py`).
+        weights: start from a local file instead: a state dict, a `.safetensors` file or a
+            checkpoint of this project (a classifier for other classes is re-made).
         width: channels of the first stage; each later stage doubles them.
         depths: residual blocks per stage.
         lr: peak learning rate of AdamW.
@@ -77,7 +81,8 @@ class ImageClassifier(L.LightningModule):
         mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
         std: tuple[float, float, float] = (0.229, 0.224, 0.225),
         architecture: str = COMPACT,
-        weights_path: str | None = None,
+        pretrained: bool = False,
+        weights: str | None = None,
         width: int = 32,
         depths: tuple[int, ...] = (1, 1, 2, 1),
         dropout: float = 0.0,
@@ -102,7 +107,14 @@ class ImageClassifier(L.LightningModule):
         self.class_names = list(class_names)
         num_classes = len(self.class_names)
         self.net = build_network(
-            architecture, num_classes, image_size, width, tuple(depths), dropout, weights_path
+            architecture,
+            num_classes,
+            image_size,
+            width,
+            tuple(depths),
+            dropout,
+            weights,
+            pretrained,
         )
         _check_recipe(self.hparams)
         check_layer_decay(self.net, architecture, layer_decay)
