@@ -309,7 +309,7 @@ def test_github_workflow_keeps_its_expressions_and_tests_three_systems(cookies) 
 def test_ci_none_and_slurm_no_leave_no_trace(cookies) -> None:
     project = bake(cookies, ci="none", slurm="no")
     assert not (project / ".github").exists()
-    assert not (project / "scripts").exists()
+    assert not (project / "scripts/slurm.sbatch").exists()
     docs = documentation(project)
     assert "ci.yml" not in docs and "sbatch" not in docs
 
