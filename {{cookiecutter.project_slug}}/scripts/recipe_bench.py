@@ -1,0 +1,149 @@
+"""Training recipes measured on real scans, few-shot: today's default against each recipe preset
+and each single switch, several seeds, and a transfer run; prints a Markdown table.
+
+The data is scikit-learn's handwritten digits (1,797 real 8x8 scans that ship inside
+scikit-learn: nothing is downloaded), written as 32x32 PNG class folders, `--per-class` training
+images per class and every other image for validation (`--data.source.val_root`). Each run is
+a real `fit` in its own folder, at the preset's or the default's image and batch size; its score
+is the `val_acc` of the last epoch.
+
+Transfer: a network trained on digits 0-4 (every image of theirs but the validation ones of the
+few-shot split) starts a model for digits 5-9 with `--per-class` images each, through
+`--model.weights` (its classifier re-made), against the same recipe from random weights.
+
+    pip install scikit-learn
+    python scripts/recipe_bench.py --seeds 0 1 2 --epochs 30    # docs/training.md's table
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+PROJECT = Path(__file__).resolve().parents[1]
+RECIPES = PROJECT / "configs" / "recipes"
+
+# name -> fit options, each on top of the same data and epochs
+RUNS = {
+    "default": [],
+    "scratch.yaml": ["--config", str(RECIPES / "scratch.yaml")],
+    "+ augment.policy trivial": ["--data.augment.policy", "trivial"],
+    "+ augment.erasing 0.25": ["--data.augment.erasing", "0.25"],
+    "+ label_smoothing 0.1": ["--model.label_smoothing", "0.1"],
+    "+ mixup 0.2 / cutmix 1.0": ["--model.mixup_alpha", "0.2", "--model.cutmix_alpha", "1.0"],
+    "+ EMA": [
+        "--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging",
+        "--trainer.callbacks.decay",
+        "0.99",
+    ],
+    "+ tta_flip": ["--model.tta_flip", "true"],
+}
+
+
+def write_digits(root: Path, per_class: int, seed: int, classes: range) -> tuple[Path, Path]:
+    """`root/train/digit_K/*.png` (`per_class` images of each class) and `root/val/...` (the
+    rest), the 8x8 scans enlarged to 32x32."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    for label in classes:
+        (index,) = np.nonzero(digits.target == label)
+        rng.shuffle(index)
+        for part, chosen in (("train", index[:per_class]), ("val", index[per_class:])):
+            folder = root / part / f"digit_{label}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in chosen:
+                pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)
+                image = Image.fromarray(pixels).resize((32, 32), Image.BILINEAR)
+                image.convert("RGB").save(folder / f"{i:04d}.png")
+    return root / "train", root / "val"
+
+
+def fit(train: Path, val: Path, options: list[str], folder: Path, epochs: int, seed: int) -> float:
+    """`fit` in `folder`; the last epoch's val_acc."""
+    command = [
+        sys.executable, "-m", PACKAGE, "fit",
+        "--data.source.root", str(train), "--data.source.val_root", str(val),
+        "--data.seed", str(seed),
+        "--seed_everything", str(seed), "--trainer.max_epochs", str(epochs),
+        # validated once, at the end: what is scored, and most of the time otherwise
+        "--trainer.check_val_every_n_epoch", str(epochs), "--trainer.enable_progress_bar", "false",
+        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir", str(folder), "--trainer.logger.name", "logs",
+        "--checkpoint.dirpath", str(folder / "checkpoints"),
+        *options,
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"fit failed ({' '.join(options)}):\n{done.stderr[-3000:]}")
+    with open(next((folder / "logs").glob("version_*/metrics.csv"))) as metrics:
+        rows = list(csv.DictReader(metrics))
+    return float([r for r in rows if r.get("val_acc")][-1]["val_acc"])
+
+
+def measure(name, options, data, epochs, seeds, work: Path) -> tuple[str, list[float], float]:
+    scores, started = [], time.perf_counter()
+    for seed in seeds:
+        folder = work / f"{name.replace(' ', '_').replace('/', '')}-{seed}"
+        folder.mkdir(parents=True)
+        scores.append(fit(*data[seed], options, folder, epochs, seed))
+    return name, scores, (time.perf_counter() - started) / len(seeds)
+
+
+def row(name: str, scores: list[float], seconds: float) -> str:
+    spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+    return f"| {name} | {statistics.mean(scores):.3f} ± {spread:.3f} | {seconds:.0f} s |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--per-class", type=int, default=10)
+    parser.add_argument("--only", nargs="*", help="run only these rows (names as in the table)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        data = {
+            s: write_digits(work / f"digits-{s}", args.per_class, s, range(10)) for s in args.seeds
+        }
+        print(f"digits, {args.per_class} training images per class, {args.epochs} epochs, "
+              f"seeds {args.seeds}; val_acc mean ± stdev, time per run\n")  # fmt: skip
+        print("| recipe | val_acc | time |\n|---|---|---|")
+        for name, options in RUNS.items():
+            if not args.only or name in args.only:
+                print(row(*measure(name, options, data, args.epochs, args.seeds, work)), flush=True)
+        if args.only:
+            return
+        # Transfer: digits 0-4 (all but 10 per class kept aside) start a model for digits 5-9.
+        source = write_digits(work / "source", 10, 0, range(5))
+        base = work / "base"
+        base.mkdir()
+        fit(source[1], source[0], [], base, args.epochs, 0)  # train on the large side
+        weights = str(base / "checkpoints" / "last.ckpt")
+        few = {s: write_digits(work / f"target-{s}", args.per_class, s, range(5, 10))
+               for s in args.seeds}  # fmt: skip
+        print("\ntransfer: digits 5-9, weights from a network trained on digits 0-4\n")
+        print("| recipe | val_acc | time |\n|---|---|---|")
+        for name, options in (
+            ("default, random weights", []),
+            ("default, --model.weights", ["--model.weights", weights]),
+            ("scratch.yaml, --model.weights", ["--config", str(RECIPES / "scratch.yaml"),
+                                               "--model.weights", weights]),
+        ):  # fmt: skip
+            print(row(*measure(name, options, few, args.epochs, args.seeds, work)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

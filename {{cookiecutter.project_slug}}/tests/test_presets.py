@@ -1,0 +1,102 @@
+"""The recipe presets (`configs/recipes/`) train through the real command line; EMA weights are
+the ones validated, checkpointed and exported; run options given with `--ckpt_path` apply."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_run_options
+
+from {{ cookiecutter.package_name }}.commands.export import load_for_export
+
+RECIPES = Path(__file__).parents[1] / "configs" / "recipes"
+EMA = "lightning.pytorch.callbacks.EMAWeightAveraging"
+
+
+def command(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def short_run(root: Path, *extra: str) -> list[str]:
+    return [
+        *tiny_run_options(root),
+        "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2",
+        "--trainer.logger", "false", "--checkpoint.dirpath", "ckpts", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_scratch_preset_trains(image_root: Path, tmp_path: Path) -> None:
+    command("fit", "--config", str(RECIPES / "scratch.yaml"), *short_run(image_root), cwd=tmp_path)
+    assert (tmp_path / "ckpts" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_finetune_preset_trains_from_a_hub_cache(image_root: Path, tmp_path: Path) -> None:
+    """As written, on a populated Hugging Face cache made here (random weights: no network),
+    at 32 px for speed: the frozen epoch, then the rest, with EMA and mixing."""
+    timm = pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
+    import yaml
+    from test_pretrained import hub_cache
+
+    architecture = yaml.safe_load((RECIPES / "finetune.yaml").read_text())["model"]["architecture"]
+    assert timm.is_model(architecture)
+    hub_cache(tmp_path / "hf", architecture)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    options = short_run(image_root, "--data.image_size", "32", "--trainer.max_epochs", "4")
+    command("fit", "--config", str(RECIPES / "finetune.yaml"), *options, cwd=tmp_path, env=env)
+    checkpoint = torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["architecture"] == architecture
+    assert "averaging_state" in checkpoint  # EMA was on
+
+
+@pytest.mark.slow
+def test_ema_weights_are_checkpointed_exported_and_resumed(image_root: Path, tmp_path: Path):
+    """With Lightning's EMAWeightAveraging, `last.ckpt` holds the average as the model's weights
+    (the raw ones beside it), export writes the average, and a resumed run restores it."""
+    ema = [f"--trainer.callbacks+={EMA}", "--trainer.callbacks.decay", "0.9"]
+    command("fit", *short_run(image_root, *ema, "--run", "ema"), cwd=tmp_path)
+    last = tmp_path / "ckpts" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    averaged, raw = checkpoint["state_dict"], checkpoint["current_model_state"]
+    differ = [k for k in raw if k.endswith("weight") and not torch.equal(raw[k], averaged[k])]
+    assert differ, "the average equals the raw weights"
+    exported, _ = load_for_export(last)
+    for key, value in exported.net.state_dict().items():
+        torch.testing.assert_close(value, averaged[f"net.{key}"])
+    # Resumed for one more epoch: the average goes on from the saved one, not from the raw
+    # weights (which would make it equal to them after Lightning's first update of a fresh one).
+    more = short_run(image_root, *ema, "--run", "ema", "--trainer.max_epochs", "3")
+    said = command("fit", *more, "--ckpt_path", "last", cwd=tmp_path)
+    assert "current_model_state" in said.stdout + said.stderr  # Lightning: average restored
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["epoch"] == 3 - 1 or resumed["epoch"] == 3
+    assert any(
+        not torch.equal(resumed["state_dict"][k], resumed["current_model_state"][k]) for k in differ
+    )
+
+
+def val_loss(output: str) -> float:
+    return float(re.search(r"val_loss\W+([0-9.]+)", output).group(1))
+
+
+@pytest.mark.slow
+def test_tta_flip_given_with_a_checkpoint_applies(trained_checkpoint: Path, tmp_path: Path) -> None:
+    """LightningCLI puts a checkpoint's model options over those given; run options (how the
+    model runs, not what it learnt) are put back, so `--model.tta_flip` changes validation."""
+    options = ["validate", "--ckpt_path", str(trained_checkpoint),
+               *tiny_run_options(trained_checkpoint.parent / "images")]  # fmt: skip
+    plain = val_loss(command(*options, cwd=tmp_path).stdout)
+    flipped = val_loss(command(*options, "--model.tta_flip", "true", cwd=tmp_path).stdout)
+    assert plain != flipped
