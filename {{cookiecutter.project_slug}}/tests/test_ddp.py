@@ -171,7 +171,7 @@ import json, sys, time
 from datetime import timedelta
 import lightning as L, torch
 from lightning.pytorch.strategies import DDPStrategy
-from {{ cookiecutter.package_name }}.data import cache, labelled, scan
+from {{ cookiecutter.package_name }}.data import cache, scan, sources
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 
@@ -183,7 +183,7 @@ def counted(name, function):
         return function(*args, **kwargs)
     return call
 
-labelled.SeededSplit.split = counted("split", labelled.SeededSplit.split)
+sources.ImageFiles.split = counted("split", sources.ImageFiles.split)
 scan.find_unreadable = counted("scan", scan.find_unreadable)
 slow = len(sys.argv) > 3  # a scan that outlasts the collective timeout: sys.argv[3] seconds
 if slow:

@@ -106,11 +106,11 @@ def test_label_kind_index_refuses_what_is_not_an_index(
 
 
 def test_unknown_label_kind_is_refused(flat_root: Path, tmp_path: Path) -> None:
-    dm = module(flat_root, write_labels(tmp_path / "labels.csv", ["a", "b"]), label_kind="ids")
-    with pytest.raises(
+    csv_file = write_labels(tmp_path / "labels.csv", ["a", "b"])
+    with pytest.raises(  # at construction, before the CSV is read
         DataError, match=r"--data\.source\.label_kind must be one of auto, index, name"
     ):
-        dm.class_names  # noqa: B018
+        module(flat_root, csv_file, label_kind="ids")
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,18 @@
-"""The index of a dataset: class folders as numpy arrays of paths and labels, and its helpers."""
+"""The index of a dataset: which files, with which labels, as numpy arrays.
+
+Class folders (`FolderLabels`), the unlabelled images `predict` reads, and the seeded split of
+validation images; a labels CSV is read by `labels_csv.py`.
+"""
 
 from __future__ import annotations
 
 import csv
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_warn
 
 from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -14,10 +20,60 @@ from {{ cookiecutter.package_name }}.errors import DataError
 # Folders that archivers and operating systems leave beside the data; never classes.
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
 # Folders that training writes in the working folder (logs, runs, checkpoints, the demo set in
-# `data/demo`): with `--data.source.root .` (or `data` beside the demo set) they sit beside
-# the class folders. One of them is a class only when it holds images directly, as a class folder
-# of the user's would.
+# `data/demo`): with `--data.source.root .` they sit beside the class folders. One of them is a
+# class only when it holds images directly, as a class folder of the user's would.
 OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints", "data", "demo")
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """Files under `root`: relative paths (bytes array) and int64 targets (None: unlabelled).
+
+    numpy arrays, not Python lists: forked loader workers share them instead of copying them page
+    by page as reference counts change (pytorch/pytorch#13246).
+    """
+
+    root: Path
+    paths: np.ndarray
+    targets: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, keep: np.ndarray) -> ImageIndex:
+        targets = None if self.targets is None else self.targets[keep]
+        return ImageIndex(self.root, self.paths[keep], targets)
+
+
+class FolderLabels:
+    """`root/<class>/<image>`: an image's class is the name of its folder.
+
+    Validation and test folders (`role`) must name training classes; training folders left out
+    by given class names are only warned about. `reading`: how CSVs of validation or test images
+    read their labels beside these folders ("name" or "index").
+    """
+
+    def __init__(self, root: Path, option: str, role: str, reading: str) -> None:
+        self.root = root
+        self.option = option
+        self.role = role
+        self.reading = reading
+
+    def class_names(self) -> list[str]:
+        return find_classes(self.root, self.option)
+
+    def index(self, class_names: list[str]) -> ImageIndex:
+        class_to_idx = {name: i for i, name in enumerate(class_names)}
+        folders = find_classes(self.root, self.option)
+        if self.role == "training":
+            ignored = sorted(set(folders) - set(class_to_idx))
+            if ignored:
+                rank_zero_warn(
+                    f"--data.class_names leaves out {len(ignored)} class folders of {self.root}, "
+                    f"which are not used: {', '.join(ignored)}"
+                )
+            folders = None
+        return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders))
 
 
 def _is_class_folder(entry: os.DirEntry) -> bool:
@@ -48,44 +104,23 @@ def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
 
 
 def list_images(folder: Path) -> list[str]:
-    """Paths of the image files below `folder` (nested folders included), relative to it, sorted."""
+    """Paths of the image files below `folder` (nested folders included), relative to it."""
     return list_files(folder, images_only=True)
 
 
 def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
-    """`prefix` + the path of each file below `folder`, relative to it, in os.walk's order.
-
-    As os.walk(followlinks=True) with sorted names: a folder's files, then its subfolders' in turn;
-    hidden and junk folders left out, and folders that cannot be listed skipped.
+    """`prefix` + the path of each file below `folder`, relative to it: a folder's files sorted,
+    then its subfolders' in turn. Links are followed; hidden, junk and unreadable folders skipped.
     """
     found: list[str] = []
-    _scan(os.fspath(folder), prefix, images_only, found)
+    top = os.fspath(folder)
+    for here, folders, files in os.walk(top, followlinks=True):
+        folders[:] = sorted(name for name in folders if _is_data_folder(name))
+        if images_only:
+            files = [f for f in files if f[0] != "." and f.lower().endswith(IMG_EXTENSIONS)]
+        inside = prefix if here == top else prefix + os.path.relpath(here, top) + os.sep
+        found.extend(inside + name for name in sorted(files))
     return found
-
-
-def _scan(folder: str, prefix: str, images_only: bool, found: list[str]) -> None:
-    # One scandir per folder and a prefix for its paths, not os.walk and an os.path.join per
-    # file: about half the time for large folders.
-    try:
-        with os.scandir(folder) as scan:
-            entries = list(scan)
-    except OSError:
-        return
-    folders, files = [], []
-    for entry in entries:
-        (folders if _is_folder(entry) else files).append(entry.name)
-    if images_only:
-        files = [f for f in files if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)]
-    found.extend([prefix + name for name in sorted(files)])
-    for name in sorted(f for f in folders if _is_data_folder(f)):
-        _scan(os.path.join(folder, name), prefix + name + os.sep, images_only, found)
-
-
-def _is_folder(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()  # a link to a folder counts: os.walk(followlinks=True)
-    except OSError:
-        return False
 
 
 def encode_paths(paths: list[str]) -> np.ndarray:
@@ -94,9 +129,7 @@ def encode_paths(paths: list[str]) -> np.ndarray:
 
 
 def make_dataset(
-    root: Path,
-    class_to_idx: dict[str, int],
-    folders: list[str] | None = None,
+    root: Path, class_to_idx: dict[str, int], folders: list[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Index a class-folder tree: relative paths (bytes array) and integer targets (int64 array).
 
@@ -123,6 +156,36 @@ def make_dataset(
         targets.append(class_to_idx[name])
         counts.append(len(files))
     return encode_paths(paths), np.repeat(np.array(targets, dtype=np.int64), counts)
+
+
+def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:
+    """Every image below `folder` (nested folders included), for `predict`."""
+    check_dir(folder, option)
+    files = list_images(folder)
+    if not files:
+        raise DataError(
+            f"--{option} {folder} holds no images; accepted extensions: " + " ".join(IMG_EXTENSIONS)
+        )
+    return ImageIndex(folder, encode_paths(files), None)
+
+
+def stratified_split(targets: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """A boolean mask of the validation items: `fraction` of each class, drawn with `seed`.
+
+    Depends only on the targets (in index order) and the seed: the same split on every run and
+    every DDP rank.
+    """
+    mask = np.zeros(len(targets), dtype=bool)
+    if fraction == 0 or len(targets) == 0:
+        return mask
+    rng = np.random.default_rng(seed)
+    order = np.argsort(targets, kind="stable")
+    _, starts, counts = np.unique(targets[order], return_index=True, return_counts=True)
+    for start, size in zip(starts.tolist(), counts.tolist(), strict=True):
+        take = min(max(round(size * fraction), 1), size - 1) if size > 1 else 0
+        members = order[start : start + size]
+        mask[members[rng.permutation(size)[:take]]] = True
+    return mask
 
 
 def write_split(path: Path, paths: np.ndarray, targets: np.ndarray, class_names: list[str]) -> Path:

@@ -6,11 +6,15 @@ import codecs
 import csv
 import io
 import os
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from {{ cookiecutter.package_name }}.data.index import (
+    FolderLabels,
+    ImageIndex,
     check_dir,
     check_file,
     encode_paths,
@@ -20,27 +24,78 @@ from {{ cookiecutter.package_name }}.data.index import (
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _SHOWN = 5  # how many offending rows an error message lists
+LABEL_KINDS = ("auto", "index", "name")
 
 
+class CsvLabels:
+    """One image folder `root` and a CSV naming each file (relative to `root`) and its label.
+
+    A training CSV's labels are read as `kind` says ("auto": `label_reading`); a validation or
+    test CSV's as those of the training source it `follows`.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        csv_file: Path,
+        columns: tuple[str, str],
+        option: str,
+        role: str,
+        kind: str = "auto",
+        follows: FolderLabels | CsvLabels | None = None,
+    ) -> None:
+        self.root = root
+        self.csv_file = csv_file
+        self.columns = columns
+        self.option = option
+        self.role = role
+        self.kind = kind
+        self.follows = follows
+
+    @cached_property
+    def table(self) -> LabelsTable:
+        # Read once: the class names are needed at instantiation, the index again in `setup`.
+        return read_labels_csv(self.csv_file, *self.columns)
+
+    @cached_property
+    def reading(self) -> str:
+        if self.follows is not None:
+            return self.follows.reading
+        return label_reading(self.table, self.kind)
+
+    def class_names(self) -> list[str]:
+        return classes_from_labels(self.table, self.reading)
+
+    def index(self, class_names: list[str]) -> ImageIndex:
+        targets = encode_labels(self.table, class_names, self.reading, self.role)
+        check_dir(self.root, self.option)
+        find_missing(self.table, self.root)
+        return ImageIndex(self.root, self.table.paths, targets)
+
+
+def find_csv(path: str | Path | None, root: Path | None, option: str) -> Path | None:
+    """`path` as given, else inside `root` (so that `labels.csv` may sit beside the images)."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.exists() and root is not None and not path.is_absolute() and (root / path).exists():
+        path = root / path
+    check_file(path, option)
+    return path
+
+
+@dataclass(frozen=True)
 class LabelsTable:
     """The rows of a labels CSV as arrays: file names (bytes), labels, CSV line numbers.
 
     A row's label is `values[codes[row]]`: the distinct label strings are few, the rows many.
     """
 
-    def __init__(
-        self,
-        source: Path,
-        paths: np.ndarray,
-        values: list[str],
-        codes: np.ndarray,
-        lines: np.ndarray,
-    ) -> None:
-        self.source = source
-        self.paths = paths
-        self.values = values
-        self.codes = codes
-        self.lines = lines
+    source: Path
+    paths: np.ndarray
+    values: list[str]
+    codes: np.ndarray
+    lines: np.ndarray
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -57,9 +112,8 @@ def read_labels_csv(
 ) -> LabelsTable:
     """Read a labels CSV with a header row; UTF-8 with or without BOM, CRLF or LF, spaces stripped.
 
-    Only the two named columns are read; the others are ignored. Blank lines are skipped. The csv
-    module defines the format (quoted fields, fields spanning lines); a row is a Python list only
-    while it is read, and the table keeps numpy arrays, which loader workers share without copying.
+    Only the two named columns are read; blank lines are skipped. The csv module defines the
+    format (quoted fields, fields spanning lines); the table keeps numpy arrays, not row lists.
     """
     check_file(csv_file, "data.source.csv")
     raw = csv_file.read_bytes().removeprefix(codecs.BOM_UTF8)
@@ -110,8 +164,13 @@ def _checked(table: LabelsTable) -> LabelsTable:
     if "" in table.values:
         row = table.first_row(table.values.index(""))
         raise DataError(f"{table.where(row)} has an empty label")
-    if len(set(table.paths.tolist())) < len(table):
-        _refuse_duplicates(table)
+    seen: dict[bytes, int] = {}
+    for row, path in enumerate(table.paths.tolist()):
+        if (first := seen.setdefault(path, row)) != row:
+            raise DataError(
+                f"{table.source} lists {os.fsdecode(path)!r} twice, on lines "
+                f"{table.lines[first]} and {table.lines[row]}"
+            )
     return table
 
 
@@ -125,21 +184,6 @@ def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
         f"{csv_file} has no column {name!r} (its header: {','.join(columns)}); "
         f"name the column with --data.source.{option}"
     )
-
-
-def _refuse_duplicates(table: LabelsTable) -> None:
-    order = np.argsort(table.paths, kind="stable")
-    ordered = table.paths[order]
-    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
-    if len(repeated):
-        first, second = order[repeated[0]], order[repeated[0] + 1]
-        raise DataError(
-            f"{table.source} lists {os.fsdecode(table.paths[first])!r} twice, on lines "
-            f"{table.lines[first]} and {table.lines[second]} ({len(repeated)} repeated rows in all)"
-        )
-
-
-LABEL_KINDS = ("auto", "index", "name")
 
 
 def label_reading(table: LabelsTable, kind: str) -> str:

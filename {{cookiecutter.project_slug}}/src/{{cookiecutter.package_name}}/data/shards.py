@@ -76,8 +76,7 @@ class StreamedImages(litdata.StreamingDataset):
         if self.shuffle:  # training: the crop and flip from (seed, epoch, image), as `Draw` does
             position = int(getattr(index, "index", index))
             random.seed((self.seed << 64) | (self.current_epoch << 32) | position)
-        data = bytearray(item["image"])
-        image = decode_image(data, item["path"], self.min_size, self.approximate_decode)
+        image = decode_image(item["image"], item["path"], self.min_size, self.approximate_decode)
         label = int(item["label"])
         if label < 0:  # the unlabelled images of a predict split: where each came from
             return self.image_transform(image), int(getattr(index, "index", index)), item["path"]
@@ -96,41 +95,22 @@ def meta_of(url: str) -> dict:
 
 
 def streamed(
-    url: str, augment, transform, image_size: int, seed: int, cache_dir: str, cache_limit: str
-) -> tuple[StreamedImages, StreamedImages]:
-    """The training (shuffled, augmented) and validation images of the shards at `url`."""
-    meta_of(url)
-    cache = {"cache_dir": cache_dir, "cache_limit": cache_limit}
-    train = StreamedImages(
-        f"{url}/train", augment, augment.min_source_size(), True, True, seed, **cache
-    )
-    val = StreamedImages(f"{url}/val", transform, image_size, **cache)
-    return train, val
-
-
-def streamed_split(
-    url: str, split: str, transform, image_size: int, cache_dir: str, cache_limit: str
+    url: str, split: str, transform, min_size: int, cache: tuple[str, str], train: bool, seed: int
 ) -> StreamedImages:
-    """The `test` or `predict` images of the shards at `url`, in their stored order.
+    """The images of `split` of the shards at `url`: with `train`, shuffled with `seed` and
+    decoded fast (as `ImageFolderDataset` does for training); else in their stored order.
 
     Raises:
-        DataError: the shards were written without that split.
+        DataError: there are no complete shards at `url`, or none of `split`.
     """
-    if split not in meta_of(url)["images"]:
-        use = {
-            "test": (
-                "--data.source ClassFolders --data.source.test_root DIR",
-                "--data.source.test_root",
-            ),
-            "predict": ("--data.predict_root DIR", "--data.predict_root"),
-        }[split]
+    if split not in meta_of(url)["images"]:  # test or predict: written only where given
+        option = {"test": "--data.source.test_root", "predict": "--data.predict_root"}[split]
+        instead = "--data.source ClassFolders " * (split == "test") + f"{option} DIR"
         raise DataError(
-            f"--data.source.path {url} holds no {split} images: pass {use[0]} to use a folder, "
-            f"or write the shards again with them (`shard ... {use[1]} DIR`)"
+            f"--data.source.path {url} holds no {split} images: pass {instead} to use a folder, "
+            f"or write the shards again with them (`shard ... {option} DIR`)"
         )
-    return StreamedImages(
-        f"{url}/{split}", transform, image_size, cache_dir=cache_dir, cache_limit=cache_limit
-    )
+    return StreamedImages(f"{url}/{split}", transform, min_size, train, train, seed, *cache)
 
 
 def streaming_loader(

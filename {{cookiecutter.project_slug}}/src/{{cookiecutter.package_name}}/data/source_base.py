@@ -15,7 +15,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
-from {{ cookiecutter.package_name }}.data.labelled import ImageIndex, unlabelled_folder
+from {{ cookiecutter.package_name }}.data.index import ImageIndex, unlabelled_folder
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
 from {{ cookiecutter.package_name }}.data.once import once
 from {{ cookiecutter.package_name }}.data.scan import drop_unreadable

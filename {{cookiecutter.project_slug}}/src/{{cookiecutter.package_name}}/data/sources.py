@@ -20,15 +20,13 @@ from torch.utils.data import DataLoader, Dataset
 from {{ cookiecutter.package_name }}.data.cache import cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, DEMO_DIR, ensure_demo_data
-from {{ cookiecutter.package_name }}.data.index import write_split
-from {{ cookiecutter.package_name }}.data.labelled import (
-    LabelledSource,
-    SeededSplit,
-    SeparateValidation,
-    Split,
-    find_csv,
-    labelled_source,
+from {{ cookiecutter.package_name }}.data.index import (
+    FolderLabels,
+    ImageIndex,
+    stratified_split,
+    write_split,
 )
+from {{ cookiecutter.package_name }}.data.labels_csv import LABEL_KINDS, CsvLabels, find_csv
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
 from {{ cookiecutter.package_name }}.data.once import once
 from {{ cookiecutter.package_name }}.data.source_base import (
@@ -50,12 +48,8 @@ SPLIT_FILE = "val_files.csv"
 
 
 class ImageFiles(Source):
-    """Images on a file system, indexed in `setup`: what `ClassFolders` and `LabelsCsv` share.
-
-    Validation images are `val_fraction` of each class, or those of `val_root`/`val_csv`.
-    The pixel cache (`cache: memmap`), the skipping of unreadable images and the class-balanced
-    sampler work on these sources only.
-    """
+    """Images on a file system, indexed in `setup`: what `ClassFolders` and `LabelsCsv` share,
+    the pixel cache, the skipping of unreadable images and the class-balanced sampler included."""
 
     csv: Path | None = None
     filename_column = "filename"
@@ -99,21 +93,36 @@ class ImageFiles(Source):
         self.cache_key = cache_key
 
     @cached_property
-    def labelled(self) -> LabelledSource:
+    def labelled(self) -> FolderLabels | CsvLabels:
         """The training images: class folders, or the files the CSV names."""
-        return labelled_source(self.root or DEMO_DIR, self.csv, *self._columns)
+        return self._labelled(self.root or DEMO_DIR, self.csv, "training")
 
-    @property
-    def _columns(self) -> tuple[str, str, str]:
-        return self.filename_column, self.label_column, self.label_kind
+    def _labelled(self, root: Path, csv: Path | None, role: str, follows=None):
+        """Class folders under `root`, or the files `csv` names in `root`, for `role`."""
+        folder = {"training": "root", "validation": "val_root"}.get(role, "test_root")
+        option = f"data.source.{folder}"
+        if csv is None:  # folder names are class names; `reading` is for the CSVs that follow
+            reading = "name" if self.label_kind == "auto" else self.label_kind
+            return FolderLabels(root, option, role, reading)
+        columns = (self.filename_column, self.label_column)
+        return CsvLabels(root, csv, columns, option, role, self.label_kind, follows)
 
-    def split(self, seed: int) -> Split:
-        """Where the training and validation images come from, as the options say."""
-        if self.val_root is None and self.val_csv is None:
-            return SeededSplit(self.labelled, self.val_fraction, seed)
-        root = self.val_root or self.root or DEMO_DIR
-        val = labelled_source(root, self.val_csv, *self._columns, "validation", self.labelled)
-        return SeparateValidation(self.labelled, val)
+    def split(
+        self, class_names: list[str], stage: str | None, seed: int
+    ) -> tuple[ImageIndex, ImageIndex]:
+        """The training and validation images: `val_fraction` of each class drawn with `seed`,
+        or those of `val_root`/`val_csv`."""
+        train = self.labelled.index(class_names)
+        if self.val_root is not None or self.val_csv is not None:
+            root = self.val_root or self.root or DEMO_DIR
+            val = self._labelled(root, self.val_csv, "validation", self.labelled)
+            return train, val.index(class_names)
+        val_mask = stratified_split(train.targets, self.val_fraction, seed)
+        if stage in ("fit", None) and val_mask.all():
+            raise DataError(
+                f"--data.source.val_fraction {self.val_fraction} leaves no training images"
+            )
+        return train.subset(~val_mask), train.subset(val_mask)
 
     def prepare(self, predicting: bool) -> None:
         # predict reads only predict_root: no demo data to generate for it
@@ -128,7 +137,7 @@ class ImageFiles(Source):
     def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
         self.prepare(predicting=False)  # also done by prepare_data; here for use without a Trainer
         # Listing folders, or reading the CSV and checking its files: on rank zero only (once.py)
-        split = partial(self.split(data.seed).split, data.class_names, stage)
+        split = partial(self.split, data.class_names, stage, data.seed)
         train_index, val_index = once(data.trainer, split)
         augment = train_transform(data.image_size, data.augment)
         # Random crops of training images tolerate libjpeg's fast approximate decode (`read_image`)
@@ -168,7 +177,7 @@ class ImageFiles(Source):
                 "test needs --data.source.test_root (class folders) or --data.source.test_csv"
             )
         root = self.test_root or self.root or self.test_csv.parent
-        source = labelled_source(root, self.test_csv, *self._columns, "test", self.labelled)
+        source = self._labelled(root, self.test_csv, "test", self.labelled)
         test = eval_dataset(data, once(data.trainer, partial(source.index, data.class_names)))
         return skip_unreadable(data, test)[0] if self.skip_bad_images else test
 
@@ -190,26 +199,21 @@ class ClassFolders(ImageFiles):
         val_root: validation images in class folders (or the image folder of `val_csv`).
         val_csv: validation images named by a CSV (as `LabelsCsv` reads one), relative to
             `val_root` when set, else to `root`.
-        val_fraction: share of each class held out for validation, drawn with `--data.seed`: the
-            same files on every run and every process. Not used with `val_root` or `val_csv`.
+        val_fraction: share of each class held out for validation, drawn with `--data.seed`
+            (the same files on every run and process); not with `val_root` or `val_csv`.
         test_root: held-out images for `test`, in class folders (or the image folder of
             `test_csv`); its classes must be training classes.
         test_csv: test images named by a CSV, relative to `test_root` when set, else to `root`.
         balance_classes: draw training images with a weighted sampler, each class equally often.
-        skip_bad_images: decode every image once at setup (in parallel) and leave out those that
-            cannot be read, with a warning listing them (also for `--data.predict_root`). Off: an
-            unreadable image stops the run with an error naming it.
+        skip_bad_images: decode every image once at setup and leave out, with a warning, those
+            that cannot be read (also for `--data.predict_root`). Off: an unreadable image stops
+            the run with an error naming it.
         cache: "memmap" decodes every image once, at the size the training crop needs, into a
-            uint8 file under `--data.cache_dir` that later epochs and runs read instead of the
-            image files. A speed switch only: the same random crops and flips run on the stored
-            pixels. Built in `setup`, by one process per machine, for the whole dataset
-            (changing `val_fraction` or the seed reuses it); rebuilt when the files or the size
-            change.
-        cache_keep: how many caches of this dataset `--data.cache_dir` keeps, newest first,
-            after building one (older versions, other image sizes); 0 keeps them all.
-        cache_key: what of each file decides whether the cache is current: "stat" (size, times
-            and inode: sees any rewrite) or "mtime" (size and modification time: for datasets
-            copied to node-local scratch with `cp -p` or `rsync -a` at each job start).
+            uint8 file under `--data.cache_dir` that later epochs and runs read instead: a speed
+            switch only (docs/performance.md).
+        cache_keep: how many caches of this dataset to keep, newest first; 0 keeps them all.
+        cache_key: what of each file decides whether the cache is current: "stat" (sees any
+            rewrite) or "mtime" (for datasets copied to node-local scratch at each job start).
     """
 
 
@@ -245,6 +249,9 @@ class LabelsCsv(ImageFiles):
         cache_keep: int = 3,
         cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
+        if label_kind not in LABEL_KINDS:
+            kinds = ", ".join(LABEL_KINDS)
+            raise DataError(f"--data.source.label_kind must be one of {kinds}, got {label_kind!r}")
         self.csv = find_csv(csv, _path(root), "data.source.csv")
         self.filename_column = filename_column
         self.label_column = label_column
@@ -276,9 +283,8 @@ class Shards(Source):
 
     def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
         augment = train_transform(data.image_size, data.augment)
-        transform = eval_transform(data.image_size)
-        options = (data.image_size, data.seed, self._cache(data), self.cache_limit)
-        return require_shards().streamed(self.path, augment, transform, *options)
+        train = self._split(data, "train", augment, augment.min_source_size(), train=True)
+        return train, self._split(data, "val")
 
     def test_dataset(self, data: ImageDataModule) -> Dataset:
         return self._split(data, "test")
@@ -286,15 +292,11 @@ class Shards(Source):
     def predict_dataset(self, data: ImageDataModule) -> Dataset:
         return self._split(data, "predict")
 
-    def _split(self, data: ImageDataModule, split: str) -> Dataset:
-        options = (self._cache(data), self.cache_limit)
-        transform = eval_transform(data.image_size)
-        return require_shards().streamed_split(
-            self.path, split, transform, data.image_size, *options
-        )
-
-    def _cache(self, data: ImageDataModule) -> str:
-        return str(data.cache_dir / "stream")
+    def _split(self, data, split: str, transform=None, min_size=None, train=False) -> Dataset:
+        transform = transform or eval_transform(data.image_size)
+        cache = (str(data.cache_dir / "stream"), self.cache_limit)
+        size = min_size or data.image_size
+        return require_shards().streamed(self.path, split, transform, size, cache, train, data.seed)
 
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
         if isinstance(dataset, ImageFolderDataset):  # a `--data.predict_root` folder
