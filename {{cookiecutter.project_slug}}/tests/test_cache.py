@@ -20,7 +20,7 @@ import torch
 from conftest import CLASSES, CSV_LOGGER, one_error, write_image
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.data import ImageDataModule, locks
+from {{ cookiecutter.package_name }}.data import ImageDataModule, cache_dirs
 from {{ cookiecutter.package_name }}.data import cache as cache_module
 from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, _write, build, cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
@@ -440,7 +440,7 @@ def no_file_locks(monkeypatch):
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(fcntl, "flock", refuse)
-    monkeypatch.setattr(locks, "_warned", set())
+    monkeypatch.setattr(cache_dirs, "_warned", set())
 
 
 def test_without_file_locks_the_cache_is_built_and_none_removed(

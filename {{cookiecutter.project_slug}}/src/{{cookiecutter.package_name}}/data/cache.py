@@ -1,34 +1,21 @@
 """The pre-decoded image cache (`--data.source.cache memmap`): every image decoded once, to uint8.
 
-One cache per dataset folder: every file of the index (before the validation split and before
-`skip_bad_images` leaves files out) is decoded once, at the short side the training crop needs
-(`RandomResizedCropFlip.min_source_size`, never enlarged), aspect ratio kept, one after another in
-a flat uint8 `.npy` file as (H, W, 3); `index.npy` holds each image's offset, height and width, in
-the order of the sorted file names. Training and validation are served as subsets of it, so a new
-`val_fraction` or `seed` reuses the same cache. Later epochs read pixels at memory speed instead of
-decoding files, and the OS page cache shares them between the loader workers and the DDP ranks of
-a node.
+One cache per dataset folder covers every file of the index (before the split and before
+`skip_bad_images`), each decoded at the short side the training crop needs (never enlarged) and
+stored (H, W, 3) one after another in a flat uint8 `.npy`; `index.npy` holds each image's offset,
+height and width, in the order of the sorted file names. Each dataset's own transform runs on the
+stored pixels: the cache changes where pixels come from, not what training does with them.
 
-The cache changes where pixels come from, not what training does with them: each dataset's own
-transform (the same random resized crop and flip, or the evaluation resize and crop) runs on the
-stored pixels, so a run with the cache and one without train the same recipe.
+The folder's name hashes the file list with each file's size, inode, modification and
+status-change times (`key="stat"`), and the stored size, so any change to the images selects a
+new folder. `st_ctime` cannot be set back by tools, so a rewrite is seen even when `cp -p` or
+`touch -d` restore the old modification time; left out is a same-size rewrite within the file
+system's clock tick with the old times restored (hashing the bytes would read the whole dataset
+at each start). `key="mtime"` hashes names, sizes and modification times only: for datasets
+copied to node-local scratch at each job start, where inodes and change times are always new.
 
-The cache folder's name is a hash of the file list with each file's size, inode, modification and
-status-change times (`key="stat"`), and the stored resolution: any change to the images (bytes
-rewritten, files added, removed or replaced) selects a new folder, so stale pixels are not served.
-The status-change time (`st_ctime`) cannot be set back by tools, so a rewrite is seen even when
-`cp -p`, `rsync -t` or `touch -d` restore the old modification time. (Left out: a same-size
-rewrite landing within the filesystem's clock tick of the previous write, some milliseconds, with
-the old times restored; hashing every file's bytes at each start would cost a full read of the
-dataset.) `key="mtime"` hashes names, sizes and modification times only: for datasets copied to
-node-local scratch at each job start (`cp -p`, `rsync -a`), where inodes and change times are new
-every time and the default key would rebuild the cache every job.
-
-One process builds a missing cache (it holds the cache's lock file exclusively); the others wait
-for it and then read what it built, holding the lock shared while they read. After a build, only
-the newest `keep` caches of the same dataset are kept, less any that another process is reading
-(`data/locks.py`: where a file system has no locks, none is removed); caches of other datasets
-and folders the project did not make are never removed (`data/cache_dirs.py`).
+One process builds a missing cache, holding its lock file exclusively; the others wait, then
+read it holding the lock shared (`cache_dirs.py`). Older caches are pruned by `cache_dirs.prune`.
 """
 
 from __future__ import annotations
@@ -49,13 +36,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
 
-from {{ cookiecutter.package_name }}.data.cache_dirs import mark_owner, prune
+from {{ cookiecutter.package_name }}.data.cache_dirs import lock_path, mark_owner, prune, try_lock
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
-from {{ cookiecutter.package_name }}.data.locks import lock_path, try_lock
-from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 from {{ cookiecutter.package_name }}.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -66,11 +52,10 @@ _PROBE = 64  # images decoded before the disk space the whole cache needs is est
 
 
 class PixelCache:
-    """Read access to one built cache folder; the memmap is opened lazily, in each worker.
+    """Read access to one built cache folder; each worker opens the memmap itself, on first use.
 
-    Only the folder name and the small index travel to `spawn` workers; each opens the pixel file
-    itself on first use (an open memmap must not be pickled). `reading`, the cache's lock file
-    held shared, stays open as long as this object: no build removes a cache while it is read.
+    `reading`, the cache's lock file held shared, stays open as long as this object: no build
+    removes a cache while it is read.
     """
 
     def __init__(self, folder: Path, reading: IO | None = None) -> None:
@@ -88,9 +73,8 @@ class PixelCache:
     def image(self, position: int) -> torch.Tensor:
         """The stored uint8 image `position` as a (3, H, W) view of the memmap (no copy).
 
-        The pixels are stored channels last, as the decoders return them: torch's antialiased
-        uint8 resize runs on that layout directly, about twice as fast as from a (3, H, W) store,
-        which it first transposes.
+        Stored channels last, as the decoders return them: torch's antialiased uint8 resize runs
+        on that layout directly, and would first transpose a (3, H, W) store.
         """
         if self._pixels is None:
             # Copy-on-write mapping: writable for torch.from_numpy, never written back to the file.
@@ -101,10 +85,7 @@ class PixelCache:
 
 
 class MemmapImageDataset(ImageFolderDataset):
-    """An `ImageFolderDataset` whose images come from a `PixelCache` instead of their files.
-
-    `positions[i]` is where item i is stored in the cache; the dataset's own transform runs on it.
-    """
+    """An `ImageFolderDataset` whose images come from a `PixelCache`: item i at `positions[i]`."""
 
     def __init__(
         self, dataset: ImageFolderDataset, cache: PixelCache, positions: np.ndarray
@@ -123,16 +104,13 @@ class MemmapImageDataset(ImageFolderDataset):
         self.cache = cache
         self.positions = positions
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.cache.image(int(self.positions[index]))
-        seed_augmentation(index)
-        image = self.transform(image)
-        label = int(index) if self.targets is None else int(self.targets[index])
-        return image, label
+    def read(self, index: int) -> torch.Tensor:
+        return self.cache.image(int(self.positions[index]))
 
     def subset(self, keep: np.ndarray) -> MemmapImageDataset:
-        """The same dataset, still served from the cache, restricted to the items in `keep`."""
-        return MemmapImageDataset(super().subset(keep), self.cache, self.positions[keep])
+        subset = super().subset(keep)
+        subset.positions = self.positions[keep]
+        return subset
 
 
 def cached(
@@ -158,9 +136,8 @@ def cached(
         keep: how many caches of `cache_dir` to keep, newest first, after a build; 0: all.
         key: "stat" or "mtime": what of each file the cache's name depends on (module docstring).
         run_once: how the key (a `stat` of every file) is computed: under DDP, `data.once`.
-
-    The build decodes in `num_workers` processes: by default one per usable CPU, since the other
-    training processes of the machine are waiting for it anyway.
+        num_workers: decoding processes; by default one per usable CPU, since the other training
+            processes of the machine are waiting for the build anyway.
     """
     everything = list(datasets if everything is None else everything)
     served = list(datasets)
@@ -181,11 +158,7 @@ def cached(
 
 
 def _open(folder: Path, build_missing: Callable[[], None]) -> PixelCache:
-    """The cache in `folder`, built first if missing, its lock held shared while it is read.
-
-    Taking the shared lock waits for a process building this cache; a cache found complete
-    under it cannot be removed until the returned object is gone.
-    """
+    """The cache in `folder`, built first if missing, its lock held shared while it is read."""
     for _ in range(2):
         _make_dir(folder.parent)
         reading = open(lock_path(folder), "a")  # noqa: SIM115 - held by the PixelCache
@@ -238,10 +211,9 @@ def build(
 ) -> None:
     """Decode every image of `dataset` into `folder`, unless another process is doing it now.
 
-    The first process to take the lock builds into a temporary folder and renames it into place;
-    the others wait for it, then find the finished folder. Without working locks, processes
-    may build side by side: the first rename wins and the others discard their copies. Then all
-    but the newest `keep` caches beside it are removed (0: none is), never one being read.
+    The process holding the lock builds into a staging folder and renames it into place; the
+    others wait, then find it. Without working locks, processes may build side by side: the first
+    rename wins. Then all but the newest `keep` caches are pruned (0: none).
     """
     _make_dir(folder.parent)
     with open(lock_path(folder), "a") as lock:
@@ -295,9 +267,8 @@ class _Decoded(Dataset):
         if scale < 1:  # never enlarge: a small image is stored as it is
             shape = (max(1, round(height * scale)), max(1, round(width * scale)))
             image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
-        # (H, W, 3) bytes (channels last, see `PixelCache.image`). Bytes travel through the worker's
-        # pipe; a tensor would go through a shared-memory file and a socket handshake per image,
-        # which made the whole build 25-35% slower (2,000 photos, 2 CPUs: 8.1-9.3 s -> 6.0-6.8 s).
+        # (H, W, 3) bytes: through the worker's pipe, cheaper than a tensor's shared-memory file
+        # and socket handshake per image.
         return image.permute(1, 2, 0).numpy().tobytes(), image.shape[-2], image.shape[-1]
 
 
@@ -311,8 +282,7 @@ def _write(
 ) -> None:
     """Decode in `num_workers` processes, append the pixels in order, then write the index.
 
-    Out of disk space (or over a file-size limit), it stops with one error that says how much
-    the cache needs; `build` then removes what was written.
+    Out of disk space, it stops with one error saying how much the cache needs.
     """
     loader = DataLoader(_Decoded(dataset, size), batch_size=None, num_workers=num_workers)
     index = np.zeros((len(dataset), 3), dtype=np.int64)
@@ -321,7 +291,9 @@ def _write(
     try:
         with open(folder / "pixels.npy", "wb") as out:
             out.write(b"\0" * _HEADER_BYTES)
-            for i, image in enumerate(_progress(loader, progress, folder)):
+            desc = f"Caching images in {folder.parent}"
+            shown = tqdm(loader, desc, unit="img", disable=not progress or None)
+            for i, image in enumerate(shown):
                 if isinstance(image, str):
                     if not skip_unreadable:
                         raise DataError(f"{image} (while building the image cache)")
@@ -376,11 +348,3 @@ def _npy_header(length: int) -> bytes:
     pad = _HEADER_BYTES - len(prefix) - 2 - len(header) - 1
     text = (header + " " * pad + "\n").encode("latin1")
     return prefix + len(text).to_bytes(2, "little") + text
-
-
-def _progress(loader: DataLoader, show: bool, folder: Path):
-    if not show:
-        return loader
-    from tqdm import tqdm  # a Lightning dependency
-
-    return tqdm(loader, desc=f"Caching images in {folder.parent}", unit="img", disable=None)

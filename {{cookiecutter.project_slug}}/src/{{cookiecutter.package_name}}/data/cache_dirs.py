@@ -1,14 +1,12 @@
-"""Where the project keeps its own caches, away from every dataset, and whose caches it may remove.
+"""Where the project keeps its caches, away from every dataset; which it may remove; their locks.
 
-The pixel cache and the chunks streamed from object storage live in a
-per-user cache folder (`user_cache_dir`), never beside the images: a cache written inside a
-dataset root would be read back as a class folder or an image on the next run. A cache folder
-the user names instead is refused when it is, contains or lies inside a dataset root
-(`cache_folder`).
+Caches live in a per-user cache folder, never among the images, where the next run would read them
+back as images or class folders. Each pixel cache's `owner.txt` names the dataset it was built
+from: `prune` removes only older caches of the same dataset, never a folder it did not make.
 
-Each pixel cache holds an `owner.txt` naming the dataset it was built from; `prune` removes only
-older caches with this project's mark for the same dataset, so two datasets sharing a
-`--data.cache_dir` keep their caches, and a folder the project did not make is never removed.
+A cache's lock file (`flock`) is held exclusively to build or remove it, shared while reading it.
+Where locks fail (Lustre without `flock`, NFS without a lock manager, Windows) the cache is built
+without one and older caches are never removed: no process can tell whether another reads them.
 """
 
 from __future__ import annotations
@@ -18,11 +16,17 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import IO
 
-from {{ cookiecutter.package_name }}.data.locks import lock_path, try_lock
 from {{ cookiecutter.package_name }}.errors import DataError
 
+try:  # POSIX
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
 log = logging.getLogger(__name__)
+_warned: set[str] = set()  # folders where locks were found not to work
 
 CACHE_ENV = "{{ cookiecutter.package_name | upper }}_CACHE_DIR"
 OWNER_FILE = "owner.txt"
@@ -106,3 +110,33 @@ def prune(cache_dir: Path, keep: int, current: Path) -> None:
             old.rename(doomed)
             lock_path(old).unlink(missing_ok=True)
         shutil.rmtree(doomed, ignore_errors=True)
+
+
+def lock_path(folder: Path) -> Path:
+    """The lock file of the cache folder `folder`, beside it."""
+    return folder.parent / f".{folder.name}.lock"
+
+
+def try_lock(file: IO, exclusive: bool, wait: bool = True) -> bool | None:
+    """Lock the open `file`: True once held; False if another process holds it and `wait` is
+    False; None where locks do not work here (said once per folder, with the reason)."""
+    if fcntl is None:
+        return None
+    flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(file, flags)
+    except BlockingIOError:
+        return False
+    except OSError as err:  # ENOLCK (NFS without lockd), ENOSYS or EOPNOTSUPP (Lustre noflock)
+        folder = str(Path(file.name).parent)
+        if folder not in _warned:
+            _warned.add(folder)
+            log.warning(
+                "File locks do not work in %s (%s): the image cache is built there without one "
+                "(processes that start together may each build it; the first to finish is kept) "
+                "and older caches are not removed; --data.cache_dir on a local disk avoids both",
+                folder,
+                err.strerror,
+            )
+        return None
+    return True

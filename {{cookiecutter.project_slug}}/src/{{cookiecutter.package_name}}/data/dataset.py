@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +19,8 @@ from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 class ImageFolderDataset(Dataset):
     """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
 
-    Paths and targets are numpy arrays, not Python lists: forked workers then share them instead of
-    copying them page by page as reference counts change (pytorch/pytorch#13246). Nothing is opened
-    before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
+    Paths and targets are numpy arrays, which forked workers share (`index.ImageIndex`); nothing
+    is opened before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
 
     Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
     `min_size` and `approximate_decode` are `read_image`'s `min_size` and `approximate`.
@@ -74,15 +74,9 @@ class ImageFolderDataset(Dataset):
         return image, label
 
     def subset(self, keep: np.ndarray) -> ImageFolderDataset:
-        """The same dataset restricted to the items where the boolean mask `keep` is true."""
-        targets = None if self.targets is None else self.targets[keep]
-        paths = self.paths[keep]
-        return ImageFolderDataset(
-            self.root,
-            paths,
-            targets,
-            self.transform,
-            self.classes,
-            self.min_size,
-            self.approximate_decode,
-        )
+        """The same dataset (of the same class) restricted to the items where `keep` is true."""
+        subset = copy.copy(self)
+        subset.paths = self.paths[keep]
+        subset.targets = None if self.targets is None else self.targets[keep]
+        subset.in_hand = FilesInHand()  # its own slots: both may be read at once
+        return subset
