@@ -213,7 +213,7 @@ def speed(bake_package: str, rounds: int) -> None:
     picture.save(paths[".png"])
 
     def before(path: str) -> torch.Tensor:
-        data = images._read_bytes(path)
+        data = bytearray(Path(path).read_bytes())
         images._check_header(data, path)
         encoded = torch.frombuffer(data, dtype=torch.uint8)
         return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)

@@ -181,7 +181,7 @@ def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
 
 def _reencoded(data: bytes, path: str, size: int) -> bytes:
     """The image as a JPEG with its short side `size` (never enlarged)."""
-    pixels = decode_image(bytearray(data), path, min_size=size)
+    pixels = decode_image(data, path, min_size=size)
     image = Image.fromarray(pixels.permute(1, 2, 0).numpy())
     scale = size / min(image.size)
     if scale < 1:

@@ -1,9 +1,8 @@
 """How many CPUs this process may use, and so how many loader workers `num_workers: auto` starts.
 
-Our own rather than Lightning's `suggested_max_num_workers`: that (like `os.process_cpu_count`)
-counts the CPU affinity only, which shows cpusets, `taskset` and SLURM's binding but not a cgroup
-CPU quota (`docker run --cpus`, Kubernetes CPU limits). In a pod limited to 4 CPUs of a 64-core
-node it suggests 63 workers, which then take turns on 4 CPUs' worth of time.
+Our own rather than Lightning's `suggested_max_num_workers`, which counts the CPU affinity only,
+not a cgroup CPU quota (`docker run --cpus`, Kubernetes CPU limits): in a pod limited to 4 CPUs
+of a 64-core node it suggests 63 workers.
 """
 
 from __future__ import annotations

@@ -62,14 +62,15 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
             `MAX_IMAGE_PIXELS` pixels.
     """
     try:
-        data = _read_bytes(path)
+        with open(path, "rb") as file:
+            data = file.read()
     except _UNREADABLE as err:
         raise DataError(f"cannot read image {path}: {err}") from err
     return decode_image(data, path, min_size, approximate)
 
 
 def decode_image(
-    data: bytearray, path: str, min_size: int | None = None, approximate: bool = False
+    data: bytes, path: str, min_size: int | None = None, approximate: bool = False
 ) -> torch.Tensor:
     """`read_image` for the bytes of a file already read (a shard's), `path` naming it in errors."""
     with warnings.catch_warnings():
@@ -101,14 +102,7 @@ def decode_image(
 _UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
 
 
-def _read_bytes(path: str) -> bytearray:
-    with open(path, "rb") as file:
-        data = bytearray(os.fstat(file.fileno()).st_size)
-        file.readinto(data)
-    return data
-
-
-def _check_header(data: bytearray, path: str) -> tuple[int, int, int]:
+def _check_header(data: bytes, path: str) -> tuple[int, int, int]:
     """(width, height, a JPEG's orientation) from PIL's header parse, refusing empty files,
     unknown formats and decompression bombs before any pixel is decoded.
 
@@ -147,7 +141,7 @@ _ORIENT = {
 }
 
 
-def _open(data: bytearray) -> Image.Image:
+def _open(data: bytes) -> Image.Image:
     """A PIL image over `data`, its header parsed and its pixels not yet decoded.
 
     PIL's DecompressionBombWarning is silenced: `_check_header` applies our own limit, with a
@@ -163,7 +157,7 @@ def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)
 
 
-def _decode_jpeg(data: bytearray, fast: bool, min_size: int = 0) -> np.ndarray:
+def _decode_jpeg(data: bytes, fast: bool, min_size: int = 0) -> np.ndarray:
     """(H, W, 3) pixels from libjpeg-turbo; ValueError on any damage, even recoverable.
 
     `fast`: the fast integer IDCT and chroma upsampling, for training. With `min_size`, scaled in
@@ -180,7 +174,7 @@ def _decode_jpeg(data: bytearray, fast: bool, min_size: int = 0) -> np.ndarray:
     )
 
 
-def _decode_jpeg_reduced(data: bytearray, scale: float) -> torch.Tensor:
+def _decode_jpeg_reduced(data: bytes, scale: float) -> torch.Tensor:
     """Decode a JPEG at the largest DCT reduction (1/2, 1/4, 1/8) that is at most 1/`scale`."""
     with _open(data) as image:
         width, height = image.size
@@ -188,7 +182,7 @@ def _decode_jpeg_reduced(data: bytearray, scale: float) -> torch.Tensor:
         return _pil_pixels(image)
 
 
-def _decode_with_pil(data: bytearray) -> torch.Tensor:
+def _decode_with_pil(data: bytes) -> torch.Tensor:
     with _open(data) as image:
         return _pil_pixels(image)
 
@@ -211,7 +205,7 @@ _TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic a
 
 
 @contextlib.contextmanager
-def _libtiff_quiet(data: bytearray, path: str) -> Iterator[None]:
+def _libtiff_quiet(data: bytes, path: str) -> Iterator[None]:
     """Keep what libtiff prints to stderr (PIL's decoder for compressed TIFFs; it names no file)
     from the terminal: told in the DataError if the file cannot be read, else dropped.
 

@@ -74,10 +74,8 @@ def make_loader(
 
 
 def _worker_init(worker_id: int, rank: int) -> None:
-    """Loader workers ignore Ctrl-C: a terminal's Ctrl-C reaches the whole process group, and a
-    worker it ended would fail the next batch, while the training process stops at a batch end and
-    saves (`training/checkpoints.py`). Then Lightning's worker seeding, which Lightning adds itself
-    only to loaders without a `worker_init_fn`."""
+    """Loader workers ignore Ctrl-C (the training process stops at a batch end and saves; a
+    worker ended by it would fail the next batch), then seed as Lightning's would."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank)
@@ -92,11 +90,8 @@ def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:
 class EvalShardSampler(DistributedSampler):
     """Images `rank`, `rank + world`, ... of an evaluation set: every image once over all ranks.
 
-    Lightning gives evaluation loaders torch's `DistributedSampler`, which pads the shards to equal
-    length with repeated images, so metrics over 349 images on 2 processes counted one twice. A
-    `DistributedSampler` subclass is left in place by Lightning; the shards may then differ by one
-    image, which evaluation (no gradient all-reduce) allows, and the metrics' states, summed over
-    ranks, count each image once.
+    torch's `DistributedSampler`, which Lightning would use, pads the shards with repeated images,
+    which metrics would count twice; shares that differ by one image are fine for evaluation.
     """
 
     def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
@@ -111,11 +106,9 @@ class EvalShardSampler(DistributedSampler):
 class EpochShuffle(DistributedSampler):
     """This rank's share of one shuffle of the training images, seeded by (seed, epoch).
 
-    Each index comes as a `Draw`, with the seed of its augmentation. Lightning calls `set_epoch`
-    at the start of every epoch. `resume_at(n)` starts the next pass
-    at this rank's n-th image of the epoch: `training.resume.ResumeInEpoch` uses it to continue an
-    interrupted epoch with exactly the images it had not trained on, in the same order. The order
-    is drawn in this process, whatever the number of loader workers.
+    Each index comes as a `Draw`, with the seed of its augmentation. `resume_at(n)` starts the
+    next pass at this rank's n-th image: `training.resume.ResumeInEpoch` continues an interrupted
+    epoch with exactly the images it had not trained on, in the same order.
     """
 
     def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1) -> None:
@@ -139,14 +132,9 @@ class EpochShuffle(DistributedSampler):
 
 
 class BalancedSampler(EpochShuffle):
-    """Weighted draws with replacement, as many as there are images, seeded by (seed, epoch).
-
-    Lightning calls `set_epoch` at the start of every epoch, also after a resume: epoch 5 of a
-    resumed run draws what epoch 5 of an uninterrupted run drew. (torch's `WeightedRandomSampler`
-    with a seeded generator, used before, replayed epoch 0's draws after every resume.) Under DDP
-    all ranks draw the same sequence and each keeps every world-size-th draw, padded to equal
-    shares as training needs; being a `DistributedSampler`, Lightning leaves it in place.
-    """
+    """Weighted draws with replacement, as many as there are images, seeded by (seed, epoch):
+    a resumed run draws what an uninterrupted one would have. Under DDP all ranks draw the same
+    sequence and each keeps every world-size-th draw."""
 
     def __init__(self, weights: torch.Tensor, seed: int, rank: int = 0, world_size: int = 1):
         super().__init__(weights, seed, rank, world_size)

@@ -1,15 +1,10 @@
 """Work over the whole dataset done once per job: rank zero does it, the other ranks receive it.
 
-Listing the folders, reading the labels CSV and checking its files, the cache key's `stat` of every
-file and the scan for unreadable images cost the same on every rank, and under DDP every rank
-would do them at the same moment, on the same (often shared) file system. `once` is the one place
-where the data side waits for other processes.
-
-The wait is as long as rank zero's work takes (a scan of millions of files on a network file system
-takes hours): not the process group's collective timeout (30 minutes by default), which would stop
-the other ranks while rank zero still works. The result comes through a gloo group of its own,
-whose timeout is `_WAIT`; a rank zero that fails says so to the others, and one that dies closes
-its connections, which ends their wait too.
+Listing the folders, reading the labels CSV, the cache key's `stat` of every file and the scan
+for unreadable images would otherwise run on every rank at once, on the same (often shared) file
+system. The others wait as long as rank zero works (a scan of millions of files can take hours),
+not the collective timeout: the result comes through a gloo group of its own, whose timeout is
+`_WAIT`; a rank zero that fails says so, and one that dies closes its connections.
 """
 
 from __future__ import annotations

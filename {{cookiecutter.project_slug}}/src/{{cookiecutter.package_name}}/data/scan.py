@@ -28,17 +28,12 @@ _SHOWN = 20  # how many skipped files the warning lists
 
 
 class _ReadCheck:
-    """Image i of `datasets` (numbered one after the other), read as its dataset reads it.
-
-    `ImageFolderDataset.read` decodes a large JPEG at a DCT-reduced size, which scanned 4000x3000
-    photos about twice as fast as a full decode. Every byte of the
-    file is still decoded, so a truncated or damaged file is found either way.
-    """
+    """Image i of `datasets` (numbered one after the other), read as its dataset reads it: a
+    large JPEG at a DCT-reduced size, which still decodes every byte of the file."""
 
     def __init__(self, datasets: Sequence[ImageFolderDataset]) -> None:
         self.datasets = list(datasets)
-        # Where each dataset starts in the combined numbering: numpy, not a list of tuples, so
-        # that workers do not copy per-image Python objects.
+        # where each dataset starts in the combined numbering
         self.starts = np.cumsum([0] + [len(d) for d in self.datasets])
 
     def __len__(self) -> int:
@@ -63,14 +58,9 @@ class _ReadCheck:
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """Where the decoding processes come from: a fork server, not a fork of this process.
-
-    This process may hold threads (DDP's process group, torch's thread pool, the progress bar's):
-    a child forked from it can inherit a lock one of them held and wait on it forever, which hung
-    a 2-process run's scan once in a few dozen. The server is a fresh interpreter that imports
-    this module once (torch, the decoders); the children fork from it, cheaply, with no threads.
-    Windows has no fork server: its default, spawn, is as safe.
-    """
+    """A fork server, not a fork of this process: a child forked from a process with threads
+    (DDP's, torch's, the progress bar's) can inherit a held lock and wait on it forever. The
+    server imports this module once; its children fork from it, with no threads."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context()
     context = multiprocessing.get_context("forkserver")
@@ -103,10 +93,9 @@ def find_unreadable(
 ) -> list[tuple[int, str]]:
     """(index, error message) of each image of `datasets` that cannot be read, in index order.
 
-    Indices run over the datasets one after the other. Files are decoded in `num_workers` child
-    processes (at least one), never in this one: a decoder that crashes on a file (a segfault in a
-    C library, found by nobody yet) kills a child, not the scan. The files that child had in hand
-    are then read again one batch, then one file, per fresh process, and the one that kills its
+    Indices run over the datasets one after the other. Files are decoded in child processes,
+    never in this one: a decoder that crashes on a file kills a child, not the scan. What that
+    child had in hand is read again, a file per fresh process, and the file that kills its
     process is listed as having "crashed the decoder (signal N)".
     """
     check = _ReadCheck(datasets)
@@ -121,25 +110,18 @@ def find_unreadable(
     chunks = [(s, min(s + _BATCH, len(check))) for s in range(0, len(check), _BATCH)]
     with bar:
         for start, stop in _in_pool(check, chunks, max(1, num_workers), record):
-            # A chunk that was in hand when a process died: alone, then file by file.
-            result = _alone(check, start, stop)
-            if isinstance(result, list):
-                record(start, result)
-                continue
-            for index in range(start, stop):
+            for index in range(start, stop):  # in hand when a process died: file by file
                 one = _alone(check, index, index + 1)
-                if isinstance(one, int):
-                    one = [f"cannot read image {check.path(index)}: {_crash(one)}"]
+                if isinstance(one, int):  # this one killed its process: a signal, or an exit code
+                    how = f"signal {-one}" if one < 0 else f"exit code {one}"
+                    one = [f"cannot read image {check.path(index)}: crashed the decoder ({how})"]
                 record(index, one)
     return sorted(bad.items())
 
 
 def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, record) -> list:
-    """Run `chunks` in a process pool, `record` each result; return those a dead process held.
-
-    At most two chunks per process are in flight, so a crash suspects only those; the chunks not
-    yet started go to a fresh pool.
-    """
+    """Run `chunks` in a process pool, `record` each result; return those a dead process held
+    (at most two in flight per process; the rest go to a fresh pool)."""
     queue, suspects = deque(chunks), []
     while queue:
         broken = False
@@ -178,12 +160,6 @@ def _alone(check: _ReadCheck, start: int, stop: int) -> list[str] | int:
     return result if result is not None else process.exitcode
 
 
-def _crash(exitcode: int) -> str:
-    if exitcode < 0:
-        return f"crashed the decoder (signal {-exitcode})"
-    return f"crashed the decoder (exit code {exitcode})"
-
-
 def drop_unreadable(
     datasets: Sequence[ImageFolderDataset],
     num_workers: int,
@@ -195,10 +171,8 @@ def drop_unreadable(
     """`datasets` without their unreadable images, with one warning listing what was left out.
 
     The whole list goes to `listing_dir/skipped_images.txt` when `write_listing` (rank zero),
-    replacing an earlier run's, unless `listing_dir` lies inside a dataset's root: nothing the
-    project writes goes among the user's images.
-    Nothing readable at all is an error: that is a wrong folder, not a few damaged files.
-    `run_once(compute)`: how the scan is run (under DDP, `data.once`: on rank zero only).
+    unless `listing_dir` lies inside a dataset: nothing goes among the user's images. Nothing
+    readable at all is an error (a wrong folder). `run_once`: under DDP, `data.once`.
     """
     scan = lambda: find_unreadable(datasets, num_workers, progress)  # noqa: E731
     bad = scan() if run_once is None else run_once(scan)
