@@ -41,11 +41,12 @@ RUNS = {
     "+ augment.erasing 0.25": ["--data.augment.erasing", "0.25"],
     "+ label_smoothing 0.1": ["--model.label_smoothing", "0.1"],
     "+ mixup 0.2 / cutmix 1.0": ["--model.mixup_alpha", "0.2", "--model.cutmix_alpha", "1.0"],
-    "+ EMA": [
+    "+ EMA 0.99": [
         "--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging",
         "--trainer.callbacks.decay",
         "0.99",
     ],
+    "+ batch_size 16": ["--data.batch_size", "16"],
     "+ tta_flip": ["--model.tta_flip", "true"],
 }
 
@@ -72,8 +73,10 @@ def write_digits(root: Path, per_class: int, seed: int, classes: range) -> tuple
 
 def fit(train: Path, val: Path, options: list[str], folder: Path, epochs: int, seed: int) -> float:
     """`fit` in `folder`; the last epoch's val_acc."""
+    # A preset first: the options after it (the data, the epochs, the switches) override it.
+    preset = options[:2] if options[:1] == ["--config"] else []
     command = [
-        sys.executable, "-m", PACKAGE, "fit",
+        sys.executable, "-m", PACKAGE, "fit", *preset,
         "--data.source.root", str(train), "--data.source.val_root", str(val),
         "--data.seed", str(seed),
         "--seed_everything", str(seed), "--trainer.max_epochs", str(epochs),
@@ -82,7 +85,7 @@ def fit(train: Path, val: Path, options: list[str], folder: Path, epochs: int, s
         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
         "--trainer.logger.save_dir", str(folder), "--trainer.logger.name", "logs",
         "--checkpoint.dirpath", str(folder / "checkpoints"),
-        *options,
+        *options[len(preset):],
     ]  # fmt: skip
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
     if done.returncode != 0:
@@ -141,6 +144,11 @@ def main() -> None:
             ("default, --model.weights", ["--model.weights", weights]),
             ("scratch.yaml, --model.weights", ["--config", str(RECIPES / "scratch.yaml"),
                                                "--model.weights", weights]),
+            # the fine-tuning preset on the same weights (no published ones fit digits)
+            ("finetune.yaml, --model.weights", ["--config", str(RECIPES / "finetune.yaml"),
+                                                "--model.architecture", "compact_resnet",
+                                                "--model.pretrained", "false",
+                                                "--model.weights", weights]),
         ):  # fmt: skip
             print(row(*measure(name, options, few, args.epochs, args.seeds, work)), flush=True)
 
