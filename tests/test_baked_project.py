@@ -68,10 +68,17 @@ def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str
 
 
 # The default bake's whole suite runs in two halves, on two workers at once: these test files
-# (the two-process DDP and shard runs) and the rest: 8-11 minutes each on 2 cores.
-FIRST_HALF = ("test_ddp.py", "test_mid_epoch.py", "test_shards.py", "test_stream_eval.py")
+# (the two-process DDP and shard runs, the HTTP server, the recipe presets) and the rest.
+FIRST_HALF = (
+    "test_ddp.py",
+    "test_mid_epoch.py",
+    "test_shards.py",
+    "test_stream_eval.py",
+    "test_serve.py",
+    "test_presets.py",
+)
 HALVES = {
-    "ddp-shards": [f"tests/{name}" for name in FIRST_HALF],
+    "processes": [f"tests/{name}" for name in FIRST_HALF],
     "the-rest": [f"--ignore=tests/{name}" for name in FIRST_HALF],
 }
 
@@ -81,8 +88,9 @@ HALVES = {
 def test_default_bake_passes_all_its_tests_and_lint(
     cookies, tmp_path: Path, dependencies: Path, half: list[str]
 ) -> None:
-    """`make test-all`: its whole suite, with every extra (onnx, stream, timm, serve), so that ONNX export and
-    inference and shards (LitData, a local S3 server) are tested."""
+    """`make test-all`: its whole suite, with every extra (onnx, stream, timm, serve), so that
+    ONNX export and inference, shards (LitData, a local S3 server), timm models and serving are
+    tested."""
     project = bake(cookies, **DEFAULT)
     python = install(project, tmp_path / "venv", dependencies, "dev,onnx,stream,timm,serve")
     if half == HALVES["the-rest"]:
