@@ -76,7 +76,8 @@ class StreamedImages(litdata.StreamingDataset):
         if self.shuffle:  # training: the crop and flip from (seed, epoch, image), as `Draw` does
             position = int(getattr(index, "index", index))
             random.seed((self.seed << 64) | (self.current_epoch << 32) | position)
-        image = decode_image(item["image"], item["path"], self.min_size, self.approximate_decode)
+        data = bytes(item["image"])  # LitData gives a memoryview
+        image = decode_image(data, item["path"], self.min_size, self.approximate_decode)
         label = int(item["label"])
         if label < 0:  # the unlabelled images of a predict split: where each came from
             return self.image_transform(image), int(getattr(index, "index", index)), item["path"]
