@@ -293,7 +293,8 @@ def test_github_workflow_keeps_its_expressions_and_tests_three_systems(cookies) 
         return " ".join(step.get("run", "") for step in jobs[job]["steps"])
 
     # every extra installed, so that no test is skipped for a missing package
-    assert all('pip install -e ".[dev,stream,onnx,timm,serve]"' in runs(job) for job in ("test", "test-all"))
+    every_extra = 'pip install -e ".[dev,stream,onnx,timm,serve]"'
+    assert all(every_extra in runs(job) for job in ("test", "test-all"))
     assert 'pytest -m "not slow and not gpu"' in runs("test")  # the fast tier, three systems
     assert jobs["test-all"]["runs-on"] == "ubuntu-latest" and 'pytest -m "not gpu"' in runs(
         "test-all"
