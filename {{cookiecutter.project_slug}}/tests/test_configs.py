@@ -8,7 +8,7 @@ import pytest
 
 from {{ cookiecutter.package_name }}.__main__ import main
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
 
 
 def print_config(capsys, *args: str) -> str:
