@@ -1,21 +1,18 @@
 """The pre-decoded image cache (`--data.source.cache memmap`): every image decoded once, to uint8.
 
-One cache per dataset folder covers every file of the index (before the split and before
-`skip_bad_images`), each decoded at the short side the training crop needs (never enlarged) and
-stored (H, W, 3) one after another in a flat uint8 `.npy`; `index.npy` holds each image's offset,
-height and width, in the order of the sorted file names. Each dataset's own transform runs on the
-stored pixels: the cache changes where pixels come from, not what training does with them.
+One cache per dataset folder covers every file of the index (before the split and the skip),
+each stored (H, W, 3) at the short side the training crop needs (never enlarged), one after another
+in a flat uint8 `.npy`; `index.npy` holds offset, height and width in sorted-name order. Each
+dataset's own transform runs on the stored pixels: only where pixels come from changes.
 
-The folder's name hashes the file list with each file's size, inode, modification and
-status-change times (`key="stat"`), and the stored size, so any change to the images selects a
-new folder. `st_ctime` cannot be set back by tools, so a rewrite is seen even when `cp -p` or
-`touch -d` restore the old modification time; left out is a same-size rewrite within the file
-system's clock tick with the old times restored (hashing the bytes would read the whole dataset
-at each start). `key="mtime"` hashes names, sizes and modification times only: for datasets
-copied to node-local scratch at each job start, where inodes and change times are always new.
+The folder's name hashes the stored size and the file list with each file's size, inode, mtime
+and ctime (`key="stat"`): `st_ctime` cannot be set back, so even a rewrite that `cp -p` or
+`touch -d` dates back is seen (only a same-size one within a clock tick is not; hashing the bytes
+would read the whole dataset at each start). `key="mtime"` leaves out inodes and ctimes, which
+are new at each copy of a dataset to node-local scratch.
 
-One process builds a missing cache, holding its lock file exclusively; the others wait, then
-read it holding the lock shared (`cache_dirs.py`). Older caches are pruned by `cache_dirs.prune`.
+One process builds a missing cache under its lock held exclusively; the others wait, then read it
+under the lock held shared (`cache_dirs.py`).
 """
 
 from __future__ import annotations
@@ -54,9 +51,7 @@ _PROBE = 64  # images decoded before the disk space the whole cache needs is est
 class PixelCache:
     """Read access to one built cache folder; each worker opens the memmap itself, on first use.
 
-    `reading`, the cache's lock file held shared, stays open as long as this object: no build
-    removes a cache while it is read.
-    """
+    `reading`, the lock file held shared while this object lives, keeps builds from removing it."""
 
     def __init__(self, folder: Path, reading: IO | None = None) -> None:
         self.folder = Path(folder)
@@ -71,11 +66,9 @@ class PixelCache:
         return {**self.__dict__, "_pixels": None, "_reading": None}
 
     def image(self, position: int) -> torch.Tensor:
-        """The stored uint8 image `position` as a (3, H, W) view of the memmap (no copy).
+        """Image `position` as a (3, H, W) view of the memmap (no copy).
 
-        Stored channels last, as the decoders return them: torch's antialiased uint8 resize runs
-        on that layout directly, and would first transpose a (3, H, W) store.
-        """
+        Stored channels last, as decoded: torch's uint8 resize runs on that layout directly."""
         if self._pixels is None:
             # Copy-on-write mapping: writable for torch.from_numpy, never written back to the file.
             self._pixels = np.load(self.folder / "pixels.npy", mmap_mode="c")
@@ -129,15 +122,13 @@ def cached(
 
     Args:
         size: the short side images are stored at (smaller images are stored as they are).
-        everything: the datasets whose files the cache covers (a superset of `datasets`'s, e.g.
-            before the split and the skip); default `datasets`. One cache per folder (`root`).
-        skip_unreadable: store unreadable files as empty entries instead of stopping (they must
-            then be left out of `datasets`, as `skip_bad_images` does).
+        everything: the datasets whose files the cache covers (before the split and the skip);
+            default `datasets`. One cache per folder (`root`).
+        skip_unreadable: store unreadable files as empty entries (left out of `datasets`).
         keep: how many caches of `cache_dir` to keep, newest first, after a build; 0: all.
-        key: "stat" or "mtime": what of each file the cache's name depends on (module docstring).
-        run_once: how the key (a `stat` of every file) is computed: under DDP, `data.once`.
-        num_workers: decoding processes; by default one per usable CPU, since the other training
-            processes of the machine are waiting for the build anyway.
+        run_once: runs the key's `stat` of every file: under DDP, `data.once`.
+        num_workers: decoding processes; default one per usable CPU: the machine's other
+            training processes wait for the build anyway.
     """
     everything = list(datasets if everything is None else everything)
     served = list(datasets)
@@ -183,8 +174,7 @@ def _identity(image: torch.Tensor) -> torch.Tensor:
 
 
 def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
-    """A hash of the files (names, sizes, modification times; with "stat" also inodes and change
-    times) and `size`."""
+    """The cache folder's name: a hash of the files and `size` (module docstring)."""
     root = os.path.abspath(dataset.root)
     digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root} key={key}\n".encode())
     for i in range(len(dataset)):
@@ -211,9 +201,8 @@ def build(
 ) -> None:
     """Decode every image of `dataset` into `folder`, unless another process is doing it now.
 
-    The process holding the lock builds into a staging folder and renames it into place; the
-    others wait, then find it. Without working locks, processes may build side by side: the first
-    rename wins. Then all but the newest `keep` caches are pruned (0: none).
+    The lock holder builds in a staging folder, renamed into place; the others wait. Without
+    working locks, processes may build side by side: the first rename wins. Then `prune(keep)`.
     """
     _make_dir(folder.parent)
     with open(lock_path(folder), "a") as lock:
@@ -282,8 +271,7 @@ def _write(
 ) -> None:
     """Decode in `num_workers` processes, append the pixels in order, then write the index.
 
-    Out of disk space, it stops with one error saying how much the cache needs.
-    """
+    Out of disk space, it stops with one error saying how much the cache needs."""
     loader = DataLoader(_Decoded(dataset, size), batch_size=None, num_workers=num_workers)
     index = np.zeros((len(dataset), 3), dtype=np.int64)
     offset, done = 0, 0
@@ -317,13 +305,8 @@ def _write(
             f"{_size(need)} for {len(dataset)} images. Free some space or set "
             "--data.cache_dir to a larger disk"
         ) from err
-    log.info(
-        "Cached %d images (%.1f GB) in %s in %.0f s",
-        len(dataset),
-        offset / 1e9,
-        folder,
-        time.perf_counter() - start,
-    )
+    took = time.perf_counter() - start
+    log.info("Cached %d images (%.1f GB) in %s in %.0f s", len(dataset), offset / 1e9, folder, took)
 
 
 def _check_space(folder: Path, remaining: float, count: int) -> None:

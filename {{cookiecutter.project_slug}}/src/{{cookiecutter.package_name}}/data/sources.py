@@ -1,10 +1,7 @@
 """Sources: `--data.source`, where a run's images come from, each with only the options it uses.
 
-`ClassFolders` (the default: `--data.source.root DIR`), `LabelsCsv` (`--data.source LabelsCsv
---data.source.csv FILE`) and `Shards` (`--data.source Shards --data.source.path DIR_OR_S3_URL`).
-A source gives the DataModule its class names, its datasets for each stage, and the DataLoader
-for each dataset; the DataModule composes and has no branch of its own per source. To add a
-kind of source, subclass `Source` (ARCHITECTURE.md, "Adding a source").
+A source gives the DataModule its class names, datasets and DataLoaders, so the DataModule has no
+branch per source. To add one, subclass `Source` (ARCHITECTURE.md, "Adding a source").
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ SPLIT_FILE = "val_files.csv"
 
 
 class ImageFiles(Source):
-    """Images on a file system, indexed in `setup`: what `ClassFolders` and `LabelsCsv` share,
-    the pixel cache, the skipping of unreadable images and the class-balanced sampler included."""
+    """Images on a file system, indexed in `setup`: what `ClassFolders` and `LabelsCsv` share."""
 
     csv: Path | None = None
     filename_column = "filename"
@@ -110,8 +106,7 @@ class ImageFiles(Source):
     def split(
         self, class_names: list[str], stage: str | None, seed: int
     ) -> tuple[ImageIndex, ImageIndex]:
-        """The training and validation images: `val_fraction` of each class drawn with `seed`,
-        or those of `val_root`/`val_csv`."""
+        """Training and validation images: `val_root`/`val_csv`, else `val_fraction` per class."""
         train = self.labelled.index(class_names)
         if self.val_root is not None or self.val_csv is not None:
             root = self.val_root or self.root or DEMO_DIR
@@ -194,41 +189,33 @@ class ClassFolders(ImageFiles):
     """Images in class folders, `root/<class>/<image>`; unset `root`: the generated demo set.
 
     Args:
-        root: folder with one sub-folder of images per class. Unset: the demo dataset, generated
-            on first use in `data/demo`.
+        root: folder with one sub-folder of images per class; unset: the demo set, in `data/demo`.
         val_root: validation images in class folders (or the image folder of `val_csv`).
-        val_csv: validation images named by a CSV (as `LabelsCsv` reads one), relative to
-            `val_root` when set, else to `root`.
+        val_csv: validation images named by a CSV, relative to `val_root` when set, else `root`.
         val_fraction: share of each class held out for validation, drawn with `--data.seed`
             (the same files on every run and process); not with `val_root` or `val_csv`.
-        test_root: held-out images for `test`, in class folders (or the image folder of
-            `test_csv`); its classes must be training classes.
-        test_csv: test images named by a CSV, relative to `test_root` when set, else to `root`.
+        test_root: `test` images in class folders (or the image folder of `test_csv`).
+        test_csv: test images named by a CSV, relative to `test_root` when set, else `root`.
         balance_classes: draw training images with a weighted sampler, each class equally often.
-        skip_bad_images: decode every image once at setup and leave out, with a warning, those
-            that cannot be read (also for `--data.predict_root`). Off: an unreadable image stops
-            the run with an error naming it.
-        cache: "memmap" decodes every image once, at the size the training crop needs, into a
-            uint8 file under `--data.cache_dir` that later epochs and runs read instead: a speed
-            switch only (docs/performance.md).
+        skip_bad_images: decode every image at setup and leave out, with a warning, those that
+            cannot be read (also for `--data.predict_root`); off, such an image stops the run.
+        cache: "memmap" decodes every image once into a uint8 file under `--data.cache_dir`,
+            read by later epochs and runs: a speed switch only (docs/performance.md).
         cache_keep: how many caches of this dataset to keep, newest first; 0 keeps them all.
-        cache_key: what of each file decides whether the cache is current: "stat" (sees any
-            rewrite) or "mtime" (for datasets copied to node-local scratch at each job start).
+        cache_key: "stat" sees any rewrite; "mtime" suits datasets copied to scratch at each job.
     """
 
 
 class LabelsCsv(ImageFiles):
-    """Images named by a CSV with a header row: `filename,label` (a path relative to `root`, and
-    a class name or index). The other options are those of `ClassFolders`.
+    """Images named by a CSV with a header row, `filename,label`; other options as `ClassFolders`.
 
     Args:
-        csv: the labels CSV. A relative path that does not exist is also looked for in `root`.
+        csv: the labels CSV; a relative path that does not exist is also looked for in `root`.
         root: the folder the CSV's file names are relative to; unset: the CSV's folder.
         filename_column: the CSV column with the file names.
-        label_column: the CSV column with the labels.
-        label_kind: "index" reads labels as class indices, "name" as class names; "auto" reads
-            indices only when the training labels are exactly 0..K-1 (ASCII, no leading zeros).
-            Validation and test CSVs are read as the training labels are.
+        label_column: the CSV column with the labels (class names or indices).
+        label_kind: "index" or "name"; "auto" reads indices only when the training labels are
+            exactly 0..K-1 (ASCII, no leading zeros). Validation and test CSVs read alike.
     """
 
     def __init__(
@@ -261,14 +248,12 @@ class LabelsCsv(ImageFiles):
 
 
 class Shards(Source):
-    """LitData shards written by the `shard` command: training and validation images (and test
-    and predict images where they were written). Needs the `stream` extra (LitData).
+    """LitData shards written by the `shard` command; needs the `stream` extra (LitData).
 
     Args:
-        path: the shards' folder, or `s3://bucket/prefix` (with `AWS_ENDPOINT_URL` for an
-            S3-compatible store). Shards in a folder are read in place; chunks from object
-            storage are kept while in use in the `stream` folder of `--data.cache_dir`.
-        cache_limit: the most that folder holds, e.g. "50GB"; older chunks are deleted first.
+        path: the shards' folder (read in place), or `s3://bucket/prefix` (`AWS_ENDPOINT_URL` for
+            an S3-compatible store), whose chunks are kept in `stream/` of `--data.cache_dir`.
+        cache_limit: the most that `stream/` holds, e.g. "50GB"; older chunks are deleted first.
     """
 
     def __init__(self, path: str, cache_limit: str = "50GB") -> None:
@@ -325,8 +310,7 @@ def require_shards(needed_by: str = "--data.source Shards"):
 
 
 def source_from_config(value) -> Source:
-    """A source from its `class_path`/`init_args` (a dict or jsonargparse Namespace), as
-    LightningCLI would build it; a source is returned as it is."""
+    """A source from its `class_path`/`init_args` (dict or Namespace), as LightningCLI builds it."""
     if isinstance(value, Source):
         return value
     if hasattr(value, "as_dict"):
