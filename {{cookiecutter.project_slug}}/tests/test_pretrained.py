@@ -147,6 +147,18 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     checkpoint = torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"]["image_size"] == 160
     assert tuple(checkpoint["hyper_parameters"]["mean"]) == (0.5, 0.5, 0.5)
+    # From a local file (1000 classes): the classifier re-made for three, and said so.
+    save_file(timm.create_model(TIMM_MODEL).state_dict(), tmp_path / "w.safetensors")
+    local = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options,
+         "--model.architecture", TIMM_MODEL, "--model.weights", str(tmp_path / "w.safetensors"),
+         "--data.image_size", "32", "--trainer.max_epochs", "1",
+         "--trainer.limit_train_batches", "2", "--trainer.logger", "false",
+         "--checkpoint.dirpath", "local"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert "classifier is re-made for 3 classes" in local.stderr
     # Offline without the weights: one line before training, naming the model and the folder.
     env["HF_HOME"] = str(tmp_path / "empty")
     failed = subprocess.run(
