@@ -27,39 +27,31 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 # PIL's own hard limit (twice its warning threshold): about 13k x 13k pixels, 0.5 GB as RGB.
 MAX_IMAGE_PIXELS = 2 * 89_478_485
 
-# PIL logs an error naming no file before it raises on some damaged TIFFs; the DataError says it
-# with the file's name. Without a handler of PIL's own, Python would print such records to
-# stderr when the application has configured no logging; with one, they go where it says.
+# PIL logs an error naming no file before it raises on some damaged TIFFs (the DataError names
+# it): with a handler of PIL's own, Python prints no such record where no logging is configured.
 logging.getLogger("PIL").addHandler(logging.NullHandler())
 
 # Which decoder reads what: safety first (tests/test_fuzz.py: no damaged file may kill the process
 # that reads it, as torchvision's PNG decoder did), speed second.
-# - JPEG: simplejpeg (libjpeg-turbo), exact or, for training, fast. Its strict mode refuses any
-#   file libjpeg warns about; PIL then decodes through recoverable damage quietly, or raises.
-#   The exact pixels are PIL's, bit for bit; the orientation is applied here, so Exif JPEGs take
-#   the fast path too. Large JPEGs reduced exactly: PIL's `draft`.
-# - Every other format: PIL. libtiff, the only decoder here that prints, is kept quiet
-#   (`_libtiff_quiet`) and its words go into the DataError of a file that cannot be read.
+# - JPEG: simplejpeg (libjpeg-turbo), exact (PIL's pixels, bit for bit) or, for training, fast;
+#   any file libjpeg warns about goes to PIL, which decodes through recoverable damage or raises.
+#   Orientation is applied here, so Exif JPEGs take this path too. Large JPEGs: PIL's `draft`.
+# - Every other format: PIL, with what libtiff prints kept quiet (`_libtiff_quiet`).
 
 
 def read_image(path: str, min_size: int | None = None, approximate: bool = False) -> torch.Tensor:
     """Read an image file as a uint8 RGB tensor of shape (3, H, W), EXIF orientation applied.
 
-    Grayscale, palette, RGBA (alpha dropped), CMYK and 16-bit images are all converted to 8-bit RGB;
-    an animated GIF or WebP gives its first frame. No decoder prints to the terminal.
+    Every mode (grayscale, palette, RGBA, CMYK, 16-bit) becomes 8-bit RGB; an animated GIF or
+    WebP gives its first frame. No decoder prints to the terminal.
 
-    `min_size`: the short side the caller needs. A JPEG at least twice that is decoded at 1/2, 1/4
-    or 1/8 scale in libjpeg's DCT domain (`PIL.Image.draft`), keeping the short side >= `min_size`:
-    far less work than a full decode and resize.
-
-    `approximate`: for training. A JPEG is decoded with libjpeg-turbo's fast integer IDCT and fast
-    chroma upsampling (also reduced as above, at any n/8 scale): faster cold epochs, pixels a
-    level or so off the exact decode (more at sharp colour edges), far less than random crops
-    change; validation, prediction and the pixel cache decode exactly.
+    `min_size`: the short side the caller needs; a JPEG at least twice that is decoded at 1/2,
+    1/4 or 1/8 scale in libjpeg's DCT domain, far less work than a full decode and resize.
+    `approximate` (training): libjpeg-turbo's fast IDCT and chroma upsampling, pixels a level or
+    so off the exact decode, far less than random crops change; evaluation and the cache are exact.
 
     Raises:
-        DataError: naming the file, when it cannot be decoded or declares more than
-            `MAX_IMAGE_PIXELS` pixels.
+        DataError: naming the file, when it cannot be decoded or exceeds `MAX_IMAGE_PIXELS`.
     """
     try:
         with open(path, "rb") as file:
@@ -97,18 +89,14 @@ def decode_image(
             raise DataError(f"cannot read image {path}: {err}") from err
 
 
-# What PIL raises on damaged files, found by fuzzing (tests/test_fuzz.py): besides OSError, for
-# example a TypeError from a TIFF tag of the wrong type.
+# What PIL raises on damaged files, found by fuzzing (tests/test_fuzz.py): a TIFF tag, a TypeError.
 _UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
 
 
 def _check_header(data: bytes, path: str) -> tuple[int, int, int]:
     """(width, height, a JPEG's orientation) from PIL's header parse, refusing empty files,
-    unknown formats and decompression bombs before any pixel is decoded.
-
-    The orientation (1 is upright) is Exif's, else XMP's, as PIL's `exif_transpose` reads it: the
-    simplejpeg path turns the pixels itself.
-    """
+    unknown formats and decompression bombs before any pixel is decoded. The orientation is
+    Exif's, else XMP's, as `exif_transpose` reads it: the simplejpeg path turns pixels itself."""
     if not data:
         raise DataError(f"cannot read image {path}: the file is empty")
     try:
@@ -142,11 +130,8 @@ _ORIENT = {
 
 
 def _open(data: bytes) -> Image.Image:
-    """A PIL image over `data`, its header parsed and its pixels not yet decoded.
-
-    PIL's DecompressionBombWarning is silenced: `_check_header` applies our own limit, with a
-    message naming the file (PIL's own error, at twice its warning size, still propagates).
-    """
+    """A PIL image over `data`, header parsed, pixels not yet decoded; PIL's bomb warning silenced:
+    `_check_header` applies our own limit, naming the file (PIL's error still propagates)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(io.BytesIO(data))
@@ -158,12 +143,8 @@ def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
 
 
 def _decode_jpeg(data: bytes, fast: bool, min_size: int = 0) -> np.ndarray:
-    """(H, W, 3) pixels from libjpeg-turbo; ValueError on any damage, even recoverable.
-
-    `fast`: the fast integer IDCT and chroma upsampling, for training. With `min_size`, scaled in
-    the DCT domain to the smallest of libjpeg's n/8 sizes whose sides are both at least
-    `min_size`.
-    """
+    """(H, W, 3) pixels from libjpeg-turbo; ValueError on any damage, even recoverable. `fast`:
+    the fast IDCT and upsampling; `min_size`: the smallest n/8 scale with both sides >= it."""
     return simplejpeg.decode_jpeg(
         data,
         colorspace="RGB",
@@ -206,12 +187,9 @@ _TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic a
 
 @contextlib.contextmanager
 def _libtiff_quiet(data: bytes, path: str) -> Iterator[None]:
-    """Keep what libtiff prints to stderr (PIL's decoder for compressed TIFFs; it names no file)
-    from the terminal: told in the DataError if the file cannot be read, else dropped.
-
-    stderr is the process's, so a line another thread prints meanwhile is kept too; reading
-    TIFFs is rare enough, and loader workers single-threaded, for that to be the lesser harm.
-    """
+    """Keep what libtiff prints to stderr (naming no file) off the terminal: told in the DataError
+    if the file cannot be read, else dropped. stderr is the process's, so another thread's line
+    is kept too: the lesser harm, as TIFFs are rare and loader workers single-threaded."""
     try:
         saved = os.dup(2) if data.startswith(_TIFF_SIGNATURES) else None
     except OSError:  # no stderr to keep quiet
