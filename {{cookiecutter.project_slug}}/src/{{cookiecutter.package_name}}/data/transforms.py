@@ -1,6 +1,5 @@
-"""The uint8 transforms run in the Dataset: random resized crops (and, where asked, flips, an
-automatic augmentation policy and random erasing) for training, resize and centre crop for
-evaluation; the same whether pixels come from files or from the pixel cache."""
+"""The uint8 transforms run in the Dataset: random resized crops (and any `Augment`) for training,
+resize and centre crop for evaluation; the same whether pixels come from files or the cache."""
 
 from __future__ import annotations
 
@@ -19,11 +18,9 @@ from {{ cookiecutter.package_name }}.errors import DataError
 class Draw(int):
     """A training image's index that also carries the seed of its crop and flip.
 
-    `data.loaders.EpochShuffle` makes the seed from (seed, epoch, the draw's place in the epoch's
-    whole order), so augmentation differs for every draw, epoch and process, and is the same again
-    for the same seed and process count with any number of loader workers, also in a run resumed
-    mid-epoch (where each worker's own random state would have started again from its seed). It is
-    an int, so whatever indexes with it needs no change; the dataset calls `seed_augmentation`.
+    `loaders.EpochShuffle` makes it from (seed, epoch, place in the epoch's order): augmentation
+    differs for every draw, and repeats for the same seed and process count with any number of
+    workers, also resumed mid-epoch. An int, so whatever indexes with it needs no change.
     """
 
     seed: int
@@ -49,16 +46,10 @@ class Augment:
     """How training images vary (`--data.augment.*`), on uint8 in the loader workers.
 
     Args:
-        crop_scale: range of the area share of a training image that each random crop keeps.
-            0.08-1 (torchvision's default) is standard for large photo datasets and long
-            training; the milder default learns small datasets faster (docs/performance.md).
-        hflip: flip left-right at random. Off by default because a mirror image is not always
-            the same class (digits, text, some scans); turn it on for natural photos.
-        policy: after the crop, "trivial" (TrivialAugmentWide: one random operation of random
-            strength per image) or "rand" (RandAugment: two operations at strength 9), from
-            torchvision; unset: none.
-        erasing: the probability that a random rectangle of each image is blanked (torchvision's
-            RandomErasing, as timm's recipes use it at 0.25).
+        crop_scale: area share range of random crops; 0.08-1 (torchvision's) for large photo sets.
+        hflip: flip left-right at random; off as a mirror image is not always the same class.
+        policy: "trivial" (TrivialAugmentWide) or "rand" (RandAugment) after the crop; unset: none.
+        erasing: probability that a random rectangle of each image is blanked (RandomErasing).
     """
 
     crop_scale: tuple[float, float] = (0.6, 1.0)
@@ -95,12 +86,9 @@ def train_transform(image_size: int, augment: Augment | None = None) -> RandomRe
 class RandomResizedCropFlip:
     """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)` then `v2.RandomHorizontalFlip()`.
 
-    The same sampling as torchvision's, written out because the v2 pipeline's per-call overhead
-    (pytree flattening, tensor-valued parameters) costs more than the resize itself on the small
-    images a loader worker handles, with the same antialiased resize kernel. Draws from Python's
-    `random`, seeded for each training draw (`Draw`). The `extra` transforms (torchvision's, which
-    draw from torch's generator) follow, under a torch seed drawn from that same `random`, so
-    they too are the same again for the same draw.
+    Written out, same sampling and resize kernel, because v2's per-call overhead costs more than
+    the resize on a worker's small images. Draws from `random`, seeded per `Draw`; the `extra`
+    transforms run under a torch seed drawn from it, so they too repeat for the same draw.
     """
 
     def __init__(
@@ -119,12 +107,8 @@ class RandomResizedCropFlip:
         self.ratio = ratio
 
     def min_source_size(self) -> int:
-        """The short side a source image needs so that no crop is enlarged.
-
-        The smallest crop keeps `scale[0]` of the area at the most extreme aspect ratio, so its
-        short side is at least `sqrt(scale[0] * min(ratio[0], 1 / ratio[1]))` of the image's
-        short side. Large JPEGs are decoded at a reduced size down to this, not below.
-        """
+        """The short side a source image needs so that no crop (at smallest, `scale[0]` of the area
+        at the most extreme ratio) is enlarged; large JPEGs are decoded down to it, not below."""
         narrowest = min(self.ratio[0], 1 / self.ratio[1], 1.0)
         return math.ceil(self.size / math.sqrt(self.scale[0] * narrowest))
 
@@ -137,9 +121,8 @@ class RandomResizedCropFlip:
             w = round(math.sqrt(target * aspect))
             h = round(math.sqrt(target / aspect))
             if 0 < w <= width and 0 < h <= height:
-                # One uniform draw per offset, whatever the image size (`randint` draws more bits
-                # for larger ranges): the same seed then gives the same relative crop on the
-                # full-size file and on the smaller cached copy.
+                # One uniform draw per offset (`randint` draws more bits for larger ranges): the
+                # same seed gives the same relative crop on the file and its smaller cached copy.
                 top = int(random.random() * (height - h + 1))
                 left = int(random.random() * (width - w + 1))
                 return top, left, h, w
@@ -156,8 +139,7 @@ class RandomResizedCropFlip:
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         top, left, h, w = self.crop_box(image.shape[-2], image.shape[-1])
         crop = image[..., top : top + h, left : left + w].unsqueeze(0)
-        out = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True)
-        out = out[0]
+        out = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True)[0]
         if self.hflip and random.random() < 0.5:
             out = out.flip(-1)
         if self.extra is not None:
