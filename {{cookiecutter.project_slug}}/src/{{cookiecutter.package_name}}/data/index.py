@@ -1,8 +1,4 @@
-"""The index of a dataset: which files, with which labels, as numpy arrays.
-
-Class folders (`FolderLabels`), the unlabelled images `predict` reads, and the seeded split of
-validation images; a labels CSV is read by `labels_csv.py`.
-"""
+"""The index of a dataset as numpy arrays: class folders, unlabelled folders, the seeded split."""
 
 from __future__ import annotations
 
@@ -19,19 +15,15 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 # Folders that archivers and operating systems leave beside the data; never classes.
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
-# Folders that training writes in the working folder (logs, runs, checkpoints, the demo set in
-# `data/demo`): with `--data.source.root .` they sit beside the class folders. One of them is a
-# class only when it holds images directly, as a class folder of the user's would.
+# Folders training writes in the working folder, beside the class folders when the root is `.`:
+# one is a class only when it holds images directly, as a user's class folder would.
 OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints", "data", "demo")
 
 
 @dataclass(frozen=True)
 class ImageIndex:
-    """Files under `root`: relative paths (bytes array) and int64 targets (None: unlabelled).
-
-    numpy arrays, not Python lists: forked loader workers share them instead of copying them page
-    by page as reference counts change (pytorch/pytorch#13246).
-    """
+    """Files under `root`: relative paths (bytes) and int64 targets (None: unlabelled), as numpy
+    arrays, which forked workers share instead of copying page by page (pytorch/pytorch#13246)."""
 
     root: Path
     paths: np.ndarray
@@ -46,12 +38,8 @@ class ImageIndex:
 
 
 class FolderLabels:
-    """`root/<class>/<image>`: an image's class is the name of its folder.
-
-    Validation and test folders (`role`) must name training classes; training folders left out
-    by given class names are only warned about. `reading`: how CSVs of validation or test images
-    read their labels beside these folders ("name" or "index").
-    """
+    """`root/<class>/<image>`: an image's class is the name of its folder. Validation and test
+    folders (`role`) must name training classes; `reading`: how CSVs beside them read labels."""
 
     def __init__(self, root: Path, option: str, role: str, reading: str) -> None:
         self.root = root
@@ -93,8 +81,7 @@ def _is_data_folder(name: str) -> bool:
 
 
 def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
-    """The sorted names of the class folders under `root` (hidden, `__MACOSX` and the run
-    folders of `OUTPUT_FOLDERS` left out)."""
+    """Sorted names of the class folders under `root`: no hidden, junk or `OUTPUT_FOLDERS` ones."""
     check_dir(root, option)
     with os.scandir(root) as entries:
         classes = sorted(e.name for e in entries if _is_class_folder(e))
@@ -109,9 +96,8 @@ def list_images(folder: Path) -> list[str]:
 
 
 def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
-    """`prefix` + the path of each file below `folder`, relative to it: a folder's files sorted,
-    then its subfolders' in turn. Links are followed; hidden, junk and unreadable folders skipped.
-    """
+    """`prefix` + each file's path below `folder`: a folder's files sorted, then its subfolders'.
+    Links are followed; hidden, junk and unreadable folders skipped."""
     found: list[str] = []
     top = os.fspath(folder)
     for here, folders, files in os.walk(top, followlinks=True):
@@ -131,12 +117,8 @@ def encode_paths(paths: list[str]) -> np.ndarray:
 def make_dataset(
     root: Path, class_to_idx: dict[str, int], folders: list[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Index a class-folder tree: relative paths (bytes array) and integer targets (int64 array).
-
-    Args:
-        folders: the class folders to index, all of `class_to_idx` by default. Each must be a
-            known class and hold at least one image.
-    """
+    """Index a class-folder tree: relative paths (bytes) and int64 targets. `folders` (default:
+    all of `class_to_idx`) must each be a known class holding at least one image."""
     paths: list[str] = []
     targets: list[int] = []
     counts: list[int] = []
@@ -170,11 +152,8 @@ def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageI
 
 
 def stratified_split(targets: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """A boolean mask of the validation items: `fraction` of each class, drawn with `seed`.
-
-    Depends only on the targets (in index order) and the seed: the same split on every run and
-    every DDP rank.
-    """
+    """A boolean mask of the validation items: `fraction` of each class, drawn with `seed`; from
+    the targets and seed alone, so the same on every run and DDP rank."""
     mask = np.zeros(len(targets), dtype=bool)
     if fraction == 0 or len(targets) == 0:
         return mask
