@@ -1,9 +1,4 @@
-"""ImageDataModule: a source and the options every source shares in, DataLoaders out.
-
-The source (`sources.py`: class folders, a labels CSV, shards) gives the class names, the datasets
-of each stage and their DataLoaders; `normalize.py` turns the uint8 batches into normalised floats
-on the device. This module only composes them.
-"""
+"""ImageDataModule: a source and the options every source shares in, DataLoaders out."""
 
 from __future__ import annotations
 
@@ -30,27 +25,20 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 class ImageDataModule(L.LightningDataModule):
     """Images from a source (class folders by default; else the demo set), as uint8 batches.
 
-    Images travel as uint8 (4x fewer bytes through workers, pinning and the host-to-device copy) and
-    are converted to float and normalised on the device in `on_after_batch_transfer`.
+    The source gives classes, datasets and loaders; batches become normalised float on the device.
 
     Args:
-        source: where the images come from: `ClassFolders` (the default: `--data.source.root
-            DIR`), `LabelsCsv` or `Shards`, each with its own options (`--data.source.help
-            LabelsCsv` lists them). Unset: class folders of the generated demo set.
-        num_workers: loader processes per training process; "auto": the usable CPUs (affinity,
-            capped by a cgroup CPU quota) divided among the local processes, minus one for each
-            process's own work (`cpus.auto_num_workers`).
+        source: `ClassFolders` (the default), `LabelsCsv` or `Shards`, each with its own options
+            (`--data.source.help LabelsCsv` lists them). Unset: the generated demo set.
+        num_workers: loader processes per training process; "auto": the usable CPUs shared among
+            the local processes, less one for each (`cpus.auto_num_workers`).
         seed: draws the validation split and the order and augmentation of training images.
         predict_root: folder of unlabeled images (nested folders allowed) for `predict`; unset
             with `Shards`: the shards' predict images.
-        class_names: the classes, in label order; by default the source's (class folder names,
-            or the CSV's label names, sorted; index labels: "0".."K-1").
-        cache_dir: where the project keeps its caches (the pixel cache of `cache: memmap`, chunks
-            streamed from object storage in `stream/`); never inside a dataset. Unset: the
-            per-user cache folder (`data/cache_dirs.py`: on Linux,
-            `~/.cache/{{ cookiecutter.package_name }}`).
-        augment: how training images vary: the random crop's `crop_scale`, `hflip`, an
-            automatic augmentation `policy` and random `erasing` (`transforms.Augment`).
+        class_names: the classes, in label order; by default the source's (sorted, or "0".."K-1").
+        cache_dir: where the project keeps its caches, never inside a dataset; unset: the per-user
+            cache folder (`data/cache_dirs.py`), on Linux `~/.cache/{{ cookiecutter.package_name }}`.
+        augment: how training images vary (`crop_scale`, `hflip`, `policy`, `erasing`).
     """
 
     def __init__(
@@ -161,8 +149,7 @@ class ImageDataModule(L.LightningDataModule):
 
 
 def add_data_arguments(parser, skip: set[str] | None = None) -> None:
-    """`--data.*` as `fit` has them (class folders the default source), for the commands that
-    read the data without LightningCLI."""
+    """`--data.*` as `fit` has them, for the commands that read the data without LightningCLI."""
     parser.add_class_arguments(ImageDataModule, "data", skip=skip)
     parser.set_defaults({"data.source": DEFAULT_SOURCE})
 

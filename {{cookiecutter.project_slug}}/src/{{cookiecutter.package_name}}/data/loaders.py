@@ -31,14 +31,11 @@ def make_loader(
 
     Args:
         pin_memory: page-locked batches, for a fast copy to a CUDA device (wasted elsewhere).
-        balance_classes: (targets, number of classes, seed) to draw training images with a
-            weighted sampler, each class equally often (`BalancedSampler`).
-        shard: (rank, world size) under DDP. Evaluation: each process reads every world-size-th
-            image, and no image twice (`EvalShardSampler`). Training: each process keeps its
-            share of one common shuffle (or sequence of balanced draws).
-        seed: the training shuffle's seed; with the epoch (`set_epoch`, which Lightning calls
-            every epoch) it decides the order, so a resumed run draws what an uninterrupted one
-            would have, in one process or many.
+        balance_classes: (targets, number of classes, seed) for a `BalancedSampler`.
+        shard: (rank, world size) under DDP: evaluation reads each image once over all processes
+            (`EvalShardSampler`); training keeps this process's share of one common order.
+        seed: with the epoch (Lightning's `set_epoch`), it fixes the training order, so a resumed
+            run draws what an uninterrupted one would have, in one process or many.
     """
     sampler = None
     if train and balance_classes is not None:
@@ -56,9 +53,8 @@ def make_loader(
                 f"{shard[1]} processes: each process needs at least one; give more images, or "
                 "run fewer processes (--trainer.devices, --trainer.num_nodes)"
             )
-    # Dropping the last partial training batch keeps BatchNorm away from tiny batches; shuffling
-    # means every image is still seen, just not in every epoch. The batches are this process's:
-    # a share smaller than one batch (800 images, 16 processes, batches of 64) is one batch.
+    # Dropping the last partial training batch keeps BatchNorm away from tiny batches (shuffled,
+    # every image is still seen); a process's share smaller than one batch is kept as one.
     drop_last = train and len(sampler) > batch_size
     return DataLoader(
         dataset,
@@ -90,9 +86,7 @@ def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:
 class EvalShardSampler(DistributedSampler):
     """Images `rank`, `rank + world`, ... of an evaluation set: every image once over all ranks.
 
-    torch's `DistributedSampler`, which Lightning would use, pads the shards with repeated images,
-    which metrics would count twice; shares that differ by one image are fine for evaluation.
-    """
+    torch's `DistributedSampler` pads the shards with repeated images, which metrics count twice."""
 
     def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=False)
@@ -106,10 +100,8 @@ class EvalShardSampler(DistributedSampler):
 class EpochShuffle(DistributedSampler):
     """This rank's share of one shuffle of the training images, seeded by (seed, epoch).
 
-    Each index comes as a `Draw`, with the seed of its augmentation. `resume_at(n)` starts the
-    next pass at this rank's n-th image: `training.resume.ResumeInEpoch` continues an interrupted
-    epoch with exactly the images it had not trained on, in the same order.
-    """
+    Each index is a `Draw`, with its augmentation's seed. `resume_at(n)` starts the next pass at
+    this rank's n-th image, for `training.resume.ResumeInEpoch`."""
 
     def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1) -> None:
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
@@ -132,9 +124,8 @@ class EpochShuffle(DistributedSampler):
 
 
 class BalancedSampler(EpochShuffle):
-    """Weighted draws with replacement, as many as there are images, seeded by (seed, epoch):
-    a resumed run draws what an uninterrupted one would have. Under DDP all ranks draw the same
-    sequence and each keeps every world-size-th draw."""
+    """Weighted draws with replacement, as many as there are images, seeded by (seed, epoch); under
+    DDP all ranks draw the same sequence and each keeps every world-size-th draw."""
 
     def __init__(self, weights: torch.Tensor, seed: int, rank: int = 0, world_size: int = 1):
         super().__init__(weights, seed, rank, world_size)
