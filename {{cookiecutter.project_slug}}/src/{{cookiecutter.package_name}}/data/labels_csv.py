@@ -28,11 +28,8 @@ LABEL_KINDS = ("auto", "index", "name")
 
 
 class CsvLabels:
-    """One image folder `root` and a CSV naming each file (relative to `root`) and its label.
-
-    A training CSV's labels are read as `kind` says ("auto": `label_reading`); a validation or
-    test CSV's as those of the training source it `follows`.
-    """
+    """One image folder `root` and a CSV naming each file (relative to `root`) and its label, read
+    as `kind` says (training) or as the training source it `follows` reads them."""
 
     def __init__(
         self,
@@ -86,10 +83,8 @@ def find_csv(path: str | Path | None, root: Path | None, option: str) -> Path | 
 
 @dataclass(frozen=True)
 class LabelsTable:
-    """The rows of a labels CSV as arrays: file names (bytes), labels, CSV line numbers.
-
-    A row's label is `values[codes[row]]`: the distinct label strings are few, the rows many.
-    """
+    """A labels CSV's rows as arrays: file names (bytes), line numbers, and labels as `codes` into
+    the few distinct `values` (a row's label: `values[codes[row]]`)."""
 
     source: Path
     paths: np.ndarray
@@ -111,10 +106,7 @@ def read_labels_csv(
     csv_file: Path, filename_column: str = "filename", label_column: str = "label"
 ) -> LabelsTable:
     """Read a labels CSV with a header row; UTF-8 with or without BOM, CRLF or LF, spaces stripped.
-
-    Only the two named columns are read; blank lines are skipped. The csv module defines the
-    format (quoted fields, fields spanning lines); the table keeps numpy arrays, not row lists.
-    """
+    Only the two named columns are read, as the csv module parses them; blank lines are skipped."""
     check_file(csv_file, "data.source.csv")
     raw = csv_file.read_bytes().removeprefix(codecs.BOM_UTF8)
     try:
@@ -187,12 +179,9 @@ def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
 
 
 def label_reading(table: LabelsTable, kind: str) -> str:
-    """How the labels of a training CSV are read: "index" or "name", as `kind` says or decided.
-
-    "auto" reads them as class indices only when the distinct labels are exactly "0".."K-1"
-    written as `str(int)` writes them; anything else is a class name: years (2019, 2020 are two
-    classes), 1-based ids, "07", "1_0" or non-ASCII digits ("٣"), which Python's `int` accepts.
-    """
+    """How a training CSV's labels are read, "index" or "name": "auto" reads indices only when the
+    distinct labels are exactly "0".."K-1" as `str(int)` writes them; years, 1-based ids, "07",
+    "1_0" or non-ASCII digits ("٣"), which Python's `int` accepts, are class names."""
     if kind != "auto":
         return kind
     values = set(table.values)
@@ -217,11 +206,8 @@ def classes_from_labels(table: LabelsTable, reading: str) -> list[str]:
 def encode_labels(
     table: LabelsTable, class_names: list[str], reading: str, split: str = "training"
 ) -> np.ndarray:
-    """The int64 targets of a table's labels, read as class names or as indices (`reading`).
-
-    Validation and test tables are read as the training one is, so that a label means the same
-    class in each; a label that is not a training class stops with its file, line and value.
-    """
+    """The int64 targets of a table's labels, read as class names or indices (`reading`, the
+    training table's, so a label means the same class in each); an unknown label is an error."""
     if reading == "index":
         targets = _as_indices(table.values)
         known = f"class indices 0..{len(class_names) - 1}"
@@ -252,10 +238,7 @@ def _as_indices(values: list[str]) -> np.ndarray:
 
 def find_missing(table: LabelsTable, root: Path) -> None:
     """Refuse a table that names files not under `root`, listing the first few and counting all.
-
-    One directory listing answers for most rows; only the rows it does not match (absolute paths,
-    `./` prefixes, links) cost a `stat` each.
-    """
+    One listing answers for most rows; only those it misses (`./`, links) cost a `stat` each."""
     check_dir(root, "data.source.root")
     present = set(map(os.fsencode, list_files(root, images_only=False)))
     missing = [

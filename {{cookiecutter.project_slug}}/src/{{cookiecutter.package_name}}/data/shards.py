@@ -1,10 +1,7 @@
 """Shards: a dataset written once as LitData chunks (a folder or `s3://...`), streamed back.
 
-The `shard` command (`commands/shard.py`) writes them. `StreamedImages` reads them through
-`litdata.StreamingDataset`, which gives each process (and node) its own part of every epoch and
-keeps downloaded chunks in a bounded local cache. LitData is the `stream` extra: this module is
-imported only once `sources.require_shards` has found it. Storage goes through LitData's clients,
-which read the usual AWS variables (`AWS_ENDPOINT_URL` for an S3-compatible store).
+Written by `commands/shard.py`. LitData is the `stream` extra: this module is imported only once
+`sources.require_shards` has found it. Its storage clients read the usual AWS variables.
 """
 
 from __future__ import annotations
@@ -43,13 +40,11 @@ def read_meta(url: str) -> dict | None:
 
 
 class StreamedImages(litdata.StreamingDataset):
-    """The images of one split of shards, decoded and transformed as `ImageFolderDataset` does:
-    items are `(uint8 image (3, H, W), label)`, or `(image, index, relative path)` for the
-    unlabelled images of a `predict` split.
+    """One split of shards, decoded and transformed as `ImageFolderDataset` does: items are
+    `(uint8 image (3, H, W), label)`, or `(image, index, relative path)` for a `predict` split.
 
-    Under DDP, LitData gives each process whole batches of every epoch. Training drops the images
-    left over (at most one batch per process); validation, test and predict give them to the last
-    process, so that every image is seen once.
+    Under DDP, LitData gives each process whole batches: training drops the leftover images (at
+    most a batch per process); evaluation gives them to the last process, so each is seen once.
     """
 
     def __init__(
@@ -98,12 +93,8 @@ def meta_of(url: str) -> dict:
 def streamed(
     url: str, split: str, transform, min_size: int, cache: tuple[str, str], train: bool, seed: int
 ) -> StreamedImages:
-    """The images of `split` of the shards at `url`: with `train`, shuffled with `seed` and
-    decoded fast (as `ImageFolderDataset` does for training); else in their stored order.
-
-    Raises:
-        DataError: there are no complete shards at `url`, or none of `split`.
-    """
+    """The images of `split` of the shards at `url`: with `train`, shuffled with `seed` and decoded
+    fast; else in stored order. DataError without complete shards or without that split."""
     if split not in meta_of(url)["images"]:  # test or predict: written only where given
         option = {"test": "--data.source.test_root", "predict": "--data.predict_root"}[split]
         instead = "--data.source ClassFolders " * (split == "test") + f"{option} DIR"
@@ -119,10 +110,8 @@ def streaming_loader(
 ):
     """LitData's loader: it moves the dataset to the next epoch (its shuffle) at each pass.
 
-    Batches are made smaller where the images are fewer than `processes` batches: LitData deals
-    whole batches to each process, and one with none would train nothing (800 images, 16
-    processes, batches of 64: one batch of 50 each) or stop Lightning's evaluation loop.
-    """
+    Batches shrink where images are fewer than `processes` batches: LitData deals whole batches,
+    and a process with none would train nothing or stop Lightning's evaluation loop."""
     images = sum(end - start for start, end in dataset.region_of_interest)
     if 0 < images < processes:
         raise DataError(
