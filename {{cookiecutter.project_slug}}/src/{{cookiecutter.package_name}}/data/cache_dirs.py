@@ -1,11 +1,7 @@
 """Where the project keeps its caches, away from every dataset; which it may remove; their locks.
 
-Caches live in a per-user cache folder, never among the images, where the next run would read them
-back as images or class folders. Each pixel cache's `owner.txt` names the dataset it was built
-from: `prune` removes only older caches of the same dataset, never a folder it did not make.
-
 A cache's lock file (`flock`) is held exclusively to build or remove it, shared while reading it.
-Where locks fail (Lustre without `flock`, NFS without a lock manager, Windows) the cache is built
+Where locks fail (Lustre without `flock`, NFS without a lock manager, Windows) caches are built
 without one and older caches are never removed: no process can tell whether another reads them.
 """
 
@@ -34,9 +30,8 @@ _MARK = "{{ cookiecutter.package_name }} pixel cache"
 
 
 def user_cache_dir() -> Path:
-    """`$<PACKAGE>_CACHE_DIR` when set, else the per-user cache folder of the platform:
-    `%LOCALAPPDATA%/<package>` on Windows, `$XDG_CACHE_HOME/<package>` or
-    `~/.cache/<package>` elsewhere."""
+    """`$<PACKAGE>_CACHE_DIR`, else the platform's per-user cache folder: on Windows
+    `%LOCALAPPDATA%/<package>`, else `$XDG_CACHE_HOME/<package>` or `~/.cache/<package>`."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
@@ -47,10 +42,8 @@ def user_cache_dir() -> Path:
 
 
 def cache_folder(cache_dir: str | Path | None, inputs: list[tuple[str, Path | str | None]]) -> Path:
-    """`--data.cache_dir`, the per-user cache folder where unset; refused when it is, contains or
-    lies inside one of the datasets in `inputs` ((option, path) pairs; a CSV stands for its
-    file): the cache would be mixed with the user's images, and read back as images or class
-    folders."""
+    """`--data.cache_dir`, else the per-user cache folder; refused when it is, contains or lies in a
+    dataset of `inputs` ((option, path); a CSV: its folder): caches would be read back as images."""
     mine = Path(cache_dir) if cache_dir is not None else user_cache_dir()
     for name, value in inputs:
         if value is None or "://" in str(value):  # unset, or object storage
@@ -84,9 +77,8 @@ def owner(folder: Path) -> str | None:
 
 
 def prune(cache_dir: Path, keep: int, current: Path) -> None:
-    """Remove all but the `keep` newest caches of `current`'s dataset in `cache_dir`: never
-    `current`, never a cache of another dataset or one without this project's mark, never one
-    that a process is reading (it holds the lock shared) or that nobody can tell about."""
+    """Remove all but the `keep` newest caches of `current`'s dataset (`owner.txt`), never one
+    being read (its lock held shared) or where locks do not work."""
     dataset = owner(current)
     if dataset is None:
         return

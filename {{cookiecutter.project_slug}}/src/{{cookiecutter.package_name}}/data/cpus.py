@@ -1,8 +1,6 @@
 """How many CPUs this process may use, and so how many loader workers `num_workers: auto` starts.
 
-Our own rather than Lightning's `suggested_max_num_workers`, which counts the CPU affinity only,
-not a cgroup CPU quota (`docker run --cpus`, Kubernetes CPU limits): in a pod limited to 4 CPUs
-of a 64-core node it suggests 63 workers.
+Our own: Lightning's `suggested_max_num_workers` ignores cgroup CPU quotas (docs/data.md).
 """
 
 from __future__ import annotations
@@ -26,13 +24,8 @@ def usable_cpus() -> int:
 
 def auto_num_workers(local_processes: int) -> int:
     """`num_workers: auto`: usable CPUs shared among the training processes of this machine, minus
-    one for each process's own work (the training step, collecting batches); at least 1.
-
-    Shared only when the processes share one set of CPUs. `srun` binds each task to its own CPUs
-    (`--cpus-per-task`): dividing those again by the tasks of the node would leave a task bound
-    to 8 CPUs among 4 GPUs with 1 worker. SLURM_CPUS_PER_TASK equal to this process's CPUs, fewer
-    than the machine's, says the CPUs are its own.
-    """
+    one for each process's own work; at least 1. Not shared where `srun` bound each task to CPUs
+    of its own: SLURM_CPUS_PER_TASK equal to this process's CPUs, fewer than the machine's."""
     cpus = usable_cpus()
     if not _bound_to_own_cpus(cpus):
         cpus //= max(1, local_processes)
@@ -47,11 +40,9 @@ def _bound_to_own_cpus(cpus: int) -> bool:
 def cgroup_cpu_limit() -> float | None:
     """CPUs' worth of time per second that this process's cgroups allow; None when unlimited.
 
-    The tightest quota of the process's cgroup and its parents: cgroup v2's `cpu.max` ("max" or
-    "QUOTA PERIOD"), or v1's `cpu.cfs_quota_us` (-1: none) over `cpu.cfs_period_us`. Inside a
-    container the path that /proc/self/cgroup names may not exist under the mount (the container's
-    cgroup is mounted as the root): the folders on the way up that do exist are read, the root
-    last, which is where the container's own limit is.
+    The tightest v2 `cpu.max` or v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us` of its cgroup and its
+    parents. In a container the path /proc/self/cgroup names may be missing under the mount: the
+    folders on the way up that exist are read, the root (the container's own limit) last.
     """
     try:
         lines = PROC_CGROUP.read_text().splitlines()

@@ -1,8 +1,5 @@
-"""Finding the images of a dataset that cannot be read: decoded once, in parallel, before training.
-
-Used by `--data.source.skip_bad_images` (which leaves them out) and by `scan` (which lists
-them).
-"""
+"""Finding the images of a dataset that cannot be read: decoded once, in parallel, before training,
+for `--data.source.skip_bad_images` (which leaves them out) and `scan` (which lists them)."""
 
 from __future__ import annotations
 
@@ -58,9 +55,8 @@ class _ReadCheck:
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """A fork server, not a fork of this process: a child forked from a process with threads
-    (DDP's, torch's, the progress bar's) can inherit a held lock and wait on it forever. The
-    server imports this module once; its children fork from it, with no threads."""
+    """A fork server: a child forked from a process with threads (DDP's, torch's, the progress
+    bar's) can inherit a held lock and wait forever; the server's children have no threads."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context()
     context = multiprocessing.get_context("forkserver")
@@ -91,12 +87,10 @@ def _check_range_to(pipe, check: _ReadCheck, start: int, stop: int) -> None:
 def find_unreadable(
     datasets: Sequence[ImageFolderDataset], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[int, str]]:
-    """(index, error message) of each image of `datasets` that cannot be read, in index order.
+    """(index, error message) of each image of `datasets` (numbered in turn) that cannot be read.
 
-    Indices run over the datasets one after the other. Files are decoded in child processes,
-    never in this one: a decoder that crashes on a file kills a child, not the scan. What that
-    child had in hand is read again, a file per fresh process, and the file that kills its
-    process is listed as having "crashed the decoder (signal N)".
+    Decoded in child processes: a decoder crash kills a child, not the scan. What it had in hand
+    is read again, a file per process, and the file that kills one is said to crash the decoder.
     """
     check = _ReadCheck(datasets)
     bad: dict[int, str] = {}
@@ -168,12 +162,9 @@ def drop_unreadable(
     write_listing: bool,
     run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
-    """`datasets` without their unreadable images, with one warning listing what was left out.
-
-    The whole list goes to `listing_dir/skipped_images.txt` when `write_listing` (rank zero),
-    unless `listing_dir` lies inside a dataset: nothing goes among the user's images. Nothing
-    readable at all is an error (a wrong folder). `run_once`: under DDP, `data.once`.
-    """
+    """`datasets` without their unreadable images, with one warning listing what was left out,
+    all of it in `listing_dir/skipped_images.txt` with `write_listing` unless that lies inside a
+    dataset. Nothing readable at all is an error (a wrong folder). `run_once`: `data.once`."""
     scan = lambda: find_unreadable(datasets, num_workers, progress)  # noqa: E731
     bad = scan() if run_once is None else run_once(scan)
     if not bad:
