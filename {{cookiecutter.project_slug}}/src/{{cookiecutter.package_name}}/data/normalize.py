@@ -9,9 +9,7 @@ class BatchNormalizer:
     """`(x / 255 - mean) / std` for a uint8 `(N, 3, H, W)` batch, as one multiply-add per value.
 
     Images travel as uint8 (4x fewer bytes through workers, pinning and the host-to-device copy)
-    and become float only here, after the transfer: on a GPU in one fused pass, on the CPU image
-    by image on one thread (see `_cpu`).
-    """
+    and become float only here: on a GPU in one fused pass, on the CPU as `_cpu` says."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.mean = tuple(mean)
@@ -25,25 +23,18 @@ class BatchNormalizer:
         return self._cpu(images, scale[0], bias[0])
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """`scale`, `bias` with `(x / 255 - mean) / std == x * scale + bias`, once per device.
-
-        One multiply-add per value is cheaper than a subtract and a divide; building the tensors
-        once saves a host-to-device copy a batch.
-        """
+        """`scale`, `bias` with `(x / 255 - mean) / std == x * scale + bias`, made once per device
+        (no host-to-device copy a batch)."""
         if device not in self._constants:
             mean = torch.tensor(self.mean, dtype=torch.float64).view(1, 3, 1, 1)
             std = torch.tensor(self.std, dtype=torch.float64).view(1, 3, 1, 1)
             scale, bias = 1 / (255 * std), -mean / std
-            self._constants[device] = (
-                scale.to(device, torch.float32),
-                bias.to(device, torch.float32),
-            )
+            self._constants[device] = tuple(t.to(device, torch.float32) for t in (scale, bias))
         return self._constants[device]
 
     def _cpu(self, images: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        # On the CPU the loader workers are busy on the same cores: a multi-threaded conversion
-        # stalls on descheduled threads, and its idle threads spin, taking CPU from the workers.
-        # One thread avoids both.
+        # One thread: the loader workers are busy on the same cores, where a multi-threaded
+        # conversion stalls on descheduled threads and its idle threads spin, taking their CPU.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

@@ -1,9 +1,8 @@
 """Work over the whole dataset done once per job: rank zero does it, the other ranks receive it.
 
-Listing the folders, reading the labels CSV, the cache key's `stat` of every file and the scan
-for unreadable images would otherwise run on every rank at once, on the same (often shared) file
-system. The others wait as long as rank zero works (a scan of millions of files can take hours),
-not the collective timeout: the result comes through a gloo group of its own, whose timeout is
+Listing folders, reading the CSV, the cache key's `stat`s and the unreadable-image scan would
+otherwise run on every rank at once, on the same (often shared) file system. The others wait as
+long as rank zero works (a scan can take hours): through a gloo group of its own, timeout
 `_WAIT`; a rank zero that fails says so, and one that dies closes its connections.
 """
 
@@ -23,10 +22,7 @@ _WAIT = timedelta(days=7)  # how long the other ranks wait for rank zero's work
 
 def once(trainer, compute: Callable[[], T]) -> T:
     """`compute()` on global rank zero, its result (or its `DataError`) broadcast to every rank.
-
-    Without a Trainer or with one process, just `compute()`. Every rank must call it, in the same
-    order: it is a collective operation.
-    """
+    A collective: every rank must call it, in the same order (one process: just `compute()`)."""
     if trainer is None or trainer.world_size <= 1:
         return compute()
     group = _patient_group()

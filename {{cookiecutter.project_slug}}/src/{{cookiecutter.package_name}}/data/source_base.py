@@ -1,7 +1,5 @@
 """The `Source` interface (`sources.py` has the sources) and what every source builds with:
-the datasets of evaluation and prediction, the skipping of unreadable images, and each
-DataLoader's placement (pinned memory on CUDA, a rank's share under DDP).
-"""
+evaluation datasets, the skipping of unreadable images, each DataLoader's placement."""
 
 from __future__ import annotations
 
@@ -27,11 +25,9 @@ ImageDataModule = L.LightningDataModule
 
 
 class Source(ABC):
-    """Where the images of a run come from.
+    """Where the images of a run come from; `data` in each method is the `ImageDataModule`.
 
-    `data` in each method is the `ImageDataModule` (its trainer, image size, classes, batch size
-    and worker count). Each option is kept under its own name: `config()` reads them back.
-    """
+    Each option is kept under its own name: `config()` reads them back."""
 
     skip_bad_images: bool = False  # also what a `predict_root` folder does with unreadable images
 
@@ -70,15 +66,12 @@ class Source(ABC):
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
         """The DataLoader of `dataset`: each process reads its own share of each epoch."""
         workers = data.resolve_num_workers()
-        seed = data.seed
-        return make_loader(
-            dataset, data.batch_size, workers, train=train, seed=seed, **placement(data)
-        )
+        options = {"train": train, "seed": data.seed, **placement(data)}
+        return make_loader(dataset, data.batch_size, workers, **options)
 
 
 def predict_folder(data: ImageDataModule, folder: Path) -> ImageFolderDataset:
-    """Every image below `folder`, for `predict`; unreadable ones left out where the source
-    skips them."""
+    """The images below `folder`, for `predict`; unreadable ones skipped as the source says."""
     predict = eval_dataset(data, once(data.trainer, partial(unlabelled_folder, folder)))
     return skip_unreadable(data, predict)[0] if data.source.skip_bad_images else predict
 
@@ -91,18 +84,15 @@ def eval_dataset(data: ImageDataModule, index: ImageIndex) -> ImageFolderDataset
 def skip_unreadable(data: ImageDataModule, *datasets: ImageFolderDataset) -> list:
     trainer = data.trainer
     writer = trainer is None or trainer.is_global_zero
-    workers = data.resolve_num_workers()
-    return drop_unreadable(
-        datasets, workers, writer, data.log_dir(), writer, partial(once, trainer)
-    )
+    options = (data.resolve_num_workers(), writer, data.log_dir(), writer, partial(once, trainer))
+    return drop_unreadable(datasets, *options)
 
 
 def placement(data: ImageDataModule) -> dict:
     """Pinned memory on CUDA; each rank's share of the dataset under DDP."""
     trainer = data.trainer
-    options = {
-        "pin_memory": trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
-    }
+    on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
+    options = {"pin_memory": on_cuda}
     if trainer is not None and trainer.world_size > 1:
         options["shard"] = (trainer.global_rank, trainer.world_size)
     return options

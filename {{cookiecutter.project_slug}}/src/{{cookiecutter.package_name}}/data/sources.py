@@ -287,13 +287,11 @@ class Shards(Source):
         if isinstance(dataset, ImageFolderDataset):  # a `--data.predict_root` folder
             return super().loader(data, dataset, train)
         # LitData splits each epoch between the processes itself.
-        trainer = data.trainer
-        processes = trainer.world_size if trainer is not None else 1
+        processes = data.trainer.world_size if data.trainer is not None else 1
         on_cuda = placement(data)["pin_memory"]
         workers = data.resolve_num_workers()
-        return require_shards().streaming_loader(
-            dataset, data.batch_size, workers, on_cuda, processes
-        )
+        shards = require_shards()
+        return shards.streaming_loader(dataset, data.batch_size, workers, on_cuda, processes)
 
 
 def require_shards(needed_by: str = "--data.source Shards"):
