@@ -20,11 +20,8 @@ _SIZE = (192, 144)  # width, height: a small photo
 
 
 def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_CLASS) -> Path:
-    """Create the demo dataset under `root` unless it is already there; return `root`.
-
-    The images are written to a temporary folder beside `root` and renamed into place, so that
-    processes starting together (DDP ranks, torchrun nodes on one machine) never see half a dataset.
-    """
+    """Create the demo dataset under `root` unless it is there, in a staging folder renamed into
+    place: processes starting together (DDP ranks) never see half a dataset. Returns `root`."""
     root = Path(root)
     if (root / ".complete").exists():
         return root
@@ -37,8 +34,7 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
         for label, name in enumerate(DEMO_CLASSES):
             (staging / name).mkdir()
             for i in range(images_per_class):
-                image = _draw(label, rng)
-                image.save(staging / name / f"{name}_{i:04d}.jpg", quality=90)
+                _draw(label, rng).save(staging / name / f"{name}_{i:04d}.jpg", quality=90)
         # The same images as one folder plus a labels CSV: the `LabelsCsv` source layout.
         with open(staging / "labels.csv", "w", encoding="utf-8", newline="") as labels:
             labels.write("filename,label\n")

@@ -49,9 +49,7 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
     1/4 or 1/8 scale in libjpeg's DCT domain, far less work than a full decode and resize.
     `approximate` (training): libjpeg-turbo's fast IDCT and chroma upsampling, pixels a level or
     so off the exact decode, far less than random crops change; evaluation and the cache are exact.
-
-    Raises:
-        DataError: naming the file, when it cannot be decoded or exceeds `MAX_IMAGE_PIXELS`.
+    Raises a DataError naming the file when it cannot be decoded or exceeds `MAX_IMAGE_PIXELS`.
     """
     try:
         with open(path, "rb") as file:
@@ -145,14 +143,8 @@ def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
 def _decode_jpeg(data: bytes, fast: bool, min_size: int = 0) -> np.ndarray:
     """(H, W, 3) pixels from libjpeg-turbo; ValueError on any damage, even recoverable. `fast`:
     the fast IDCT and upsampling; `min_size`: the smallest n/8 scale with both sides >= it."""
-    return simplejpeg.decode_jpeg(
-        data,
-        colorspace="RGB",
-        fastdct=fast,
-        fastupsample=fast,
-        min_height=min_size,
-        min_width=min_size,
-    )
+    sizes = {"min_height": min_size, "min_width": min_size}
+    return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast, **sizes)
 
 
 def _decode_jpeg_reduced(data: bytes, scale: float) -> torch.Tensor:

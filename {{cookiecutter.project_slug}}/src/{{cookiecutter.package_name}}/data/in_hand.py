@@ -1,9 +1,8 @@
 """FilesInHand: which file each loader worker is reading, kept where the main process can see it.
 
-When a worker dies (a decoder crashing on a damaged file, the kernel's out-of-memory killer),
-PyTorch's DataLoader can only say "worker (pid N) is killed by signal". Each worker writes
-"pid, path" into its own slot of a small shared-memory array before it reads a file and clears it
-after; the main process then names the file that the dead worker had in hand.
+When a worker dies (a decoder crash, the out-of-memory killer), PyTorch's DataLoader says only
+"worker (pid N) is killed by signal"; with each worker's "pid, path" in its slot of a shared-memory
+array while it reads, the main process can name the file the dead worker had in hand.
 """
 
 from __future__ import annotations
@@ -77,10 +76,8 @@ def worker_death_message(error: BaseException) -> str | None:
     pids = {int(p) for p in re.findall(r"\d+", match.group(1))}
     files = sorted({f for tracker in list(_LIVE) for f in tracker.files_of(pids)})
     how = text[match.start() :].split(". ")[0].rstrip(".")
-    if files:
-        what = f"while reading {', '.join(files)}"
-    else:
-        what = "(the file it was reading is not known: it may have run out of memory)"
+    unknown = "(the file it was reading is not known: it may have run out of memory)"
+    what = f"while reading {', '.join(files)}" if files else unknown
     package = __name__.split(".")[0]
     return (
         f"a data loader worker died ({how}) {what}; list every file that cannot be read with "

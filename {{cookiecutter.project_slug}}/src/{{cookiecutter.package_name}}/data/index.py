@@ -37,15 +37,15 @@ class ImageIndex:
         return ImageIndex(self.root, self.paths[keep], targets)
 
 
+@dataclass(eq=False)
 class FolderLabels:
     """`root/<class>/<image>`: an image's class is the name of its folder. Validation and test
     folders (`role`) must name training classes; `reading`: how CSVs beside them read labels."""
 
-    def __init__(self, root: Path, option: str, role: str, reading: str) -> None:
-        self.root = root
-        self.option = option
-        self.role = role
-        self.reading = reading
+    root: Path
+    option: str
+    role: str
+    reading: str
 
     def class_names(self) -> list[str]:
         return find_classes(self.root, self.option)

@@ -27,27 +27,18 @@ _SHOWN = 5  # how many offending rows an error message lists
 LABEL_KINDS = ("auto", "index", "name")
 
 
+@dataclass(eq=False)
 class CsvLabels:
     """One image folder `root` and a CSV naming each file (relative to `root`) and its label, read
     as `kind` says (training) or as the training source it `follows` reads them."""
 
-    def __init__(
-        self,
-        root: Path,
-        csv_file: Path,
-        columns: tuple[str, str],
-        option: str,
-        role: str,
-        kind: str = "auto",
-        follows: FolderLabels | CsvLabels | None = None,
-    ) -> None:
-        self.root = root
-        self.csv_file = csv_file
-        self.columns = columns
-        self.option = option
-        self.role = role
-        self.kind = kind
-        self.follows = follows
+    root: Path
+    csv_file: Path
+    columns: tuple[str, str]
+    option: str
+    role: str
+    kind: str = "auto"
+    follows: FolderLabels | CsvLabels | None = None
 
     @cached_property
     def table(self) -> LabelsTable:
