@@ -9,10 +9,7 @@ The folder's name hashes the stored size and the file list with each file's size
 and ctime (`key="stat"`): `st_ctime` cannot be set back, so even a rewrite that `cp -p` or
 `touch -d` dates back is seen (only a same-size one within a clock tick is not; hashing the bytes
 would read the whole dataset at each start). `key="mtime"` leaves out inodes and ctimes, which
-are new at each copy of a dataset to node-local scratch.
-
-One process builds a missing cache under its lock held exclusively; the others wait, then read it
-under the lock held shared (`cache_dirs.py`).
+are new at each copy of a dataset to node-local scratch. Locks and pruning: `cache_dirs.py`.
 """
 
 from __future__ import annotations
@@ -49,9 +46,8 @@ _PROBE = 64  # images decoded before the disk space the whole cache needs is est
 
 
 class PixelCache:
-    """Read access to one built cache folder; each worker opens the memmap itself, on first use.
-
-    `reading`, the lock file held shared while this object lives, keeps builds from removing it."""
+    """Read access to one built cache folder (each worker opens the memmap on first use); its
+    `reading` lock file, held shared while it lives, keeps builds from removing the cache."""
 
     def __init__(self, folder: Path, reading: IO | None = None) -> None:
         self.folder = Path(folder)
@@ -121,11 +117,9 @@ def cached(
     """`datasets` served from their pre-decoded cache under `cache_dir`, built first if missing.
 
     Args:
-        size: the short side images are stored at (smaller images are stored as they are).
         everything: the datasets whose files the cache covers (before the split and the skip);
             default `datasets`. One cache per folder (`root`).
         skip_unreadable: store unreadable files as empty entries (left out of `datasets`).
-        keep: how many caches of `cache_dir` to keep, newest first, after a build; 0: all.
         run_once: runs the key's `stat` of every file: under DDP, `data.once`.
         num_workers: decoding processes; default one per usable CPU: the machine's other
             training processes wait for the build anyway.

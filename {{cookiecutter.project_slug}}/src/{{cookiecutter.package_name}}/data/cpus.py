@@ -38,12 +38,10 @@ def _bound_to_own_cpus(cpus: int) -> bool:
 
 
 def cgroup_cpu_limit() -> float | None:
-    """CPUs' worth of time per second that this process's cgroups allow; None when unlimited.
-
-    The tightest v2 `cpu.max` or v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us` of its cgroup and its
-    parents. In a container the path /proc/self/cgroup names may be missing under the mount: the
-    folders on the way up that exist are read, the root (the container's own limit) last.
-    """
+    """CPUs' worth of time per second that this process's cgroups allow (None: unlimited): the
+    tightest v2 `cpu.max` or v1 `cpu.cfs_quota_us` of its cgroup and parents. In a container the
+    path /proc/self/cgroup names may be missing: the folders on the way up that exist are read,
+    the root (the container's own limit) last."""
     try:
         lines = PROC_CGROUP.read_text().splitlines()
     except OSError:  # not Linux

@@ -25,8 +25,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 class ImageDataModule(L.LightningDataModule):
     """Images from a source (class folders by default; else the demo set), as uint8 batches.
 
-    The source gives classes, datasets and loaders; batches become normalised float on the device.
-
     Args:
         source: `ClassFolders` (the default), `LabelsCsv` or `Shards`, each with its own options
             (`--data.source.help LabelsCsv` lists them). Unset: the generated demo set.

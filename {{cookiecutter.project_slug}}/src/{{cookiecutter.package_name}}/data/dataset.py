@@ -19,12 +19,8 @@ from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 class ImageFolderDataset(Dataset):
     """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
 
-    Paths and targets are numpy arrays, which forked workers share (`index.ImageIndex`); nothing
-    is opened before `__getitem__`, so the dataset pickles cheaply for `spawn` workers.
-
-    Items are `(uint8 image (3, H, W), target)`, or `(image, index)` when there are no targets.
-    `min_size` and `approximate_decode` are `read_image`'s `min_size` and `approximate`.
-    """
+    Items are `(uint8 image (3, H, W), target)`, or `(image, index)` without targets. Nothing is
+    opened before `__getitem__`: the dataset pickles cheaply for `spawn` workers."""
 
     def __init__(
         self,

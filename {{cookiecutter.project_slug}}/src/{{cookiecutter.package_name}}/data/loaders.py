@@ -98,10 +98,8 @@ class EvalShardSampler(DistributedSampler):
 
 
 class EpochShuffle(DistributedSampler):
-    """This rank's share of one shuffle of the training images, seeded by (seed, epoch).
-
-    Each index is a `Draw`, with its augmentation's seed. `resume_at(n)` starts the next pass at
-    this rank's n-th image, for `training.resume.ResumeInEpoch`."""
+    """This rank's share of one shuffle of the training images, seeded by (seed, epoch), each index
+    a `Draw`; `resume_at(n)` starts the next pass at this rank's n-th image (`ResumeInEpoch`)."""
 
     def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1) -> None:
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)

@@ -1,9 +1,8 @@
 """Work over the whole dataset done once per job: rank zero does it, the other ranks receive it.
 
-Listing folders, reading the CSV, the cache key's `stat`s and the unreadable-image scan would
-otherwise run on every rank at once, on the same (often shared) file system. The others wait as
-long as rank zero works (a scan can take hours): through a gloo group of its own, timeout
-`_WAIT`; a rank zero that fails says so, and one that dies closes its connections.
+Listing, CSV reading, the cache key's `stat`s and the unreadable-image scan would otherwise hit
+the same (often shared) file system from every rank. The others wait as long as rank zero works
+(a scan can take hours), in a gloo group of their own (timeout `_WAIT`); it tells them if it fails.
 """
 
 from __future__ import annotations

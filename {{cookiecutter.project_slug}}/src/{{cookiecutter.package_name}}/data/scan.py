@@ -88,10 +88,8 @@ def find_unreadable(
     datasets: Sequence[ImageFolderDataset], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[int, str]]:
     """(index, error message) of each image of `datasets` (numbered in turn) that cannot be read.
-
-    Decoded in child processes: a decoder crash kills a child, not the scan. What it had in hand
-    is read again, a file per process, and the file that kills one is said to crash the decoder.
-    """
+    Decoded in child processes: a decoder crash kills a child, not the scan; what it had in hand
+    is read again, a file per process, and the file that kills one is said to crash the decoder."""
     check = _ReadCheck(datasets)
     bad: dict[int, str] = {}
     bar = tqdm(total=len(check), desc="scanning images", unit="img", disable=not progress or None)

@@ -42,10 +42,8 @@ def read_meta(url: str) -> dict | None:
 class StreamedImages(litdata.StreamingDataset):
     """One split of shards, decoded and transformed as `ImageFolderDataset` does: items are
     `(uint8 image (3, H, W), label)`, or `(image, index, relative path)` for a `predict` split.
-
     Under DDP, LitData gives each process whole batches: training drops the leftover images (at
-    most a batch per process); evaluation gives them to the last process, so each is seen once.
-    """
+    most a batch per process); evaluation gives them to the last process, so each is seen once."""
 
     def __init__(
         self,

@@ -199,8 +199,8 @@ class ClassFolders(ImageFiles):
         balance_classes: draw training images with a weighted sampler, each class equally often.
         skip_bad_images: decode every image at setup and leave out, with a warning, those that
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
-        cache: "memmap" decodes every image once into a uint8 file under `--data.cache_dir`,
-            read by later epochs and runs: a speed switch only (docs/performance.md).
+        cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
+            later epochs and runs read instead: a speed switch only (docs/performance.md).
         cache_keep: how many caches of this dataset to keep, newest first; 0 keeps them all.
         cache_key: "stat" sees any rewrite; "mtime" suits datasets copied to scratch at each job.
     """

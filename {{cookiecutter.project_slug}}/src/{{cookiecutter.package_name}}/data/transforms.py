@@ -16,12 +16,9 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 
 class Draw(int):
-    """A training image's index that also carries the seed of its crop and flip.
-
-    `loaders.EpochShuffle` makes it from (seed, epoch, place in the epoch's order): augmentation
-    differs for every draw, and repeats for the same seed and process count with any number of
-    workers, also resumed mid-epoch. An int, so whatever indexes with it needs no change.
-    """
+    """A training image's index (an int) that also carries the seed of its crop and flip, made by
+    `loaders.EpochShuffle` from (seed, epoch, place in the epoch's order): augmentation repeats
+    for the same seed and process count with any number of workers, also resumed mid-epoch."""
 
     seed: int
 
@@ -86,10 +83,8 @@ def train_transform(image_size: int, augment: Augment | None = None) -> RandomRe
 class RandomResizedCropFlip:
     """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)` then `v2.RandomHorizontalFlip()`.
 
-    Written out, same sampling and resize kernel, because v2's per-call overhead costs more than
-    the resize on a worker's small images. Draws from `random`, seeded per `Draw`; the `extra`
-    transforms run under a torch seed drawn from it, so they too repeat for the same draw.
-    """
+    Written out (same sampling and kernel): v2's per-call overhead costs more than the resize on
+    small images. Draws from `random`, seeded per `Draw`, as does the torch seed of `extra`."""
 
     def __init__(
         self,
