@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from lightning.pytorch.utilities import rank_zero_warn
 
 from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -56,6 +55,9 @@ class FolderLabels:
         if self.role == "training":
             ignored = sorted(set(folders) - set(class_to_idx))
             if ignored:
+                # Imported here: `infer` lists images with this module and imports no Lightning.
+                from lightning.pytorch.utilities import rank_zero_warn
+
                 rank_zero_warn(
                     f"--data.class_names leaves out {len(ignored)} class folders of {self.root}, "
                     f"which are not used: {', '.join(ignored)}"
