@@ -41,10 +41,15 @@ RUNS = {
     "+ augment.erasing 0.25": ["--data.augment.erasing", "0.25"],
     "+ label_smoothing 0.1": ["--model.label_smoothing", "0.1"],
     "+ mixup 0.2 / cutmix 1.0": ["--model.mixup_alpha", "0.2", "--model.cutmix_alpha", "1.0"],
-    "+ EMA 0.99": [
+    "+ EMA 0.99 (Lightning's)": [
         "--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging",
         "--trainer.callbacks.decay",
         "0.99",
+    ],
+    "+ EMAWeights 0.998": [
+        "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights",
+        "--trainer.callbacks.decay",
+        "0.998",
     ],
     "+ batch_size 16": ["--data.batch_size", "16"],
     "+ tta_flip": ["--model.tta_flip", "true"],

@@ -16,9 +16,10 @@ from conftest import tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import load_for_export
+from {{ cookiecutter.package_name }}.training.ema import warmed_up_ema
 
 RECIPES = Path(__file__).parents[1] / "configs" / "recipes"
-EMA = "lightning.pytorch.callbacks.EMAWeightAveraging"
+EMA = "{{ cookiecutter.package_name }}.training.ema.EMAWeights"
 
 
 def command(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -88,7 +89,8 @@ def test_readme_finetune_command_trains_from_a_hub_cache(image_root: Path, tmp_p
 
 @pytest.mark.slow
 def test_ema_weights_are_checkpointed_exported_and_resumed(image_root: Path, tmp_path: Path):
-    """With Lightning's EMAWeightAveraging, `last.ckpt` holds the average as the model's weights
+    """With EMAWeights (on Lightning's weight averaging), `last.ckpt` holds the average as the
+    model's weights
     (the raw ones beside it), export writes the average, and a resumed run restores it."""
     ema = [f"--trainer.callbacks+={EMA}", "--trainer.callbacks.decay", "0.9"]
     command("fit", *short_run(image_root, *ema, "--run", "ema"), cwd=tmp_path)
@@ -110,6 +112,14 @@ def test_ema_weights_are_checkpointed_exported_and_resumed(image_root: Path, tmp
     assert any(
         not torch.equal(resumed["state_dict"][k], resumed["current_model_state"][k]) for k in differ
     )
+
+
+def test_the_ema_decay_warms_up() -> None:
+    """Early updates follow the weights (the n-th at (1 + n) / (10 + n)); late ones at `decay`."""
+    average, current = torch.zeros(1), torch.ones(1)
+    assert warmed_up_ema(0.999, average, current, torch.tensor(1)).item() == pytest.approx(9 / 11)
+    late = warmed_up_ema(0.999, average, current, torch.tensor(10**6)).item()
+    assert late == pytest.approx(0.001)
 
 
 def val_loss(output: str) -> float:

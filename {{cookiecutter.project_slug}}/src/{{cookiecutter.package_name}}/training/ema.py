@@ -1,0 +1,39 @@
+"""EMAWeights: an exponential moving average of the weights whose decay warms up, on Lightning's
+weight averaging."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from lightning.pytorch.callbacks import WeightAveraging
+from torch import Tensor
+
+from {{ cookiecutter.package_name }}.errors import DataError
+
+
+class EMAWeights(WeightAveraging):
+    """The average of the weights and BatchNorm statistics, updated after every optimizer step.
+
+    Lightning's `WeightAveraging` does the rest: validation runs on the average, checkpoints hold
+    it as the model's weights (so `predict` and `export` use it) with the raw ones beside them, and
+    `--ckpt_path` resumes both. Ours rather than Lightning's `EMAWeightAveraging` for one reason:
+    its decay is the same from the first step, so a run shorter than its window (1 / (1 - decay)
+    steps) averages in much of the random start and can score far below the raw weights
+    (docs/training.md, "Recipes measured"). Here the n-th update uses min(decay, (1 + n) /
+    (10 + n)), the warm-up of timm's EMA: the window grows with the run, up to 1 / (1 - decay).
+    """
+
+    def __init__(self, decay: float = 0.999) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise DataError(f"EMAWeights decay must be in [0, 1), got {decay}")
+        super().__init__(use_buffers=True, avg_fn=partial(warmed_up_ema, decay))
+        self.decay = decay
+
+
+@torch.no_grad()
+def warmed_up_ema(decay: float, average: Tensor, current: Tensor, num_averaged: Tensor) -> Tensor:
+    """The n-th update of the average (n = `num_averaged`, from 1), at the warmed-up decay."""
+    n = float(num_averaged)
+    rate = min(decay, (1 + n) / (10 + n))
+    return rate * average + (1 - rate) * current
