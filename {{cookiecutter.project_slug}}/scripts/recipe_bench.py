@@ -147,6 +147,7 @@ def main() -> None:
         for name, options in (
             ("default, random weights", []),
             ("default, --model.weights", ["--model.weights", weights]),
+            ("scratch.yaml, random weights", ["--config", str(RECIPES / "scratch.yaml")]),
             ("scratch.yaml, --model.weights", ["--config", str(RECIPES / "scratch.yaml"),
                                                "--model.weights", weights]),
             # the fine-tuning preset on the same weights (no published ones fit digits)
