@@ -214,8 +214,9 @@ class LabelsCsv(ImageFiles):
         root: the folder the CSV's file names are relative to; unset: the CSV's folder.
         filename_column: the CSV column with the file names.
         label_column: the CSV column with the labels (class names or indices).
-        label_kind: "index" or "name"; "auto" reads indices only when the training labels are
-            exactly 0..K-1 (ASCII, no leading zeros). Validation and test CSVs read alike.
+        label_kind: "index" reads labels as class indices, "name" as class names; "auto" reads
+            indices only when the training labels are exactly 0..K-1 (ASCII, no leading zeros).
+            Validation and test CSVs are read as the training labels are.
     """
 
     def __init__(
