@@ -57,8 +57,7 @@ class ImageFolderDataset(Dataset):
         return read_image(self.path(index), self.min_size, self.approximate_decode)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        # Named in shared memory while it is read, so that a worker killed by a decoder crash
-        # can be reported with the file (`in_hand.worker_death_message`).
+        # Named in shared memory while read: a worker's death can name it (`in_hand.py`).
         self.in_hand.enter(self.path(index))
         try:
             image = self.read(index)
