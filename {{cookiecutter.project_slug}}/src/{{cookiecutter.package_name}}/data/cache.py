@@ -62,9 +62,8 @@ class PixelCache:
         return {**self.__dict__, "_pixels": None, "_reading": None}
 
     def image(self, position: int) -> torch.Tensor:
-        """Image `position` as a (3, H, W) view of the memmap (no copy).
-
-        Stored channels last, as decoded: torch's uint8 resize runs on that layout directly."""
+        """Image `position` as a (3, H, W) view of the memmap (no copy), stored channels last as
+        decoded: torch's uint8 resize runs on that layout directly."""
         if self._pixels is None:
             # Copy-on-write mapping: writable for torch.from_numpy, never written back to the file.
             self._pixels = np.load(self.folder / "pixels.npy", mmap_mode="c")
@@ -250,8 +249,7 @@ class _Decoded(Dataset):
         if scale < 1:  # never enlarge: a small image is stored as it is
             shape = (max(1, round(height * scale)), max(1, round(width * scale)))
             image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
-        # (H, W, 3) bytes: through the worker's pipe, cheaper than a tensor's shared-memory file
-        # and socket handshake per image.
+        # (H, W, 3) bytes through the worker's pipe: cheaper than a tensor's shared-memory handoff.
         return image.permute(1, 2, 0).numpy().tobytes(), image.shape[-2], image.shape[-1]
 
 
