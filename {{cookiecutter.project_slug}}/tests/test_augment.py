@@ -8,7 +8,12 @@ import random
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.data.transforms import Augment, Draw, seed_augmentation, train_transform
+from {{ cookiecutter.package_name }}.data.transforms import (
+    Augment,
+    Draw,
+    seed_augmentation,
+    train_transform,
+)
 from {{ cookiecutter.package_name }}.errors import DataError
 
 

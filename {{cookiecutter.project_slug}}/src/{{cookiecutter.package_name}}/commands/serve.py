@@ -1,6 +1,7 @@
 """Serve an exported model over HTTP with LitServe: POST an image, get its top classes as JSON.
 
-`python -m {{ cookiecutter.package_name }} serve --model model.pt2 [--port 8000]` (`--help`: the other options)
+`python -m {{ cookiecutter.package_name }} serve --model model.pt2 [--port 8000]`
+(`--help`: the other options)
 
 `POST /predict` takes one image, as the body or the file of a multipart form, and answers
 `infer`'s top classes for the same file: the model's metadata gives the class names and image
