@@ -89,9 +89,8 @@ class ImageCLI(LightningCLI):
             _follow_pretrained_inputs(config, typed)
 
     def _parse_ckpt_path(self) -> None:
-        """LightningCLI's: the checkpoint's model options replace those given. Then the given
-        options that say how a model is run, not what it learnt (`FREE_ON_RESUME`: `tta_flip`,
-        `compile`, ...), are put back: `validate --ckpt_path X --model.tta_flip true` flips."""
+        """LightningCLI's (the checkpoint's model options over those given), then the given run
+        options put back (`FREE_ON_RESUME`: `--model.tta_flip true` with `--ckpt_path` flips)."""
         super()._parse_ckpt_path()
         if not self.config.get("subcommand"):
             return
@@ -178,9 +177,7 @@ class ImageCLI(LightningCLI):
 
 
 def _follow_pretrained_inputs(config, typed) -> None:
-    """`--model.pretrained`: the image size and normalisation the weights were trained with,
-    for the data options not given (the model's copies, linked, go into checkpoints and exports).
-    """
+    """`--model.pretrained`: the weights' image size and normalisation, where not given."""
     if not config.model.pretrained:
         return
     inputs = pretrained_inputs(config.model.architecture)
