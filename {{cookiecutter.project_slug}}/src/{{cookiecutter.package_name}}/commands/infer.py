@@ -37,7 +37,7 @@ from torch import Tensor
 from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS, read_image
 from {{ cookiecutter.package_name }}.data.index import list_images
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
-from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.errors import DataError, one_line
 from {{ cookiecutter.package_name }}.training.outputs import check_output, starts_with_line
 
 HEADER = ["path", "label", "probability", "top_k"]  # predict's columns (training/predictions.py)
@@ -109,7 +109,7 @@ def _load_pt2(path: Path, where: str) -> ExportedModel:
         with open(path, "rb") as file:  # a file, not a name: torch warns about other suffixes
             program = torch.export.load(file, extra_files=extra)
     except Exception as err:  # whatever torch.export makes of a damaged archive
-        raise DataError(f"{where} could not be loaded by torch.export: {_one_line(err)}") from err
+        raise DataError(f"{where} could not be loaded by torch.export: {one_line(err)}") from err
     return ExportedModel(program.module(), _metadata(extra[METADATA_FILE], where))
 
 
@@ -118,7 +118,7 @@ def _load_torchscript(path: Path, where: str) -> ExportedModel:
     try:
         module = torch.jit.load(path, map_location="cpu", _extra_files=extra)
     except Exception as err:
-        raise DataError(f"{where} could not be loaded as TorchScript: {_one_line(err)}") from err
+        raise DataError(f"{where} could not be loaded as TorchScript: {one_line(err)}") from err
     return ExportedModel(module, _metadata(extra[METADATA_FILE], where))
 
 
@@ -132,7 +132,7 @@ def _load_onnx(path: Path, where: str) -> ExportedModel:
     try:
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own error types, one per kind of damage
-        raise DataError(f"{where} could not be loaded by onnxruntime: {_one_line(err)}") from err
+        raise DataError(f"{where} could not be loaded by onnxruntime: {one_line(err)}") from err
     text = session.get_modelmeta().custom_metadata_map.get(METADATA_FILE, "")
     input_name = session.get_inputs()[0].name
 
@@ -284,8 +284,3 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text if len(text) <= 200 else text[:197] + "..."

@@ -18,7 +18,7 @@ import torch
 from jsonargparse import ArgumentError, ArgumentParser
 from torch import Tensor
 
-from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.errors import DataError, one_line
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 
 # What LightningCLI saves beside the arguments as `_instantiator`: a function that Lightning's
@@ -81,7 +81,7 @@ def _read(path: str | Path, resume: bool, option: str) -> tuple[dict, ImageClass
             f"refused without running it"
         ) from err
     except (RuntimeError, OSError, EOFError, ValueError) as err:
-        raise DataError(f"{where} could not be read as a checkpoint: {_one_line(err)}") from err
+        raise DataError(f"{where} could not be read as a checkpoint: {one_line(err)}") from err
     hparams = _check_contents(checkpoint, where, resume)
     model = _build(hparams, where)
     _load_weights(model, checkpoint["state_dict"], where)
@@ -138,7 +138,7 @@ def _check_contents(checkpoint: object, where: str, resume: bool) -> dict:
             isinstance(instantiator, str) and instantiator == _CLI_INSTANTIATOR
         ):
             raise DataError(
-                f"{where} names {_one_line(repr(instantiator), 80)} in its {part} as the function "
+                f"{where} names {one_line(repr(instantiator), 80)} in its {part} as the function "
                 f"to build with, not LightningCLI's: refused, as loading would call it"
             )
     hparams = {key: value for key, value in hparams.items() if key != "_instantiator"}
@@ -163,7 +163,7 @@ def _check_contents(checkpoint: object, where: str, resume: bool) -> dict:
         parser.parse_object(hparams)
     except ArgumentError as err:
         raise DataError(
-            f"{where} has hyper_parameters ImageClassifier does not accept: {_one_line(err)}"
+            f"{where} has hyper_parameters ImageClassifier does not accept: {one_line(err)}"
         ) from err
     if resume and "optimizer_states" not in checkpoint:
         raise DataError(
@@ -180,7 +180,7 @@ def _build(hparams: dict, where: str) -> ImageClassifier:
         return ImageClassifier(**arguments)
     except Exception as err:  # the values came from the file: whatever they break is its fault
         raise DataError(
-            f"{where} has hyper_parameters that build no network: {_one_line(err)}"
+            f"{where} has hyper_parameters that build no network: {one_line(err)}"
         ) from err
 
 
@@ -209,7 +209,7 @@ def _load_weights(model: ImageClassifier, state: dict, where: str) -> None:
     try:
         model.load_state_dict(state)
     except (RuntimeError, TypeError) as err:
-        raise DataError(f"{where} has weights that do not load: {_one_line(err)}") from err
+        raise DataError(f"{where} has weights that do not load: {one_line(err)}") from err
 
 
 def _shape(value: object) -> tuple[int, ...] | str:
@@ -223,7 +223,7 @@ def _refused(err: pickle.UnpicklingError) -> str:
     if found:
         return f"it calls {found.group(1)}"
     reason = text.rsplit("WeightsUnpickler error:", 1)[-1] if "WeightsUnpickler" in text else text
-    return _one_line(reason)
+    return one_line(reason)
 
 
 def _describe(head: bytes) -> str:
@@ -236,12 +236,6 @@ def _describe(head: bytes) -> str:
     if first_line and first_line.isprintable():
         return f"is text beginning {first_line[:40]!r}"
     return "is of another kind"
-
-
-def _one_line(err: BaseException | str, limit: int = 200) -> str:
-    """A foreign error message on one line (torch's run over several), cut to `limit`."""
-    text = " ".join(str(err).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _preview(names: list[str], limit: int = 6) -> str:

@@ -10,12 +10,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.model.pretrained import (
-    _first_line,
-    timm_network,
-    torchvision_pretrained,
-)
+from {{ cookiecutter.package_name }}.errors import DataError, one_line
+from {{ cookiecutter.package_name }}.model.pretrained import timm_network, torchvision_pretrained
 
 COMPACT = "compact_resnet"
 
@@ -165,7 +161,7 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
             f'--model.weights {path}: reading .safetensors needs pip install ".[timm]" ({err})'
         ) from err
     except Exception as err:  # whatever the file is, it is not weights we can read
-        raise DataError(f"--model.weights {path} holds no weights: {_first_line(err)}") from err
+        raise DataError(f"--model.weights {path} holds no weights: {one_line(err)}") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):  # our checkpoint
         prefix = "net."
         state = {

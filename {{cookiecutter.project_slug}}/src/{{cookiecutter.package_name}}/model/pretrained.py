@@ -11,7 +11,7 @@ import torch
 import torchvision
 from torch import nn
 
-from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.errors import DataError, one_line
 
 TIMM_PREFIX = "timm/"  # as the Hugging Face hub names timm's weights: timm/convnext_nano.in12k
 
@@ -59,7 +59,7 @@ def timm_network(
             raise
         raise DataError(
             f"--model.pretrained: the weights of {name} are not in the Hugging Face cache "
-            f"{_hub_cache()} and could not be downloaded ({_first_line(err)}); run once with "
+            f"{_hub_cache()} and could not be downloaded ({one_line(err)}); run once with "
             f"network access, point HF_HOME at a cache that has them, or give a file with "
             f"--model.weights PATH"
         ) from err
@@ -95,7 +95,7 @@ def torchvision_pretrained(architecture: str) -> nn.Module:
         name = os.path.basename(weights.url)
         raise DataError(
             f"--model.pretrained: the weights of {architecture} ({name}) are not in torch's hub "
-            f"folder {folder} and could not be downloaded ({_first_line(err)}); run once with "
+            f"folder {folder} and could not be downloaded ({one_line(err)}); run once with "
             f"network access, set TORCH_HOME, or give a file with --model.weights PATH"
         ) from err
 
@@ -113,7 +113,3 @@ def pretrained_inputs(architecture: str) -> tuple[int, tuple, tuple] | None:
     if config is None:
         return None
     return int(config.input_size[-1]), tuple(config.mean), tuple(config.std)
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
