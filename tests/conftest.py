@@ -89,22 +89,29 @@ def cookiecutter_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+PTH = "shared-packages.pth"
+
+
 def venv_python(folder: Path) -> Path:
     return folder / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
 
 
 def new_venv(folder: Path, cwd: Path, beside: Path | None = None) -> Path:
-    """A new virtual environment in `folder`; returns its Python. With `beside` (another venv made
-    here), that venv's packages are importable too, after this one's own: pip finds what is
-    installed there and installs only the rest, so torch is installed once for all bakes."""
+    """A new virtual environment in `folder`; returns its Python. With `beside` (another venv),
+    that venv's packages are importable too, after this one's own, and those it sees beside
+    itself: pip finds what is installed there and installs only the rest, so torch is installed
+    once for all bakes."""
     run(sys.executable, "-m", "venv", str(folder), cwd=cwd)
     python = venv_python(folder)
     if beside is not None:
         ask = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
         own, shared = (
-            run(str(p), "-c", ask, cwd=cwd).stdout.strip() for p in (python, venv_python(beside))
+            Path(run(str(p), "-c", ask, cwd=cwd).stdout.strip())
+            for p in (python, venv_python(beside))
         )
-        (Path(own) / "shared-packages.pth").write_text(shared + "\n")
+        # Python reads the .pth files of site-packages only, not of the folders they add.
+        chain = shared / PTH
+        (own / PTH).write_text(f"{shared}\n" + (chain.read_text() if chain.exists() else ""))
     return python
 
 

@@ -3,6 +3,7 @@ every file the docs and comments name is there."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -238,6 +239,44 @@ LOGGERS = {
     "mlflow": ("MLFlowLogger", "mlflow", "mlflow ui --backend-store-uri sqlite:///mlruns.db"),
     "wandb": ("WandbLogger", "wandb", "wandb sync wandb/offline-run-*"),
 }
+
+
+# Import names that are not their distribution's name.
+DISTRIBUTION_OF = {"PIL": "pillow", "yaml": "pyyaml", "huggingface_hub": "huggingface-hub"}
+
+
+@pytest.mark.parametrize("logger", ["mlflow", "wandb"])
+def test_every_package_the_code_and_tests_import_is_declared(cookies, logger: str) -> None:
+    """The bakes' suites run in venvs that see the template's own (torch once for all): a package
+    that only the template installs (or that only another package depends on) would pass them
+    unnoticed, and fail in a user's fresh environment."""
+    project = bake(cookies, project_name="Dep Check", logger=logger)
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.match(r"[A-Za-z0-9_.-]+", spec).group().lower().replace("_", "-")
+        for spec in meta["dependencies"] + sum(meta["optional-dependencies"].values(), [])
+    }
+    own = {"dep_check", "conftest"} | {p.stem for p in (project / "tests").glob("test_*.py")}
+    imported = {}
+    for path in [*(project / "src").rglob("*.py"), *(project / "tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in own:
+                    imported.setdefault(top, path.relative_to(project).as_posix())
+    undeclared = {
+        name: where
+        for name, where in imported.items()
+        if DISTRIBUTION_OF.get(name, name).lower().replace("_", "-") not in declared
+    }
+    assert undeclared == {}
+    assert {"torch", "lightning", "PIL", "litdata", "timm", "litserve", "pytest"} <= set(imported)
 
 
 def test_every_logger_value_is_checked() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,11 @@ OTHERS = {
 def dependencies(cookies_session, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment holding what a default bake declares (with `dev`), the bake itself
     removed: every bake below installs into its own venv beside it, so that only the packages its
-    own pyproject.toml adds (a logger, the extras) are installed per bake, and torch once.
+    own pyproject.toml adds (a logger, the extras) are installed per bake. It stands beside the
+    template's own venv, which has torch, torchvision and Lightning (requirements-dev.txt): pip
+    installs them in neither (about 80 s of every run, waited for by both workers). A bake
+    could import a package of the template's tools without declaring it (cookiecutter, the
+    pytest plugins); `make demo` installs a bake into a venv of its own.
 
     Once per run: under pytest-xdist the first worker to need it builds it in the workers' common
     folder, holding a lock that the others wait on before they use it."""
@@ -53,7 +58,7 @@ def dependencies(cookies_session, tmp_path_factory: pytest.TempPathFactory) -> P
             shutil.rmtree(folder, ignore_errors=True)  # a build that failed on another worker
             folder.mkdir()
             project = bake(cookies_session, project_name="Base Bake")
-            python = str(new_venv(folder / "venv", folder))
+            python = str(new_venv(folder / "venv", folder, beside=Path(sys.prefix)))
             run(python, "-m", "pip", "install", "--quiet", "-e", f"{project}[dev]", cwd=folder)
             run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "base-bake", cwd=folder)
             run(python, "-c", "import torch, lightning, pytest, moto", cwd=folder)
