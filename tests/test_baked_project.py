@@ -43,8 +43,7 @@ def dependencies(cookies_session, tmp_path_factory: pytest.TempPathFactory) -> P
     own pyproject.toml adds (a logger, the extras) are installed per bake. It stands beside the
     template's own venv, which has torch, torchvision and Lightning (requirements-dev.txt): pip
     installs them in neither (about 80 s of every run, waited for by both workers). A bake
-    could import a package of the template's tools without declaring it (cookiecutter, the
-    pytest plugins); `make demo` installs a bake into a venv of its own.
+    importing a package it does not declare would pass here; test_bake.py checks that none does.
 
     Once per run: under pytest-xdist the first worker to need it builds it in the workers' common
     folder, holding a lock that the others wait on before they use it."""
