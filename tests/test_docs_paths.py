@@ -8,6 +8,7 @@ reads what it should and catches a path to no file.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -37,7 +38,11 @@ NEAR = 60
 
 def python_text(path: Path) -> str:
     """The comments and docstrings of a Python file, one text."""
-    source = path.read_text(encoding="utf-8")
+    return comments_and_docstrings(path.read_text(encoding="utf-8"))
+
+
+@functools.cache  # by source: most files are alike in all 128 bakes; parsing was most of the time
+def comments_and_docstrings(source: str) -> str:
     parts = [
         token.string
         for token in tokenize.generate_tokens(io.StringIO(source).readline)
