@@ -24,3 +24,30 @@ def test_print_config_output_reloads_unchanged(config: Path, tmp_path: Path, cap
     assert "lr_monitor:" in printed  # always-on callbacks print as their own sections
     (tmp_path / "printed.yaml").write_text(printed)
     assert print_config(capsys, "--config", str(tmp_path / "printed.yaml")) == printed
+
+
+@pytest.mark.parametrize(
+    ("short", "full"),
+    [
+        (
+            ["--data.root", "D/train", "--data.val_root=D/val", "--data.hflip", "true"],
+            ["--data.source.root", "D/train", "--data.source.val_root", "D/val",
+             "--data.augment.hflip", "true"],
+        ),
+        (
+            ["--data.root", "D", "--data.labels_csv", "l.csv", "--data.label_kind", "name"],
+            ["--data.source", "LabelsCsv", "--data.source.root", "D",
+             "--data.source.csv", "l.csv", "--data.source.label_kind", "name"],
+        ),
+        (
+            ["--data.stream", "s3://b/p", "--data.stream_cache_limit", "1GB"],
+            ["--data.source", "Shards", "--data.source.path", "s3://b/p",
+             "--data.source.cache_limit", "1GB"],
+        ),
+    ],
+    ids=["folders", "csv", "shards"],
+)  # fmt: skip
+def test_flat_source_options_are_short_for_the_full_ones(short, full, capsys) -> None:
+    """`--data.root DIR` (README) is `--data.source.root DIR`, through the real entry point."""
+    assert print_config(capsys, *short) == print_config(capsys, *full)
+    assert "class_path" in print_config(capsys, *short)

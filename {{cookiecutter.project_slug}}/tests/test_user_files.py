@@ -66,7 +66,7 @@ def test_fit_three_times_on_data_leaves_it_unchanged(tmp_path: Path) -> None:
     data = write_classes(tmp_path / "data")
     before = snapshot(data)
     for _ in range(3):
-        run = fit("--data.source.root", "data", cwd=tmp_path)
+        run = fit("--data.root", "data", cwd=tmp_path)  # short for --data.source.root
         assert run.returncode == 0, run.stderr[-3000:]
         assert snapshot(data) == before
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from {{ cookiecutter.package_name }}.commands import COMMANDS
+from {{ cookiecutter.package_name }}.commands import COMMANDS, short_spellings
 from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -29,7 +29,9 @@ def usage() -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if args is None else list(args)
+    argv = short_spellings(sys.argv[1:] if args is None else list(args))
+    if args is None:  # LightningCLI and Lightning's DDP launcher read the command line itself
+        sys.argv[1:] = argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return

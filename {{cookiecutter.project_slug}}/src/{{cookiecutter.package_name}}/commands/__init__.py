@@ -1,6 +1,7 @@
 """The commands of `python -m {{ cookiecutter.package_name }} <command>`, each a thin `main()`.
 
-`COMMANDS` maps each name to the module that runs it and one line of help; `__main__` dispatches.
+`COMMANDS` maps each name to the module that runs it and one line of help; `__main__` dispatches,
+after `short_spellings`.
 """
 
 # name -> (module under commands/, one line for `--help`)
@@ -20,3 +21,43 @@ COMMANDS = {
     "bench": ("bench", "time the data loader against a naive baseline, per num_workers"),
     "report": ("report", "write a run's HTML report: curves, confusion matrix, mistakes"),
 }
+
+# The source's options spelt flat, `--data.root DIR` for `--data.source.root DIR`: the common case
+# as short as a flat DataModule makes it, and the spelling users and their scripts already know.
+# jsonargparse has no aliases for a subclass's arguments, hence this rewrite of the command line.
+SOURCE_OPTIONS = {
+    "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv", "balance_classes",
+    "skip_bad_images", "cache", "cache_keep", "cache_key", "filename_column", "label_column",
+    "label_kind",
+}  # fmt: skip
+# flat name -> (the source it chooses, or None; its name under --data.source)
+SOURCE_CHOOSING = {
+    "labels_csv": ("LabelsCsv", "csv"),
+    "stream": ("Shards", "path"),
+    "stream_cache_limit": (None, "cache_limit"),
+}
+AUGMENT_OPTIONS = {"crop_scale", "hflip"}
+
+
+def short_spellings(argv: list[str]) -> list[str]:
+    """`argv` with each flat source or augmentation option (`--data.root DIR`,
+    `--data.labels_csv FILE`, `--data.hflip true`, also with `=`) in its full spelling; a flat
+    option that names a kind of source (`labels_csv`, `stream`) puts `--data.source KIND` before
+    the first source option, which jsonargparse needs first."""
+    out: list[str] = []
+    chosen, first = None, None
+    for arg in argv:
+        option, equals, value = arg.partition("=")
+        name = option.removeprefix("--data.") if option.startswith("--data.") else None
+        if name in SOURCE_OPTIONS or name in SOURCE_CHOOSING:
+            kind, name = SOURCE_CHOOSING.get(name, (None, name))
+            chosen = chosen or kind
+            arg = f"--data.source.{name}{equals}{value}"
+        elif name in AUGMENT_OPTIONS:
+            arg = f"--data.augment.{name}{equals}{value}"
+        if first is None and arg.startswith("--data.source."):
+            first = len(out)
+        out.append(arg)
+    if chosen is not None:
+        out[first:first] = ["--data.source", chosen]
+    return out

@@ -26,8 +26,8 @@ class ImageDataModule(L.LightningDataModule):
     """Images from a source (class folders by default; else the demo set), as uint8 batches.
 
     Args:
-        source: `ClassFolders` (the default: `--data.source.root DIR`), `LabelsCsv` or `Shards`,
-            each with its own options (`--data.source.help LabelsCsv` lists them).
+        source: `ClassFolders` (the default: `--data.source.root DIR`, or `--data.root DIR`),
+            `LabelsCsv` or `Shards`, each with its own options (`--data.source.help LabelsCsv`).
         num_workers: loader processes per training process; "auto": the usable CPUs shared among
             the local processes, less one for each (`cpus.auto_num_workers`).
         seed: draws the validation split and the order and augmentation of training images.
