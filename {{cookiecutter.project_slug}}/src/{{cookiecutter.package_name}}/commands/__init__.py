@@ -22,9 +22,9 @@ COMMANDS = {
     "report": ("report", "write a run's HTML report: curves, confusion matrix, mistakes"),
 }
 
-# The source's options spelt flat, `--data.root DIR` for `--data.source.root DIR`: the common case
-# as short as a flat DataModule makes it, and the spelling users and their scripts already know.
-# jsonargparse has no aliases for a subclass's arguments, hence this rewrite of the command line.
+# The source's options also spelt flat, `--data.root DIR` for `--data.source.root DIR`: the common
+# case in one short option. jsonargparse has no aliases for a subclass's arguments, hence this
+# rewrite of the command line before it is parsed.
 SOURCE_OPTIONS = {
     "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv", "balance_classes",
     "skip_bad_images", "cache", "cache_keep", "cache_key", "filename_column", "label_column",
