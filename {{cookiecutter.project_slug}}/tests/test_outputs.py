@@ -1,7 +1,8 @@
 """Writing commands never write among their inputs, nor over a file this project did not write.
 
-Through the real CLI: `export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` refuse,
-in one line that names the path and the way out, an output that is or lies inside what they read,
+Through the CLI's entry point (the `main` that `python -m` runs, here in the test's process):
+`export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` refuse, in one line that
+names the path and the way out, an output that is or lies inside what they read,
 and an existing file that is not their own earlier output unless told `--overwrite`; the user's
 file is then byte-for-byte what it was. Their own earlier output is replaced without asking.
 """
@@ -11,27 +12,36 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import CLASSES, CSV_LOGGER, one_error
 
+from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
 
-PACKAGE = "{{ cookiecutter.package_name }}"
 USERS = b"the user's own notes, which no command of the project wrote\n"
 HEADER = "path,label,probability,top_k"
 
 
-def run_cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", PACKAGE, *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """`python -m {{ cookiecutter.package_name }} ARGS` in `cwd`, run in this process (a new process per call
+    would spend more on importing torch and Lightning than the command takes): its exit status,
+    stdout and stderr."""
+
+    def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            main([str(arg) for arg in args])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
 
 
 def users_file(path: Path) -> Path:
@@ -63,9 +73,8 @@ def model(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 # export: --output and the .json beside it
 
 
-@pytest.mark.slow
 def test_export_refuses_a_users_file_and_the_checkpoint(
-    trained_checkpoint: Path, tmp_path: Path
+    run_cli, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
     model = users_file(tmp_path / "model.pt2")
     notes = users_file(tmp_path / "other" / "model.json")  # where the metadata would go
@@ -85,9 +94,8 @@ def test_export_refuses_a_users_file_and_the_checkpoint(
     assert not (tmp_path / "other" / "model.pt2").exists()
 
 
-@pytest.mark.slow
 def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
-    trained_checkpoint: Path, tmp_path: Path
+    run_cli, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
     output = users_file(tmp_path / "model.pt2")
     export = ("export", "--ckpt_path", trained_checkpoint, "--output", output)
@@ -109,9 +117,8 @@ def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
 # infer --csv
 
 
-@pytest.mark.slow
 def test_infer_refuses_a_users_csv_and_one_among_the_images(
-    model: Path, images: Path, tmp_path: Path
+    run_cli, model: Path, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "labels.csv")
     infer = ("infer", "--model", model, images)
@@ -124,9 +131,8 @@ def test_infer_refuses_a_users_csv_and_one_among_the_images(
     assert mine.read_bytes() == USERS and not inside.exists()
 
 
-@pytest.mark.slow
 def test_infer_replaces_its_own_csv_and_a_users_file_with_overwrite(
-    model: Path, images: Path, tmp_path: Path
+    run_cli, model: Path, images: Path, tmp_path: Path
 ) -> None:
     output = users_file(tmp_path / "out.csv")
     infer = ("infer", "--model", model, images / "ant", "--csv", output)
@@ -143,7 +149,7 @@ def test_infer_replaces_its_own_csv_and_a_users_file_with_overwrite(
 # predict: --predictions.output
 
 
-def predict(checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
+def predict(run_cli, checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
     return run_cli(
         "predict",
         "--ckpt_path",
@@ -160,33 +166,31 @@ def predict(checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
     )
 
 
-@pytest.mark.slow
 def test_predict_refuses_a_users_csv_and_one_among_the_images(
-    trained_checkpoint: Path, images: Path, tmp_path: Path
+    run_cli, trained_checkpoint: Path, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "labels.csv")
-    result = predict(trained_checkpoint, images, tmp_path, "--predictions.output", mine)
+    result = predict(run_cli, trained_checkpoint, images, tmp_path, "--predictions.output", mine)
     refused(result, mine, "--predictions.overwrite true")
     inside = images / "cat" / "predictions.csv"
     options = ("--predictions.output", inside, "--predictions.overwrite", "true")
-    result = predict(trained_checkpoint, images, tmp_path, *options)
+    result = predict(run_cli, trained_checkpoint, images, tmp_path, *options)
     refused(result, inside, "lies inside --data.predict_root")
     assert mine.read_bytes() == USERS and not inside.exists()
 
 
-@pytest.mark.slow
 def test_predict_replaces_its_own_csv_and_a_users_file_with_overwrite(
-    trained_checkpoint: Path, images: Path, tmp_path: Path
+    run_cli, trained_checkpoint: Path, images: Path, tmp_path: Path
 ) -> None:
     output = users_file(tmp_path / "out.csv")
     options = ("--predictions.output", output)
     overwrite = ("--predictions.overwrite", "true")
-    result = predict(trained_checkpoint, images, tmp_path, *options, *overwrite)
+    result = predict(run_cli, trained_checkpoint, images, tmp_path, *options, *overwrite)
     assert result.returncode == 0, result.stderr
     assert output.read_text().splitlines()[0] == HEADER
     with open(output, "a") as file:
         file.write("a row the next run drops\r\n")
-    result = predict(trained_checkpoint, images, tmp_path, *options)  # its own earlier CSV
+    result = predict(run_cli, trained_checkpoint, images, tmp_path, *options)  # its own earlier CSV
     assert result.returncode == 0, result.stderr
     assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 25
 
@@ -208,8 +212,7 @@ def run_folder(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.slow
-def test_report_keeps_a_users_files_in_the_run_folder(tmp_path: Path) -> None:
+def test_report_keeps_a_users_files_in_the_run_folder(run_cli, tmp_path: Path) -> None:
     run = run_folder(tmp_path / "version_0")
     for name in ("report.html", "learning_curves.png"):
         mine = users_file(run / name)
@@ -220,8 +223,9 @@ def test_report_keeps_a_users_files_in_the_run_folder(tmp_path: Path) -> None:
     assert sorted(path.name for path in run.iterdir()) == ["history.json"]
 
 
-@pytest.mark.slow
-def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(tmp_path: Path) -> None:
+def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(
+    run_cli, tmp_path: Path
+) -> None:
     run = run_folder(tmp_path / "version_0")
     mine = users_file(run / "report.html")
     result = run_cli("report", run, "--overwrite", cwd=tmp_path)
@@ -236,8 +240,9 @@ def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(tmp_path
 # bench --json: refused before the measuring starts
 
 
-@pytest.mark.slow
-def test_bench_refuses_a_users_json_and_one_among_the_images(images: Path, tmp_path: Path) -> None:
+def test_bench_refuses_a_users_json_and_one_among_the_images(
+    run_cli, images: Path, tmp_path: Path
+) -> None:
     mine = users_file(tmp_path / "results.json")
     bench = ("bench", "--data.source.root", images, "--data.image_size", "16", "--workers", "[0]")
     refused(run_cli(*bench, "--json", mine, cwd=tmp_path), mine, "--overwrite true")
