@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 
 CLASSES = ("ant", "bee", "cat")
@@ -85,6 +87,26 @@ def one_error(returncode: int, stderr: str) -> str:
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
     return errors[0]
+
+
+@pytest.fixture
+def run_main(capsys, monkeypatch):
+    """`python -m {{ cookiecutter.package_name }} ARGS` in `cwd`, run in this process (a new process per call
+    would spend more on importing torch and Lightning than a refusal takes): its exit status,
+    stdout and stderr."""
+
+    def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            main([str(arg) for arg in args])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
 
 
 def write_corrupt(path: Path) -> Path:

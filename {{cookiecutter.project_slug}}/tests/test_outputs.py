@@ -17,31 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import CLASSES, CSV_LOGGER, one_error
 
-from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
 
 USERS = b"the user's own notes, which no command of the project wrote\n"
 HEADER = "path,label,probability,top_k"
-
-
-@pytest.fixture
-def run_cli(capsys, monkeypatch):
-    """`python -m {{ cookiecutter.package_name }} ARGS` in `cwd`, run in this process (a new process per call
-    would spend more on importing torch and Lightning than the command takes): its exit status,
-    stdout and stderr."""
-
-    def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        try:
-            main([str(arg) for arg in args])
-            code = 0
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    return run
 
 
 def users_file(path: Path) -> Path:
@@ -74,18 +53,18 @@ def model(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def test_export_refuses_a_users_file_and_the_checkpoint(
-    run_cli, trained_checkpoint: Path, tmp_path: Path
+    run_main, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
     model = users_file(tmp_path / "model.pt2")
     notes = users_file(tmp_path / "other" / "model.json")  # where the metadata would go
     checkpoint = trained_checkpoint.read_bytes()
     export = ("export", "--ckpt_path", trained_checkpoint)
 
-    result = run_cli(*export, "--output", model, cwd=tmp_path)
+    result = run_main(*export, "--output", model, cwd=tmp_path)
     refused(result, model, "already exists", "--overwrite")
-    result = run_cli(*export, "--output", tmp_path / "other" / "model.pt2", cwd=tmp_path)
+    result = run_main(*export, "--output", tmp_path / "other" / "model.pt2", cwd=tmp_path)
     refused(result, notes, "its metadata file", "--overwrite")
-    result = run_cli(*export, "--output", trained_checkpoint, "--overwrite", cwd=tmp_path)
+    result = run_main(*export, "--output", trained_checkpoint, "--overwrite", cwd=tmp_path)
     refused(result, trained_checkpoint, "is --ckpt_path")
 
     assert model.read_bytes() == USERS and notes.read_bytes() == USERS
@@ -95,21 +74,21 @@ def test_export_refuses_a_users_file_and_the_checkpoint(
 
 
 def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
-    run_cli, trained_checkpoint: Path, tmp_path: Path
+    run_main, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
     output = users_file(tmp_path / "model.pt2")
     export = ("export", "--ckpt_path", trained_checkpoint, "--output", output)
-    result = run_cli(*export, "--overwrite", cwd=tmp_path)
+    result = run_main(*export, "--overwrite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert output.read_bytes() != USERS
     assert json.loads((tmp_path / "model.json").read_text())["class_names"] == list(CLASSES)
     first = output.stat().st_mtime_ns
-    result = run_cli(*export, cwd=tmp_path)  # its own earlier output: no --overwrite needed
+    result = run_main(*export, cwd=tmp_path)  # its own earlier output: no --overwrite needed
     assert result.returncode == 0, result.stderr
     assert f"wrote {output}" in result.stdout and output.stat().st_mtime_ns != first
     # export's model.json beside a user's model.onnx does not make that file export's
     onnx = users_file(tmp_path / "model.onnx")
-    result = run_cli(*export[:-1], onnx, "--format", "onnx", cwd=tmp_path)
+    result = run_main(*export[:-1], onnx, "--format", "onnx", cwd=tmp_path)
     refused(result, onnx, "is not a model that export wrote")
     assert onnx.read_bytes() == USERS
 
@@ -118,30 +97,30 @@ def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
 
 
 def test_infer_refuses_a_users_csv_and_one_among_the_images(
-    run_cli, model: Path, images: Path, tmp_path: Path
+    run_main, model: Path, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "labels.csv")
     infer = ("infer", "--model", model, images)
-    refused(run_cli(*infer, "--csv", mine, cwd=tmp_path), mine, "--overwrite")
+    refused(run_main(*infer, "--csv", mine, cwd=tmp_path), mine, "--overwrite")
     inside = images / "bee" / "predictions.csv"
-    result = run_cli(*infer, "--csv", inside, "--overwrite", cwd=tmp_path)
+    result = run_main(*infer, "--csv", inside, "--overwrite", cwd=tmp_path)
     refused(result, inside, "lies inside IMAGE")
-    result = run_cli(*infer, "--csv", model, "--overwrite", cwd=tmp_path)
+    result = run_main(*infer, "--csv", model, "--overwrite", cwd=tmp_path)
     refused(result, model, "is --model")
     assert mine.read_bytes() == USERS and not inside.exists()
 
 
 def test_infer_replaces_its_own_csv_and_a_users_file_with_overwrite(
-    run_cli, model: Path, images: Path, tmp_path: Path
+    run_main, model: Path, images: Path, tmp_path: Path
 ) -> None:
     output = users_file(tmp_path / "out.csv")
     infer = ("infer", "--model", model, images / "ant", "--csv", output)
-    result = run_cli(*infer, "--overwrite", cwd=tmp_path)
+    result = run_main(*infer, "--overwrite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert output.read_text().splitlines()[0] == HEADER
     with open(output, "a") as file:
         file.write("a row the next run drops\r\n")
-    result = run_cli(*infer, cwd=tmp_path)  # its own earlier CSV: no --overwrite needed
+    result = run_main(*infer, cwd=tmp_path)  # its own earlier CSV: no --overwrite needed
     assert result.returncode == 0, result.stderr
     assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 9
 
@@ -149,8 +128,8 @@ def test_infer_replaces_its_own_csv_and_a_users_file_with_overwrite(
 # predict: --predictions.output
 
 
-def predict(run_cli, checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
-    return run_cli(
+def predict(run_main, checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
+    return run_main(
         "predict",
         "--ckpt_path",
         checkpoint,
@@ -167,30 +146,31 @@ def predict(run_cli, checkpoint: Path, images: Path, cwd: Path, *options: str | 
 
 
 def test_predict_refuses_a_users_csv_and_one_among_the_images(
-    run_cli, trained_checkpoint: Path, images: Path, tmp_path: Path
+    run_main, trained_checkpoint: Path, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "labels.csv")
-    result = predict(run_cli, trained_checkpoint, images, tmp_path, "--predictions.output", mine)
+    result = predict(run_main, trained_checkpoint, images, tmp_path, "--predictions.output", mine)
     refused(result, mine, "--predictions.overwrite true")
     inside = images / "cat" / "predictions.csv"
     options = ("--predictions.output", inside, "--predictions.overwrite", "true")
-    result = predict(run_cli, trained_checkpoint, images, tmp_path, *options)
+    result = predict(run_main, trained_checkpoint, images, tmp_path, *options)
     refused(result, inside, "lies inside --data.predict_root")
     assert mine.read_bytes() == USERS and not inside.exists()
 
 
 def test_predict_replaces_its_own_csv_and_a_users_file_with_overwrite(
-    run_cli, trained_checkpoint: Path, images: Path, tmp_path: Path
+    run_main, trained_checkpoint: Path, images: Path, tmp_path: Path
 ) -> None:
     output = users_file(tmp_path / "out.csv")
     options = ("--predictions.output", output)
     overwrite = ("--predictions.overwrite", "true")
-    result = predict(run_cli, trained_checkpoint, images, tmp_path, *options, *overwrite)
+    result = predict(run_main, trained_checkpoint, images, tmp_path, *options, *overwrite)
     assert result.returncode == 0, result.stderr
     assert output.read_text().splitlines()[0] == HEADER
     with open(output, "a") as file:
         file.write("a row the next run drops\r\n")
-    result = predict(run_cli, trained_checkpoint, images, tmp_path, *options)  # its own earlier CSV
+    # its own earlier CSV: no --overwrite needed
+    result = predict(run_main, trained_checkpoint, images, tmp_path, *options)
     assert result.returncode == 0, result.stderr
     assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 25
 
@@ -212,11 +192,11 @@ def run_folder(folder: Path) -> Path:
     return folder
 
 
-def test_report_keeps_a_users_files_in_the_run_folder(run_cli, tmp_path: Path) -> None:
+def test_report_keeps_a_users_files_in_the_run_folder(run_main, tmp_path: Path) -> None:
     run = run_folder(tmp_path / "version_0")
     for name in ("report.html", "learning_curves.png"):
         mine = users_file(run / name)
-        result = run_cli("report", run, cwd=tmp_path)
+        result = run_main("report", run, cwd=tmp_path)
         refused(result, mine, "move it away", "--overwrite")
         assert mine.read_bytes() == USERS
         mine.unlink()
@@ -224,15 +204,15 @@ def test_report_keeps_a_users_files_in_the_run_folder(run_cli, tmp_path: Path) -
 
 
 def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(
-    run_cli, tmp_path: Path
+    run_main, tmp_path: Path
 ) -> None:
     run = run_folder(tmp_path / "version_0")
     mine = users_file(run / "report.html")
-    result = run_cli("report", run, "--overwrite", cwd=tmp_path)
+    result = run_main("report", run, "--overwrite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     page = mine.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and (run / "confusion_matrix.png").is_file()
-    result = run_cli("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite
+    result = run_main("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite
     assert result.returncode == 0, result.stderr
     assert mine.read_text(encoding="utf-8") == page
 
@@ -241,12 +221,12 @@ def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(
 
 
 def test_bench_refuses_a_users_json_and_one_among_the_images(
-    run_cli, images: Path, tmp_path: Path
+    run_main, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "results.json")
     bench = ("bench", "--data.source.root", images, "--data.image_size", "16", "--workers", "[0]")
-    refused(run_cli(*bench, "--json", mine, cwd=tmp_path), mine, "--overwrite true")
+    refused(run_main(*bench, "--json", mine, cwd=tmp_path), mine, "--overwrite true")
     inside = images / "results.json"
-    result = run_cli(*bench, "--json", inside, "--overwrite", "true", cwd=tmp_path)
+    result = run_main(*bench, "--json", inside, "--overwrite", "true", cwd=tmp_path)
     refused(result, inside, "lies inside --data.source.root")
     assert mine.read_bytes() == USERS and not inside.exists()

@@ -106,7 +106,7 @@ def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
 @pytest.mark.slow
 @needs_litdata
 def test_test_and_predict_need_their_split_in_the_shards(
-    colour_root: Path, trained_checkpoint: Path, tmp_path: Path
+    colour_root: Path, trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
     out = tmp_path / "shards"
     assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
@@ -114,14 +114,8 @@ def test_test_and_predict_need_their_split_in_the_shards(
         ("test", "--data.source.test_root"),
         ("predict", "--data.predict_root"),
     ):
-        run = subprocess.run(
-            [sys.executable, "-m", PACKAGE, command, "--ckpt_path", str(trained_checkpoint)]
-            + [*from_shards(out), *QUIET],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        checkpoint = ["--ckpt_path", str(trained_checkpoint)]
+        run = run_main(command, *checkpoint, *from_shards(out), *QUIET, cwd=tmp_path)
         error = one_error(run.returncode, run.stderr)
         assert f"holds no {command} images" in error and option in error, error
 
@@ -164,7 +158,7 @@ def test_shard_shuffles_training_images_and_keeps_to_its_own_staging_folders(
 @pytest.mark.slow
 @needs_litdata
 def test_folder_options_that_shards_cannot_honour_are_refused(
-    colour_root: Path, tmp_path: Path
+    colour_root: Path, tmp_path: Path, run_main
 ) -> None:
     """The pixel cache, the skipping of unreadable images and the class-balanced sampler work on
     image files only: `Shards` has no such options, and a run given one stops before it starts."""
@@ -174,14 +168,8 @@ def test_folder_options_that_shards_cannot_honour_are_refused(
         ("cache", "memmap"),
         ("skip_bad_images", "true"),
     ):
-        run = subprocess.run(
-            [sys.executable, "-m", PACKAGE, "fit", *from_shards(tmp_path / "shards")]
-            + [f"--data.source.{option}", value],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        option_given = [f"--data.source.{option}", value]
+        run = run_main("fit", *from_shards(tmp_path / "shards"), *option_given, cwd=tmp_path)
         error = one_error(run.returncode, run.stderr)
         assert '"data.source"' in error, error
         assert f"class_path '{PACKAGE}.data.sources.Shards'" in run.stderr, run.stderr[-3000:]
