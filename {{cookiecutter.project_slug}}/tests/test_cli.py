@@ -1,4 +1,5 @@
-"""The real command line, run in a subprocess: fit on tiny images, then errors a user can act on."""
+"""The real command line: fit on tiny images in a subprocess, then errors a user can act on (those
+that come before any training through the same `main`, in this process)."""
 
 from __future__ import annotations
 
@@ -81,8 +82,8 @@ def test_fast_dev_run(image_root: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_missing_data_root_exits_2_with_one_line(tmp_path: Path) -> None:
-    result = run_cli("fit", "--data.source.root", str(tmp_path / "nowhere"), cwd=tmp_path)
+def test_missing_data_root_exits_2_with_one_line(tmp_path: Path, run_main) -> None:
+    result = run_main("fit", "--data.source.root", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert result.returncode == 2
     assert "nowhere does not exist" in result.stderr
     assert "Traceback" not in result.stderr
@@ -171,10 +172,11 @@ def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, t
     assert re.search(r"^bee\s+4\s+\d+\s+[\d.]+$", result.stdout, re.MULTILINE)  # per class
 
 
-@pytest.mark.slow
-def test_test_without_test_images_says_which_option(trained_checkpoint: Path, tmp_path: Path):
+def test_test_without_test_images_says_which_option(
+    trained_checkpoint: Path, tmp_path: Path, run_main
+) -> None:
     images = trained_checkpoint.parent / "images"
-    result = run_cli(
+    result = run_main(
         "test",
         "--ckpt_path",
         str(trained_checkpoint),

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -144,32 +142,18 @@ def test_validation_and_test_csvs_are_read_as_training_is(flat_root: Path, tmp_p
         dm.setup("test")  # "y" is a class name, but these labels are indices 0..2
 
 
-@pytest.mark.slow
 def test_cli_validation_label_outside_training_is_one_error_line(
-    flat_root: Path, tmp_path: Path
+    flat_root: Path, tmp_path: Path, run_main
 ) -> None:
     train_csv = write_labels(tmp_path / "train.csv", ["2019", "2020"] * 5)
     val_csv = write_labels(tmp_path / "val.csv", ["2020", "2021"], first=10)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}",
-            "fit",
-            "--data.source",
-            "LabelsCsv",
-            "--data.source.csv",
-            str(train_csv),
-            *tiny_run_options(flat_root),
-            "--data.source.val_csv",
-            str(val_csv),
-            "--trainer.fast_dev_run",
-            "true",
-        ],
+    source = ["--data.source", "LabelsCsv", "--data.source.csv", str(train_csv)]
+    result = run_main(
+        "fit",
+        *source,
+        *tiny_run_options(flat_root),
+        *("--data.source.val_csv", str(val_csv), "--trainer.fast_dev_run", "true"),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     line = one_error(result.returncode, result.stderr)
     assert "val.csv line 3: validation label '2021' is not a training class" in line

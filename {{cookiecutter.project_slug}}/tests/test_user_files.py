@@ -160,11 +160,11 @@ def test_a_per_user_cache_folder_inside_the_dataset_is_refused(
         ImageDataModule(ClassFolders(data))
 
 
-@pytest.mark.slow
-def test_the_cli_refuses_a_cache_dir_inside_the_root(tmp_path: Path) -> None:
+def test_the_cli_refuses_a_cache_dir_inside_the_root(tmp_path: Path, run_main) -> None:
     data = write_classes(tmp_path / "data")
     before = snapshot(data)
-    run = fit("--data.source.root", "data", "--data.cache_dir", "data/cache", cwd=tmp_path)
+    options = ["--data.source.root", "data", "--data.cache_dir", "data/cache"]
+    run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=tmp_path)
     line = one_error(run.returncode, run.stderr)
     assert "--data.cache_dir data/cache" in line and "--data.source.root data" in line
     assert snapshot(data) == before
