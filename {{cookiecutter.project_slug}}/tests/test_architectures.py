@@ -4,8 +4,6 @@ at the data's image size and returns plain logits, else refused in one line befo
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -94,16 +92,11 @@ def test_a_model_built_from_computed_widths_is_checked_without_its_memory() -> N
     check_runs("regnet_y_128gf", 10, SIZE)  # about 645 million parameters, none allocated
 
 
-@pytest.mark.slow
-def test_fit_refuses_a_model_too_big_for_the_images(image_root: Path, tmp_path: Path) -> None:
-    fit = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *tiny_run_options(image_root)]
-        + ["--model.architecture", "inception_v3", "--trainer.max_epochs", "1"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def test_fit_refuses_a_model_too_big_for_the_images(
+    image_root: Path, tmp_path: Path, run_main
+) -> None:
+    options = ["--model.architecture", "inception_v3", "--trainer.max_epochs", "1"]
+    fit = run_main("fit", *tiny_run_options(image_root), *options, cwd=tmp_path)
     line = one_error(fit.returncode, fit.stderr)
     assert "inception_v3 does not run at --data.image_size 16" in line
     assert "use --data.image_size 75 or another architecture" in line
