@@ -91,9 +91,9 @@ def one_error(returncode: int, stderr: str) -> str:
 
 @pytest.fixture
 def run_main(capsys, monkeypatch):
-    """`python -m {{ cookiecutter.package_name }} ARGS` in `cwd`, run in this process (a new process per call
-    would spend more on importing torch and Lightning than a refusal takes): its exit status,
-    stdout and stderr."""
+    """A command line run in `cwd` through the `main` that `python -m` runs, in this process (a
+    new process per call would spend more on importing torch and Lightning than a refusal
+    takes): its exit status, stdout and stderr."""
 
     def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
         monkeypatch.chdir(cwd)
