@@ -7,6 +7,10 @@ images per class and every other image for validation (`--data.source.val_root`)
 a real `fit` in its own folder, at the preset's or the default's image and batch size; its score
 is the `val_acc` of the last epoch.
 
+Beside them, the thirty-line timm script a user would write instead of this project (with the
+`timm` extra; `timm_script` below), on the same images: a timm ResNet-18 from random weights,
+as no published weights can be fetched here.
+
 Transfer: a network trained on digits 0-4 (every image of theirs but the validation ones of the
 few-shot split) starts a model for digits 5-9 with `--per-class` images each, through
 `--model.weights` (its classifier re-made), against the same recipe from random weights.
@@ -56,7 +60,9 @@ RUNS = {
 }
 
 
-def write_digits(root: Path, per_class: int, seed: int, classes: range) -> tuple[Path, Path]:
+def write_digits(
+    root: Path, per_class: int, seed: int, classes: range, val_per_class: int | None = None
+) -> tuple[Path, Path]:
     """`root/train/digit_K/*.png` (`per_class` images of each class) and `root/val/...` (the
     rest), the 8x8 scans enlarged to 32x32."""
     from sklearn.datasets import load_digits
@@ -66,7 +72,8 @@ def write_digits(root: Path, per_class: int, seed: int, classes: range) -> tuple
     for label in classes:
         (index,) = np.nonzero(digits.target == label)
         rng.shuffle(index)
-        for part, chosen in (("train", index[:per_class]), ("val", index[per_class:])):
+        val = index[per_class:][:val_per_class]  # all the others, or the first `val_per_class`
+        for part, chosen in (("train", index[:per_class]), ("val", val)):
             folder = root / part / f"digit_{label}"
             folder.mkdir(parents=True, exist_ok=True)
             for i in chosen:
@@ -100,9 +107,50 @@ def fit(train: Path, val: Path, options: list[str], folder: Path, epochs: int, s
     return float([r for r in rows if r.get("val_acc")][-1]["val_acc"])
 
 
+def timm_script(train: Path, val: Path, epochs: int, seed: int) -> float:
+    """A plain timm training script, as a user writes one: torchvision's ImageFolder, a random
+    resized crop at the default 128 px, batches of 16, AdamW with a cosine schedule, no
+    Lightning; the validation accuracy after the last epoch."""
+    import timm
+    import torch
+    from torchvision import datasets, transforms
+
+    torch.manual_seed(seed)
+    normalize = transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    crop = transforms.RandomResizedCrop(128, scale=(0.6, 1.0))
+    resize = transforms.Resize((128, 128))
+    to_tensor = transforms.ToTensor()
+    train_set = datasets.ImageFolder(str(train), transforms.Compose([crop, to_tensor, normalize]))
+    val_set = datasets.ImageFolder(str(val), transforms.Compose([resize, to_tensor, normalize]))
+    model = timm.create_model("resnet18", num_classes=len(train_set.classes))
+    loader = torch.utils.data.DataLoader(train_set, batch_size=16, shuffle=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * len(loader))
+    for _ in range(epochs):
+        model.train()
+        for images, labels in loader:
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for images, labels in torch.utils.data.DataLoader(val_set, batch_size=128):
+            correct += (model(images).argmax(1) == labels).sum().item()
+    return correct / len(val_set)
+
+
+RUNS["a thirty-line timm script"] = timm_script  # not a `fit`: the function above
+
+
 def measure(name, options, data, epochs, seeds, work: Path) -> tuple[str, list[float], float]:
     scores, started = [], time.perf_counter()
     for seed in seeds:
+        if options is timm_script:
+            scores.append(timm_script(*data[seed], epochs, seed))
+            continue
         folder = work / f"{name.replace(' ', '_').replace('/', '')}-{seed}"
         folder.mkdir(parents=True)
         scores.append(fit(*data[seed], options, folder, epochs, seed))
@@ -119,12 +167,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--per-class", type=int, default=10)
+    parser.add_argument("--val-per-class", type=int, help="default: every other image")
     parser.add_argument("--only", nargs="*", help="run only these rows (names as in the table)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = {
-            s: write_digits(work / f"digits-{s}", args.per_class, s, range(10)) for s in args.seeds
+            s: write_digits(work / f"digits-{s}", args.per_class, s, range(10), args.val_per_class)
+            for s in args.seeds
         }
         print(f"digits, {args.per_class} training images per class, {args.epochs} epochs, "
               f"seeds {args.seeds}; val_acc mean ± stdev, time per run\n")  # fmt: skip

@@ -135,3 +135,23 @@ def test_tta_flip_given_with_a_checkpoint_applies(trained_checkpoint: Path, caps
     plain = val_loss(capsys.readouterr().out)
     main([*options, "--model.tta_flip", "true"])
     assert val_loss(capsys.readouterr().out) != plain
+
+
+@pytest.mark.slow
+def test_the_recipe_benchmark_runs(tmp_path: Path) -> None:
+    """scripts/recipe_bench.py with tiny numbers (1 epoch, 2 images per class to train on and 3 to
+    validate), so that it cannot rot: the default's row and the timm script's."""
+    script = Path(__file__).parents[1] / "scripts" / "recipe_bench.py"
+    only = ["default", "a thirty-line timm script"]
+    options = ["--seeds", "0", "--epochs", "1", "--per-class", "2", "--val-per-class", "3"]
+    done = subprocess.run(
+        [sys.executable, str(script), *options, "--only", *only],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in only:
+        assert re.search(rf"^\| {name} \| [01]\.\d{{3}} ± 0\.000 \| \d+ s \|$", done.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []  # it works in a temporary folder
