@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -97,9 +98,11 @@ def run_main(capsys, monkeypatch):
 
     def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
         monkeypatch.chdir(cwd)
+        # On the command line, as `python -m` puts it there (what LightningCLI reads).
+        monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *map(str, args)])
         capsys.readouterr()
         try:
-            main([str(arg) for arg in args])
+            main()
             code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)

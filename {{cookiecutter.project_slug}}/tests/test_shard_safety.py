@@ -16,10 +16,10 @@ from test_mid_epoch import colour_root as colour_root  # the fixture, shared
 from test_shards import PACKAGE, needs_litdata, shard
 from test_shards import s3 as s3  # the fixture, shared
 
-from {{ cookiecutter.package_name }}.commands.shard_output import refuse_overlap
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
 
 @pytest.fixture
@@ -94,15 +94,15 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
             continue
         one = [(option, path)]
         with pytest.raises(DataError, match=f"is {option} "):
-            refuse_overlap(str(path), one)
+            refuse_overlap(str(path), "--output", one, folder=True)
         with pytest.raises(DataError, match=f"contains {option} "):
-            refuse_overlap(str(tmp_path), one)
+            refuse_overlap(str(tmp_path), "--output", one, folder=True)
         with pytest.raises(DataError, match=f"lies inside {option} "):
-            refuse_overlap(str(path / "shards"), one)
+            refuse_overlap(str(path / "shards"), "--output", one, folder=True)
     # beside the data, a name that merely starts the same, or object storage: all fine
     beside = [("--data.source.root", tmp_path / "D"), ("--data.predict_root", None)]
-    refuse_overlap(str(tmp_path / "D2"), beside)
-    refuse_overlap("s3://bucket/D", [("--data.source.root", tmp_path / "D")])
+    refuse_overlap(str(tmp_path / "D2"), "--output", beside, folder=True)
+    refuse_overlap("s3://bucket/D", "--output", [("--data.source.root", tmp_path / "D")])
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -51,39 +50,54 @@ def snapshot(root: Path) -> tuple[str, set[str]]:
     return digest.hexdigest(), folders
 
 
-def fit(*options: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *TINY, *ONE_EPOCH, *options],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-@pytest.mark.slow
-def test_fit_three_times_on_data_leaves_it_unchanged(tmp_path: Path) -> None:
+def test_fit_three_times_on_data_leaves_it_unchanged(tmp_path: Path, run_main) -> None:
     data = write_classes(tmp_path / "data")
     before = snapshot(data)
     for _ in range(3):
-        run = fit("--data.root", "data", cwd=tmp_path)  # short for --data.source.root
+        run = run_main("fit", *TINY, *ONE_EPOCH, "--data.root", "data", cwd=tmp_path)
         assert run.returncode == 0, run.stderr[-3000:]
         assert snapshot(data) == before
 
 
-@pytest.mark.slow
-def test_fit_from_inside_the_dataset_twice_counts_no_run_folder_as_a_class(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("where", "options", "named"),
+    [
+        ("data", ["--data.root", "."], "the working folder "),
+        (".", ["--data.root", "data", "--trainer.default_root_dir", "data/runs"], "--trainer"),
+        (".", ["--data.root", "data", "--checkpoint.dirpath", "data"], "--checkpoint.dirpath data"),
+        ("data", ["--data.root", "../other", "--data.predict_root", "."], "the working folder "),
+    ],
+)
+def test_a_run_inside_a_dataset_is_refused_before_anything_is_written(
+    tmp_path: Path, run_main, where: str, options: list[str], named: str
 ) -> None:
+    """Logs, checkpoints, history and report are never written among the images, whatever the
+    working folder: a run folder that is or lies inside a dataset it reads is refused."""
     data = write_classes(tmp_path / "data")
-    before = [snapshot(data / name) for name in CLASSES]
+    write_classes(tmp_path / "other")
+    before = snapshot(data)
+    run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=tmp_path / where)
+    line = one_error(run.returncode, run.stderr)
+    assert line.startswith(f"error: {named}") and "--trainer.default_root_dir DIR" in line
+    assert snapshot(data) == before
+
+
+def test_fit_from_inside_the_dataset_writes_its_runs_where_it_is_told(
+    tmp_path: Path, run_main
+) -> None:
+    """`cd data && fit --data.root . --trainer.default_root_dir ../runs`, twice: both train, the
+    run folders are never classes, and `data/` is unchanged."""
+    data = write_classes(tmp_path / "data")
+    before = snapshot(data)
     for _ in range(2):
-        run = fit("--data.source.root", ".", cwd=data)
+        options = ["--data.root", ".", "--trainer.default_root_dir", "../runs"]
+        run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=data)
         assert run.returncode == 0, run.stderr[-3000:]
-        assert (data / "lightning_logs").is_dir()  # the run folder, beside the classes
-    assert [snapshot(data / name) for name in CLASSES] == before
-    for hparams in data.glob("lightning_logs/*/hparams.yaml"):
-        assert yaml.unsafe_load(hparams.read_text())["class_names"] == list(CLASSES)
+    assert snapshot(data) == before
+    hparams = sorted((tmp_path / "runs").glob("lightning_logs/*/hparams.yaml"))
+    assert len(hparams) == 2
+    for path in hparams:
+        assert yaml.unsafe_load(path.read_text())["class_names"] == list(CLASSES)
 
 
 def test_a_run_folder_is_a_class_only_when_it_holds_images_itself(tmp_path: Path) -> None:

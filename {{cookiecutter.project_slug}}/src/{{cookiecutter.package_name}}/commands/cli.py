@@ -47,6 +47,7 @@ from {{ cookiecutter.package_name }}.training.runs import (
     finished,
     known_runs,
     name_run,
+    refuse_run_among,
     run_checkpoints,
 )
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
@@ -165,6 +166,8 @@ class ImageCLI(LightningCLI):
             config.trainer.precision = default_precision(config.trainer.accelerator)
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
+        inputs = source_from_config(config.data.source).inputs()
+        refuse_run_among(config, [*inputs, ("--data.predict_root", config.data.predict_root)])
 
     def before_fit(self) -> None:
         if self.ckpt_contents is not None:

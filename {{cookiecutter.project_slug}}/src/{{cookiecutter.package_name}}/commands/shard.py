@@ -36,12 +36,13 @@ from jsonargparse import ArgumentParser
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
-from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOutput, refuse_overlap
+from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import decode_image
 from {{ cookiecutter.package_name }}.data.sources import ImageFiles, require_shards, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
 PROG = "python -m {{ cookiecutter.package_name }} shard"
 CHUNK_BYTES = "64MB"  # LitData's advice for images: large enough for few requests per epoch
@@ -68,7 +69,8 @@ def main(args: list[str] | None = None) -> int:
         raise DataError("shard reads image files: --data.source ClassFolders or LabelsCsv")
     source.cache = "none"  # shards hold the files' own bytes: no pixel cache to build
     datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
-    refuse_overlap(config.output, datamodule.inputs())
+    way_out = "choose an output folder outside the data (shard never writes among its inputs)"
+    refuse_overlap(config.output, "--output", datamodule.inputs(), folder=True, way_out=way_out)
     output = ShardOutput(config.output)  # a folder (not a file) or s3://bucket/prefix
     require_shards("shard")  # before the data is read: says which extra to install
     output.claim([], config.overwrite)  # others' files there: refused before the data is read

@@ -27,35 +27,6 @@ FORMAT = 1
 PAGE = 1000  # S3 lists and deletes at most 1,000 keys per request
 
 
-def refuse_overlap(output: str, inputs: list[tuple[str, Path | str | None]]) -> None:
-    """Refuse a local `output` that is, contains or lies inside one of the `inputs` ((option,
-    path) pairs: `ImageDataModule.inputs()`), so that writing or replacing shards can never touch
-    the images.
-
-    Raises:
-        DataError: naming the option, both paths and the way out; `--overwrite` does not lift it.
-    """
-    if "://" in str(output):
-        return  # object storage: the inputs are local files
-    out = Path(output).expanduser().resolve()
-    for name, given in inputs:
-        if given is None:
-            continue
-        path = Path(given).expanduser().resolve()
-        if out == path:
-            relation = "is"
-        elif out in path.parents:
-            relation = "contains"
-        elif path in out.parents:
-            relation = "lies inside"
-        else:
-            continue
-        raise DataError(
-            f"--output {output} {relation} {name} {given}: choose an output folder "
-            "outside the data (shard never writes among the files it reads)"
-        )
-
-
 class ShardOutput:
     """A folder or an `s3://bucket/prefix` as `shard` sees it: its files (paths relative to it,
     with `/`), and the manifest of those `shard` wrote."""

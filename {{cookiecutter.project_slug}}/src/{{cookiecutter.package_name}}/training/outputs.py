@@ -63,9 +63,22 @@ def check_output(
 
 
 def refuse_overlap(
-    path: str | Path, option: str, inputs: Iterable[tuple[str, str | Path | None]]
+    path: str | Path,
+    option: str,
+    inputs: Iterable[tuple[str, str | Path | None]],
+    *,
+    folder: bool = False,
+    way_out: str = "write it elsewhere (a command never writes among the files it reads)",
 ) -> None:
-    """Refuse an output file that is one of `inputs` or lies inside an input folder."""
+    """Refuse an output that is one of `inputs` ((option, path); None and URLs are skipped) or
+    lies inside an input folder; with `folder` (an output folder that may be emptied), also one
+    that contains an input.
+
+    Raises:
+        DataError: naming the option, both paths and `way_out`.
+    """
+    if "://" in str(path):
+        return  # object storage: the inputs are local files
     out = Path(path).expanduser().resolve()
     for name, given in inputs:
         if given is None or "://" in str(given):
@@ -75,12 +88,11 @@ def refuse_overlap(
             relation = "is"
         elif source in out.parents:
             relation = "lies inside"
+        elif folder and out in source.parents:
+            relation = "contains"
         else:
             continue
-        raise DataError(
-            f"{option} {path} {relation} {name} {given}: write it elsewhere (a command never "
-            "writes among the files it reads)"
-        )
+        raise DataError(f"{option} {path} {relation} {name} {given}: {way_out}")
 
 
 def starts_with_line(path: Path, line: str) -> bool:

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
 RUN_KEY = "run"  # in every checkpoint: the limits the run was trained to
 LIMITS = ("max_epochs", "max_steps")
@@ -107,6 +108,27 @@ def name_run(config, typed) -> str | None:
         if kind == "MLFlowLogger" and not init_args.get("run_name"):
             init_args.run_name = run
     return run
+
+
+def refuse_run_among(config, inputs: list[tuple[str, Path | str | None]]) -> None:
+    """Refuse a run whose folders are or lie inside a dataset it reads (`inputs`: (option, path)):
+    its logs, checkpoints, history and report would be written among the user's files. The
+    folders: `--trainer.default_root_dir` (the working folder by default), the logger's
+    `save_dir`, `--checkpoint.dirpath`."""
+    root = config.trainer.default_root_dir
+    where = ("--trainer.default_root_dir", root) if root else ("the working folder", os.getcwd())
+    folders = [where]
+    kind, init_args = _logger(config)
+    if init_args is not None and init_args.get("save_dir"):
+        folders.append(("--trainer.logger.init_args.save_dir", init_args.save_dir))
+    if config.checkpoint.dirpath:
+        folders.append(("--checkpoint.dirpath", config.checkpoint.dirpath))
+    way_out = (
+        "the run's logs and checkpoints would land among the images; run from a folder outside "
+        "the data, or give --trainer.default_root_dir DIR outside it"
+    )
+    for option, folder in folders:
+        refuse_overlap(folder, option, inputs, way_out=way_out)
 
 
 def runs_folder(config) -> Path:
