@@ -17,9 +17,10 @@ $(VENV)/.installed: requirements-dev.txt
 venv: $(VENV)/.installed  ## Create .venv with what template development needs
 
 # One pytest worker per CPU (pytest-xdist), handed one test at a time: the longest tests start
-# first (tests/conftest.py orders them), so that the others share the remaining workers.
+# first (tests/conftest.py orders them), so that the others share the remaining workers. The 15
+# longest are listed at the end, to see where a run's time went.
 test: venv  ## Run all template tests: render every option, bake, install, run baked tests
-	$(VENV)/bin/python -m pytest -n auto --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n auto --dist load --maxschedchunk 1 --durations 15 $(PYTEST_ARGS)
 
 lint: venv  ## Lint and format-check the template's own Python files
 	$(VENV)/bin/python -m ruff check hooks tests benchmarks

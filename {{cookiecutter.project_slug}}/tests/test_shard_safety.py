@@ -48,10 +48,8 @@ def run_shard(cwd: Path, *options: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow
-@needs_litdata
 def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
-    train_and_val: Path, tmp_path: Path
+    train_and_val: Path, tmp_path: Path, run_main
 ) -> None:
     before = files(train_and_val)
     assert len(before) == 24
@@ -63,7 +61,7 @@ def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
         ("D/train", ["--overwrite", "true"], "--output D/train is --data.source.root D/train"),
         ("D/val/shards", ["--overwrite", "true"], "lies inside --data.source.val_root D/val"),
     ):
-        run = run_shard(tmp_path, *data, "--output", output, *overwrite)
+        run = run_main("shard", *data, "--output", output, *overwrite, cwd=tmp_path)
         error = one_error(run.returncode, run.stderr)
         assert said in error and "choose an output folder outside the data" in error, error
     assert files(train_and_val) == before  # every image, and nothing added
@@ -105,15 +103,20 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
     refuse_overlap("s3://bucket/D", "--output", [("--data.source.root", tmp_path / "D")])
 
 
+def refusal(run_main, root: Path, output: str, *options: str, cwd: Path):
+    """`shard` (as test_shards.shard) where it refuses before reading an image: in this process."""
+    return run_main("shard", "--data.source.root", root, "--output", output, *options, cwd=cwd)
+
+
 @pytest.mark.slow
 @needs_litdata
 def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
-    colour_root: Path, tmp_path: Path
+    colour_root: Path, tmp_path: Path, run_main
 ) -> None:
     out = tmp_path / "shards"
     out.mkdir()
     (out / "notes.txt").write_text("the user's")
-    refused = shard(colour_root, str(out), cwd=tmp_path)
+    refused = refusal(run_main, colour_root, str(out), cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
     assert f"--output {out} holds files that shard did not write" in error, error
     assert "--overwrite true" in error and files(out) == {"notes.txt": b"the user's"}
@@ -126,7 +129,7 @@ def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
 
     (out / "train" / "mine.txt").write_text("also the user's")  # where the shards go
     options = ["--resize", "8", "--overwrite", "true"]
-    in_the_way = shard(colour_root, str(out), *options, cwd=tmp_path)
+    in_the_way = refusal(run_main, colour_root, str(out), *options, cwd=tmp_path)
     error = one_error(in_the_way.returncode, in_the_way.stderr)
     assert f"{out}/train/mine.txt, which shard did not write" in error, error
     assert set(files(out)) == written | {"notes.txt", "shard-manifest.json", "train/mine.txt"}
@@ -169,7 +172,7 @@ def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
 @needs_litdata
 @pytest.mark.slow
 def test_an_s3_prefix_of_1500_of_shards_own_objects_is_replaced_under_overwrite(
-    colour_root: Path, tmp_path: Path, s3
+    colour_root: Path, tmp_path: Path, s3, run_main
 ) -> None:
     """Real shards on a real S3 API (moto's server), then 1,500 more chunks of shard's own, as a
     run writing that many leaves them: listed in its finished manifest, replaced by
@@ -177,7 +180,7 @@ def test_an_s3_prefix_of_1500_of_shards_own_objects_is_replaced_under_overwrite(
     one goes (S3 lists and deletes at most 1,000 keys per request); the user's object stays."""
     url, prefix, bucket = "s3://shards/many", "many/", "shards"
     s3.put_object(Bucket=bucket, Key=f"{prefix}notes.txt", Body=b"the user's")
-    refused = shard(colour_root, url, cwd=tmp_path)
+    refused = refusal(run_main, colour_root, url, cwd=tmp_path)
     assert "holds files that shard did not write" in one_error(refused.returncode, refused.stderr)
     done = shard(colour_root, url, "--overwrite", "true", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -34,16 +34,22 @@ def eval_sets(tmp_path: Path) -> tuple[Path, Path]:
     return test_root, predict_root
 
 
-def cli(command: str, checkpoint: Path, *options: str, cwd: Path) -> subprocess.CompletedProcess:
+def cli(
+    command: str, checkpoint: Path, *options: str, cwd: Path, run_main
+) -> subprocess.CompletedProcess:
+    """The command on a checkpoint: in this process (`run_main`), or under DDP in new ones."""
     data = ["--data.image_size", "16", "--data.batch_size", "4", "--data.num_workers", "1"]
-    run = subprocess.run(
-        [sys.executable, "-m", PACKAGE, command, "--ckpt_path", str(checkpoint), *data, *QUIET]
-        + list(options),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    args = [command, "--ckpt_path", str(checkpoint), *data, *QUIET, *options]
+    if "--trainer.devices" in options:  # Lightning starts the other process from the command line
+        run = subprocess.run(
+            [sys.executable, "-m", PACKAGE, *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    else:
+        run = run_main(*args, cwd=cwd)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -69,7 +75,11 @@ def predictions(path: Path, root: Path | None = None) -> dict[str, list[str]]:
 @needs_litdata
 @pytest.mark.slow
 def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
-    colour_root: Path, eval_sets: tuple[Path, Path], trained_checkpoint: Path, tmp_path: Path
+    colour_root: Path,
+    eval_sets: tuple[Path, Path],
+    trained_checkpoint: Path,
+    tmp_path: Path,
+    run_main,
 ) -> None:
     """Test and predict sets written by `shard` beside training and validation. From them `test`
     scores and `predict` labels as from the folders; with 2 processes (DDP) too, each image once,
@@ -81,25 +91,26 @@ def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
     assert done.returncode == 0 and "11 test, 7 predict" in done.stdout, done.stderr[-3000:]
     stream = from_shards(out)
 
-    from_folder = scores(cli("test", trained_checkpoint, *sets[:2], cwd=tmp_path))
+    def run(command: str, *options: str) -> subprocess.CompletedProcess:
+        return cli(command, trained_checkpoint, *options, cwd=tmp_path, run_main=run_main)
+
+    from_folder = scores(run("test", *sets[:2]))
     assert set(from_folder) == {"test_acc", "test_loss"}
     for processes in ([], DDP):
-        got = scores(cli("test", trained_checkpoint, *stream, *processes, cwd=tmp_path))
+        got = scores(run("test", *stream, *processes))
         assert got == pytest.approx(from_folder, rel=1e-5), processes
 
     folder_csv = tmp_path / "folder.csv"
-    output = ["--predictions.output", str(folder_csv)]
-    cli("predict", trained_checkpoint, *sets[2:], *output, cwd=tmp_path)
+    run("predict", *sets[2:], "--predictions.output", str(folder_csv))
     expected = predictions(folder_csv, predict_root)
     assert len(expected) == 7
     for processes in ([], DDP):
-        output = ["--predictions.output", str(tmp_path / "stream.csv")]
-        cli("predict", trained_checkpoint, *stream, *processes, *output, cwd=tmp_path)
+        run("predict", *stream, *processes, "--predictions.output", str(tmp_path / "stream.csv"))
         assert predictions(tmp_path / "stream.csv") == expected, processes
 
     # validation: 6 images, each counted once with 2 processes as with one
-    one = scores(cli("validate", trained_checkpoint, *stream, cwd=tmp_path))
-    two = scores(cli("validate", trained_checkpoint, *stream, *DDP, cwd=tmp_path))
+    one = scores(run("validate", *stream))
+    two = scores(run("validate", *stream, *DDP))
     assert two == pytest.approx(one, rel=1e-5)
 
 
