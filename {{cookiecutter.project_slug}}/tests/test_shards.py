@@ -224,7 +224,7 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
 @needs_litdata
 @pytest.mark.slow
 def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
-    colour_root: Path, tmp_path: Path, s3
+    colour_root: Path, tmp_path: Path, s3, run_main
 ) -> None:
     """Shard to s3://, then 2-process DDP from there: each rank trains on its own images, none
     shared; stopped in epoch 1 and resumed with `--ckpt_path last`, each rank ends as the
@@ -242,26 +242,13 @@ def test_shards_on_s3_train_two_processes_on_disjoint_images_and_resume(
     options = [*ddp, *from_shards("s3://shards/colours"), "--data.num_workers", "1"]
     interrupted_and_resumed(colour_root, tmp_path, options, ranks=2)
 
-    parts = tmp_path / "parts"
-    validate = [sys.executable, "-m", PACKAGE, "validate", "--run", "version_0", "--ckpt_path"]
-    validate.append("last")
-    scored = subprocess.run(
-        [*validate, "--trainer.enable_progress_bar", "false"],
-        cwd=parts,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    parts = tmp_path / "parts"  # the resumed run's folder; one process from here on
+    last = ["--run", "version_0", "--ckpt_path", "last"]
+    scored = run_main("validate", *last, "--trainer.enable_progress_bar", "false", cwd=parts)
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert "val_acc" in scored.stdout
-    predicted = subprocess.run(
-        [sys.executable, "-m", PACKAGE, "predict", "--run", "version_0", "--ckpt_path", "last"]
-        + [*from_shards("s3://shards/colours"), "--predictions.output", "s3.csv"],
-        cwd=parts,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    output = ["--predictions.output", "s3.csv"]
+    predicted = run_main("predict", *last, *from_shards("s3://shards/colours"), *output, cwd=parts)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     with open(parts / "s3.csv", newline="") as file:
         paths = [row[0] for row in list(csv.reader(file))[1:]]
