@@ -72,7 +72,8 @@ def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str
 
 
 # The default bake's whole suite runs in two halves, on two workers at once: these test files
-# (the two-process DDP and shard runs, the HTTP server, the recipe presets) and the rest.
+# (the two-process DDP and shard runs, the HTTP server, the recipe presets, the salted dataset)
+# and the rest, which also holds the fast tier; each half about 10 minutes on 2 cores.
 FIRST_HALF = (
     "test_ddp.py",
     "test_mid_epoch.py",
@@ -80,6 +81,7 @@ FIRST_HALF = (
     "test_stream_eval.py",
     "test_serve.py",
     "test_presets.py",
+    "test_hostile.py",
 )
 HALVES = {
     "processes": [f"tests/{name}" for name in FIRST_HALF],
