@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -101,11 +102,15 @@ def run_main(capsys, monkeypatch):
         # On the command line, as `python -m` puts it there (what LightningCLI reads).
         monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *map(str, args)])
         capsys.readouterr()
+        environment = dict(os.environ)  # what a command sets there ends with it (MLflow sets some)
         try:
             main()
             code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        finally:
+            os.environ.clear()
+            os.environ.update(environment)
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(args, code, out, err)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlflow
 import torch
-from conftest import tiny_run_options
+from conftest import one_error, tiny_run_options
 from mlflow import MlflowClient
 
 from {{ cookiecutter.package_name }}.commands.mlflow_outputs import REGISTERED_MODEL
@@ -78,3 +78,26 @@ def test_mlflow_tracking_uri_names_the_store(image_root: Path, tmp_path: Path) -
     client = MlflowClient(f"sqlite:///{store}")
     experiment = client.get_experiment_by_name("lightning_logs")
     assert len(client.search_runs([experiment.experiment_id])) == 1
+
+
+def test_the_store_follows_default_root_dir_and_never_lands_among_the_images(
+    image_root: Path, run_main, monkeypatch
+) -> None:
+    """From inside the dataset, `--trainer.default_root_dir ../runs` takes the default store and
+    its artifacts there too; a store that MLFLOW_TRACKING_URI puts among the images is refused."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    before = sorted(path for path in image_root.rglob("*"))
+    runs = image_root.parent / "runs"
+    options = [*tiny_run_options("."), "--trainer.max_epochs", "1"]
+    fit(*options, "--trainer.default_root_dir", "../runs", cwd=image_root, env=env)
+    assert sorted(path for path in image_root.rglob("*")) == before
+    client = MlflowClient(f"sqlite:///{runs / 'mlruns.db'}")
+    experiment = client.get_experiment_by_name("lightning_logs")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert str(runs / "mlruns" / run.info.run_id) in run.info.artifact_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{image_root / 'store.db'}")
+    refused = run_main("fit", *options, "--trainer.default_root_dir", "../runs", cwd=image_root)
+    line = one_error(refused.returncode, refused.stderr)
+    assert line.startswith(f"error: MLflow's store {image_root} is --data.source.root .")
+    assert sorted(path for path in image_root.rglob("*")) == before

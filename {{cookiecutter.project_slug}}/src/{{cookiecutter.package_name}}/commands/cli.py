@@ -166,8 +166,7 @@ class ImageCLI(LightningCLI):
             config.trainer.precision = default_precision(config.trainer.accelerator)
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
-        inputs = source_from_config(config.data.source).inputs()
-        refuse_run_among(config, [*inputs, ("--data.predict_root", config.data.predict_root)])
+        refuse_run_among(config)
 
     def before_fit(self) -> None:
         if self.ckpt_contents is not None:
@@ -322,16 +321,11 @@ def _saved_source(given, saved: dict) -> Namespace:
     """The checkpoint's source, with the options given now: the same kind of source takes the
     saved values of the options left at their defaults; another kind, given with options of its
     own, is kept as given."""
-    if given is None:
-        given = DEFAULT_SOURCE
-    given = given.as_dict() if isinstance(given, Namespace) else dict(given)
+    given = given.as_dict() if isinstance(given, Namespace) else dict(given or DEFAULT_SOURCE)
     class_path = given["class_path"]
     parameters = inspect.signature(source_class(class_path)).parameters
-    typed = {
-        key: value
-        for key, value in (given.get("init_args") or {}).items()
-        if key not in parameters or parameters[key].default != value
-    }
+    given_args = (given.get("init_args") or {}).items()
+    typed = {k: v for k, v in given_args if k not in parameters or parameters[k].default != v}
     if class_path != saved["class_path"]:
         return _as_namespace(given if typed else saved)
     return _as_namespace({"class_path": class_path, "init_args": {**saved["init_args"], **typed}})

@@ -16,6 +16,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
@@ -79,14 +80,23 @@ def name_run(config, typed) -> str | None:
     """Settle the run's name (`--run`, else SLURM's job) and folder; return the name.
 
     Also puts the logger's folder under `--trainer.default_root_dir` unless its `save_dir` was
-    given, as Lightning does with its default logger. `config` is the subcommand's parsed
-    configuration, `typed` the part of it given on the command line or in config files.
+    given, as Lightning does with its default logger; MLflow's default store (`mlruns.db` and
+    the artifacts beside it) too, unless `MLFLOW_TRACKING_URI` or the option names another.
+    `config` is the subcommand's parsed configuration, `typed` the part of it given on the
+    command line or in config files.
     """
     root = config.trainer.default_root_dir
     kind, init_args = _logger(config)
     given = typed.get("trainer.logger.init_args.save_dir") is not None
     if root and init_args is not None and "save_dir" in init_args and not given:
         init_args.save_dir = root
+    store = _mlflow_store(kind, init_args)
+    named = typed.get("trainer.logger.init_args.tracking_uri")
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or named
+    if root and store is not None and not store.is_absolute() and not uri:
+        init_args.tracking_uri = f"sqlite:///{os.path.abspath(Path(root, store))}"
+        artifacts = init_args.artifact_location or os.path.abspath(Path(root, "mlruns"))
+        init_args.artifact_location = artifacts
     if config.get("run") is None:
         config.run = slurm_run_name()
     run = config.run
@@ -110,25 +120,30 @@ def name_run(config, typed) -> str | None:
     return run
 
 
-def refuse_run_among(config, inputs: list[tuple[str, Path | str | None]]) -> None:
-    """Refuse a run whose folders are or lie inside a dataset it reads (`inputs`: (option, path)):
-    its logs, checkpoints, history and report would be written among the user's files. The
-    folders: `--trainer.default_root_dir` (the working folder by default), the logger's
-    `save_dir`, `--checkpoint.dirpath`."""
-    root = config.trainer.default_root_dir
-    where = ("--trainer.default_root_dir", root) if root else ("the working folder", os.getcwd())
-    folders = [where]
+def refuse_run_among(config) -> None:
+    """Refuse a run whose folders are or lie inside a dataset it reads: its logs, checkpoints,
+    history and report would be written among the user's files. The folders:
+    `--trainer.default_root_dir` (the working folder by default), the logger's `save_dir` (and
+    MLflow's local store), `--checkpoint.dirpath`."""
+    inputs = source_from_config(config.data.source).inputs()
+    inputs.append(("--data.predict_root", config.data.predict_root))
+    elsewhere = "choose a folder outside the data"
+    folders = [("--trainer.default_root_dir", config.trainer.default_root_dir, elsewhere)]
+    if not config.trainer.default_root_dir:
+        way_out = "run from a folder outside the data, or give --trainer.default_root_dir DIR"
+        folders = [("the working folder", os.getcwd(), way_out)]
     kind, init_args = _logger(config)
     if init_args is not None and init_args.get("save_dir"):
-        folders.append(("--trainer.logger.init_args.save_dir", init_args.save_dir))
+        folders.append(("--trainer.logger.init_args.save_dir", init_args.save_dir, elsewhere))
     if config.checkpoint.dirpath:
-        folders.append(("--checkpoint.dirpath", config.checkpoint.dirpath))
-    way_out = (
-        "the run's logs and checkpoints would land among the images; run from a folder outside "
-        "the data, or give --trainer.default_root_dir DIR outside it"
-    )
-    for option, folder in folders:
-        refuse_overlap(folder, option, inputs, way_out=way_out)
+        folders.append(("--checkpoint.dirpath", config.checkpoint.dirpath, elsewhere))
+    store = _mlflow_store(kind, init_args)
+    if store is not None:
+        way_out = "point MLFLOW_TRACKING_URI or --trainer.logger.init_args.tracking_uri elsewhere"
+        folders.append(("MLflow's store", store.parent, way_out))
+    for option, folder, way_out in folders:
+        among = "the run's logs and checkpoints would land among the images"
+        refuse_overlap(folder, option, inputs, way_out=f"{among}; {way_out}")
 
 
 def runs_folder(config) -> Path:
@@ -236,6 +251,12 @@ def _logger(config) -> tuple[str | None, object]:
     if class_path is None:
         return None, None
     return str(class_path).rsplit(".", 1)[-1], logger.init_args
+
+
+def _mlflow_store(kind: str | None, init_args) -> Path | None:
+    """The file of an MLflow logger's local SQLite store (`sqlite:///PATH`), else None."""
+    uri = str(init_args.get("tracking_uri") or "") if kind == "MLFlowLogger" else ""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
 def _same(given: object, saved: object) -> bool:
