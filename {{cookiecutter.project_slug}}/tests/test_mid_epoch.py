@@ -246,14 +246,14 @@ def test_a_resumed_epoch_sees_each_remaining_image_once_under_ddp(
 
 @pytest.mark.slow
 def test_resuming_mid_epoch_with_another_batch_size_is_refused(
-    colour_root: Path, tmp_path: Path
+    colour_root: Path, tmp_path: Path, run_main
 ) -> None:
     stopped = fit(colour_root, tmp_path, tmp_path, "--data.num_workers", "0", term_batch=2)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     last = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
     before = last.read_bytes()
     resume = ["--ckpt_path", str(last), "--data.batch_size", "3"]
-    refused = fit(colour_root, tmp_path, tmp_path, *resume)
+    refused = run_main("fit", *resume, cwd=tmp_path)  # refused before training: in this process
     error = one_error(refused.returncode, refused.stderr)
     assert "resuming run" in error and "--data.batch_size 3 (the run's: 2)" in error
     assert last.read_bytes() == before  # the checkpoint to resume from is kept as it was

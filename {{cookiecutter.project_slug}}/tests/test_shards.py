@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import one_error, write_image
 from test_mid_epoch import colour_root as colour_root  # the fixture, shared
-from test_mid_epoch import fit, interrupted_and_resumed
+from test_mid_epoch import interrupted_and_resumed
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 needs_litdata = pytest.mark.skipif(
@@ -44,7 +44,9 @@ def shard(root: Path, output: str, *options: str, cwd: Path) -> subprocess.Compl
 
 @pytest.mark.slow
 @needs_litdata
-def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path: Path) -> None:
+def test_shard_writes_once_and_asks_before_replacing(
+    colour_root: Path, tmp_path: Path, run_main
+) -> None:
     out = tmp_path / "shards"
     done = shard(colour_root, str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -53,9 +55,11 @@ def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path
     assert meta["images"] == {"train": 24, "val": 6}  # the seeded 20% split, per class
     assert (out / "train/index.json").is_file() and (out / "val/index.json").is_file()
 
-    again = shard(colour_root, str(out), cwd=tmp_path)
+    # Where nothing is written (in this process): the same shards again, or a refusal.
+    same = ["shard", "--data.source.root", colour_root, "--output", out, "--data.num_workers", "2"]
+    again = run_main(*same, cwd=tmp_path)
     assert again.returncode == 0 and "already there" in again.stdout, again.stderr[-3000:]
-    smaller = shard(colour_root, str(out), "--resize", "8", cwd=tmp_path)
+    smaller = run_main(*same, "--resize", "8", cwd=tmp_path)
     assert "--overwrite" in one_error(smaller.returncode, smaller.stderr)
     assert json.loads((out / "dataset.json").read_text()) == meta  # left as it was
     replaced = shard(colour_root, str(out), "--resize", "8", "--overwrite", "true", cwd=tmp_path)
@@ -65,11 +69,13 @@ def test_shard_writes_once_and_asks_before_replacing(colour_root: Path, tmp_path
 
 @pytest.mark.slow
 @needs_litdata
-def test_incomplete_shards_are_refused_and_rewritten(colour_root: Path, tmp_path: Path) -> None:
+def test_incomplete_shards_are_refused_and_rewritten(
+    colour_root: Path, tmp_path: Path, run_main
+) -> None:
     out = tmp_path / "shards"
     assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
     (out / "dataset.json").unlink()  # as a run killed before its end leaves them
-    refused = fit(colour_root, tmp_path, tmp_path, *from_shards(out))
+    refused = run_main("fit", *from_shards(out), cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
     assert "no complete shards" in error and str(out) in error
     done = shard(colour_root, str(out), cwd=tmp_path)

@@ -151,7 +151,7 @@ def test_a_second_ctrl_c_ends_at_once_without_saving(colour_root: Path, tmp_path
 
 @pytest.mark.slow
 def test_a_stop_inside_a_gradient_accumulation_waits_for_its_end(
-    colour_root: Path, tmp_path: Path
+    colour_root: Path, tmp_path: Path, run_main
 ) -> None:
     """SIGTERM after the 3rd batch of an epoch with `accumulate_grad_batches 2`: the run saves
     after the 4th (a boundary), resumes exactly; resuming it with 3 (inside one) is refused."""
@@ -168,8 +168,8 @@ def test_a_stop_inside_a_gradient_accumulation_waits_for_its_end(
     last = parts / "lightning_logs/version_0/checkpoints/last.ckpt"
     before = last.read_bytes()
 
-    other = ["--data.num_workers", "0", "--trainer.accumulate_grad_batches", "3"]
-    refused = fit(colour_root, parts, parts, *other, "--ckpt_path", str(last))
+    other = ["--trainer.accumulate_grad_batches", "3", "--ckpt_path", str(last)]
+    refused = run_main("fit", *other, cwd=parts)  # refused before training: in this process
     error = one_error(refused.returncode, refused.stderr)
     assert "stopped 4 batches into epoch 1" in error
     assert "--trainer.accumulate_grad_batches 3" in error
