@@ -121,6 +121,16 @@ def test_the_demo_set_beside_the_users_classes_is_no_class(tmp_path: Path) -> No
     assert find_classes(here) == sorted(CLASSES)
 
 
+def test_a_users_folder_where_the_demo_set_goes_is_kept(tmp_path: Path, run_main) -> None:
+    """`fit` with no data option writes the demo set to ./data/demo: a folder of the user's there
+    stops it in one line, untouched."""
+    theirs = write_classes(tmp_path / "data" / "demo")
+    before = snapshot(theirs)
+    run = run_main("fit", *TINY, *ONE_EPOCH, cwd=tmp_path)
+    assert "holds files that are not the demo set" in one_error(run.returncode, run.stderr)
+    assert snapshot(theirs) == before
+
+
 def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from {{ cookiecutter.package_name }}.errors import DataError
+
 log = logging.getLogger(__name__)
 
 DEMO_CLASSES = ("confetti", "dots", "plain", "stripes")
@@ -46,7 +48,10 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
             os.rename(staging, root)
         except OSError:  # another process finished first: its copy is identical (same seed)
             if not (root / ".complete").exists():
-                raise
+                raise DataError(
+                    f"{root} holds files that are not the demo set: move them, or name your "
+                    "images with --data.source.root"
+                ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root
