@@ -27,6 +27,11 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
     root = Path(root)
     if (root / ".complete").exists():
         return root
+    if root.is_dir() and any(root.iterdir()) and not (root / ".complete").exists():  # theirs
+        raise DataError(
+            f"{root} holds files that are not the demo set: move them, or name your images "
+            "with --data.source.root"
+        )
     count = len(DEMO_CLASSES) * images_per_class
     log.warning("Generating the demo dataset (%d images) in %s", count, root.resolve())
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -48,10 +53,7 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
             os.rename(staging, root)
         except OSError:  # another process finished first: its copy is identical (same seed)
             if not (root / ".complete").exists():
-                raise DataError(
-                    f"{root} holds files that are not the demo set: move them, or name your "
-                    "images with --data.source.root"
-                ) from None
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root

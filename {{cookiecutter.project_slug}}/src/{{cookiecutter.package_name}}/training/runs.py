@@ -141,8 +141,8 @@ def refuse_run_among(config) -> None:
     if store is not None:
         way_out = "point MLFLOW_TRACKING_URI or --trainer.logger.init_args.tracking_uri elsewhere"
         folders.append(("MLflow's store", store.parent, way_out))
+    among = "the run's logs and checkpoints would land among the images"
     for option, folder, way_out in folders:
-        among = "the run's logs and checkpoints would land among the images"
         refuse_overlap(folder, option, inputs, way_out=f"{among}; {way_out}")
 
 
