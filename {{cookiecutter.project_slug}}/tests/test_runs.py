@@ -121,6 +121,28 @@ def test_a_fresh_fit_of_an_existing_run_is_refused(image_root: Path, in_tmp: Pat
     assert "--run a: that run exists" in error and "--ckpt_path last" in error
 
 
+def test_a_fresh_fit_into_a_checkpoint_folder_with_a_last_ckpt_is_refused(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """Whether the `last.ckpt` in `--checkpoint.dirpath` is a file of the user's or another
+    run's, a new run does not overwrite it; resuming it is still one option away."""
+    mine = in_tmp / "mine"
+    mine.mkdir()
+    (mine / "last.ckpt").write_bytes(b"the user's own file")
+    shared = ["--checkpoint.dirpath", "shared"]
+    fit(image_root, "--trainer.max_epochs", "1", *shared)
+    first = Path("shared/last.ckpt").read_bytes()
+    capsys.readouterr()
+    for folder, kept in (("mine", b"the user's own file"), ("shared", first)):
+        with pytest.raises(SystemExit) as refused:
+            fit(image_root, "--trainer.max_epochs", "2", "--checkpoint.dirpath", folder)
+        error = one_error(refused.value.code, capsys.readouterr().err)
+        assert f"--checkpoint.dirpath {folder} holds a last.ckpt" in error
+        assert Path(folder, "last.ckpt").read_bytes() == kept
+    fit(image_root, "--trainer.max_epochs", "2", *shared, "--ckpt_path", "last")
+    assert progress(Path("shared/last.ckpt")) == (1, 8)
+
+
 def test_validate_needs_the_run_named(image_root: Path, in_tmp: Path, capsys) -> None:
     fit(image_root, "--trainer.max_epochs", "1")
     capsys.readouterr()

@@ -278,13 +278,21 @@ def _resume_run(config, typed, checkpoint: dict) -> None:
 
 
 def _refuse_run_taken(config) -> None:
-    """A fresh `fit` of a named run that already has a `last.ckpt` would mix two runs."""
+    """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
+    `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's."""
     folder = run_checkpoints(config)
-    if config.get("run") is not None and (folder / "last.ckpt").is_file():
+    writes = config.trainer.enable_checkpointing is not False
+    if not writes or folder is None or not (folder / "last.ckpt").is_file():
+        return
+    if config.get("run") is not None:
         raise DataError(
             f"--run {config.run}: that run exists ({folder / 'last.ckpt'}); resume it with "
             "--ckpt_path last, or name a new run"
         )
+    raise DataError(
+        f"--checkpoint.dirpath {folder} holds a last.ckpt, which a new run would overwrite; "
+        "resume that run with --ckpt_path last, or give another folder"
+    )
 
 
 def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
