@@ -16,7 +16,7 @@ few-shot split) starts a model for digits 5-9 with `--per-class` images each, th
 `--model.weights` (its classifier re-made), against the same recipe from random weights.
 
     pip install scikit-learn
-    python scripts/recipe_bench.py --seeds 0 1 2 --epochs 30    # docs/training.md's table
+    python scripts/recipe_bench.py --seeds 0 1 2 --epochs 30    # docs/training.md's tables
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ RECIPES = PROJECT / "configs" / "recipes"
 RUNS = {
     "default": [],
     "scratch.yaml": ["--config", str(RECIPES / "scratch.yaml")],
+    "scratch.yaml, one pass per epoch": [
+        *("--config", str(RECIPES / "scratch.yaml")),
+        *("--data.source.epoch_repeats", "1"),
+    ],
     "+ augment.policy trivial": ["--data.augment.policy", "trivial"],
     "+ augment.erasing 0.25": ["--data.augment.erasing", "0.25"],
     "+ label_smoothing 0.1": ["--model.label_smoothing", "0.1"],
@@ -56,6 +60,7 @@ RUNS = {
         "0.998",
     ],
     "+ batch_size 16": ["--data.batch_size", "16"],
+    "+ source.epoch_repeats 3": ["--data.source.epoch_repeats", "3"],
     "+ tta_flip": ["--model.tta_flip", "true"],
 }
 
@@ -162,14 +167,20 @@ def row(name: str, scores: list[float], seconds: float) -> str:
     return f"| {name} | {statistics.mean(scores):.3f} ± {spread:.3f} | {seconds:.0f} s |"
 
 
-def main() -> None:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--per-class", type=int, default=10)
     parser.add_argument("--val-per-class", type=int, help="default: every other image")
-    parser.add_argument("--only", nargs="*", help="run only these rows (names as in the table)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--only", nargs="*", choices=list(RUNS), metavar="ROW", help="run only these rows"
+    )
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = arguments()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = {

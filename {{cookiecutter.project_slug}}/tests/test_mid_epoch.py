@@ -225,10 +225,11 @@ def interrupted_and_resumed(
 @pytest.mark.parametrize(
     "options",
     [
-        ["--data.num_workers", "0"],
+        ["--data.num_workers", "0", "--data.source.epoch_repeats", "2"],
         ["--data.num_workers", "2", "--data.source.balance_classes", "true"],
     ],
-    ids=["in-process", "workers-balanced"],  # (workers with the plain shuffle: under DDP below)
+    # (workers with the plain shuffle and one pass per epoch: under DDP below)
+    ids=["in-process-two-passes", "workers-balanced"],
 )
 def test_a_resumed_epoch_sees_each_remaining_image_once(
     colour_root: Path, tmp_path: Path, options: list[str]

@@ -3,6 +3,7 @@ the ones validated, checkpointed and exported; run options given with `--ckpt_pa
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ from {{ cookiecutter.package_name }}.training.ema import warmed_up_ema
 
 RECIPES = Path(__file__).parents[1] / "configs" / "recipes"
 EMA = "{{ cookiecutter.package_name }}.training.ema.EMAWeights"
+SCRIPT = "scripts/recipe_bench.py"
 
 
 def command(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -135,6 +137,23 @@ def test_tta_flip_given_with_a_checkpoint_applies(trained_checkpoint: Path, caps
     plain = val_loss(capsys.readouterr().out)
     main([*options, "--model.tta_flip", "true"])
     assert val_loss(capsys.readouterr().out) != plain
+
+
+def test_the_docs_bench_commands_parse() -> None:
+    """docs/training.md's `recipe_bench.py` commands, read as a shell would, are accepted by the
+    bench, so every row they name is one of its rows (argparse refuses others)."""
+    project = Path(__file__).parents[1]
+    spec = importlib.util.spec_from_file_location("recipe_bench", project / SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = (project / "docs" / "training.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = text.splitlines()
+    commands = [shlex.split(line) for line in lines if line.startswith(f"python {SCRIPT}")]
+    assert len(commands) == 2
+    named = [bench.arguments(words[2:]).only for words in commands]
+    assert named[0] and "scratch.yaml" in named[0] and named[1] is None  # 10 epochs; then all
+    with pytest.raises(SystemExit):
+        bench.arguments(["--only", "no such row"])
 
 
 @pytest.mark.slow

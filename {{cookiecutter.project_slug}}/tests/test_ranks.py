@@ -65,6 +65,39 @@ def test_a_share_over_one_batch_still_drops_its_last_partial_batch() -> None:
     assert [[len(batch) for batch in batches] for batches in ranks] == [[64]] * 16
 
 
+@pytest.mark.parametrize("balanced", [False, True])
+def test_epoch_repeats_pass_over_each_ranks_share_that_many_times(balanced: bool) -> None:
+    """100 images on 2 ranks, batches of 8, 3 passes per epoch: 150 draws per rank, 18 full
+    batches; the plain shuffle's pass r of epoch e is the one-pass order of epoch 3e + r, so
+    each pass holds every image once over the ranks, in an order of its own."""
+    with pytest.raises(DataError, match="--data.source.epoch_repeats must be at least 1, got 0"):
+        ClassFolders(epoch_repeats=0)
+    targets = np.arange(100) % 4
+    options = {"balance_classes": (targets, 4, 0)} if balanced else {}
+    ranks = batches_of_every_rank(100, 2, 8, repeats=3, **options)
+    assert [[len(batch) for batch in batches] for batches in ranks] == [[8] * 18] * 2
+    samplers = [
+        make_loader(Numbers(100), 8, 0, False, True, shard=(r, 2), repeats=3, **options).sampler
+        for r in (0, 1)
+    ]
+    for sampler in samplers:
+        sampler.set_epoch(1)
+    orders = [[int(i) for i in sampler] for sampler in samplers]
+    assert all(len(order) == 150 for order in orders)
+    sampler = samplers[0]
+    sampler.resume_at(70)  # in the second pass
+    assert [int(i) for i in sampler] == orders[0][70:]
+    if balanced:  # draws with replacement: no pass structure to check
+        return
+    passes = [[order[50 * r : 50 * (r + 1)] for order in orders] for r in range(3)]
+    assert all(sorted(p[0] + p[1]) == list(range(100)) for p in passes)
+    assert passes[0] != passes[1] != passes[2]
+    one_pass = make_loader(Numbers(100), 8, 0, False, True, shard=(0, 2)).sampler
+    for r in range(3):
+        one_pass.set_epoch(3 + r)
+        assert [int(i) for i in one_pass] == passes[r][0]
+
+
 def test_evaluation_needs_an_image_for_every_rank() -> None:
     for rank in range(16):
         loader = make_loader(Numbers(16), 64, 0, False, shard=(rank, 16))

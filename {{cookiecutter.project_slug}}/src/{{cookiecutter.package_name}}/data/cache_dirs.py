@@ -82,11 +82,8 @@ def prune(cache_dir: Path, keep: int, current: Path) -> None:
     dataset = owner(current)
     if dataset is None:
         return
-    complete = [
-        p.parent
-        for p in cache_dir.glob("*/index.npy")
-        if p.parent != current and owner(p.parent) == dataset
-    ]
+    indexes = cache_dir.glob("*/index.npy")
+    complete = [p.parent for p in indexes if p.parent != current and owner(p.parent) == dataset]
     complete.sort(key=lambda p: (p / "index.npy").stat().st_mtime, reverse=True)
     for old in complete[max(0, keep - 1) :]:
         with open(lock_path(old), "a") as lock:

@@ -121,9 +121,7 @@ def make_dataset(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Index a class-folder tree: relative paths (bytes) and int64 targets. `folders` (default:
     all of `class_to_idx`) must each be a known class holding at least one image."""
-    paths: list[str] = []
-    targets: list[int] = []
-    counts: list[int] = []
+    paths, targets, counts = [], [], []  # every file; per folder, its class and image count
     for name in class_to_idx if folders is None else folders:
         if name not in class_to_idx:
             raise DataError(

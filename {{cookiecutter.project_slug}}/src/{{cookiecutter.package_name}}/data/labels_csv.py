@@ -221,10 +221,8 @@ def encode_labels(
 
 def _as_indices(values: list[str]) -> np.ndarray:
     """Each label as an integer where it is ASCII digits (of int64 size), else -1."""
-    return np.array(
-        [int(v) if v.isascii() and v.isdigit() and len(v) < 19 else -1 for v in values],
-        dtype=np.int64,
-    )
+    indices = [int(v) if v.isascii() and v.isdigit() and len(v) < 19 else -1 for v in values]
+    return np.array(indices, dtype=np.int64)
 
 
 def find_missing(table: LabelsTable, root: Path) -> None:

@@ -26,6 +26,7 @@ def make_loader(
     balance_classes: tuple[np.ndarray, int, int] | None = None,
     shard: tuple[int, int] | None = None,
     seed: int = 0,
+    repeats: int = 1,
 ) -> DataLoader:
     """A loader of uint8 batches: shuffled (or class-balanced) with `train`, in order without.
 
@@ -36,15 +37,16 @@ def make_loader(
             (`EvalShardSampler`); training keeps this process's share of one common order.
         seed: with the epoch (Lightning's `set_epoch`), it fixes the training order, so a resumed
             run draws what an uninterrupted one would have, in one process or many.
+        repeats: passes over the training images in one epoch, each drawn anew.
     """
-    sampler = None
+    sampler, place = None, shard or (0, 1)
     if train and balance_classes is not None:
         targets, num_classes, seed = balance_classes
-        sampler = BalancedSampler(balanced_weights(targets, num_classes), seed, *(shard or (0, 1)))
+        sampler = BalancedSampler(balanced_weights(targets, num_classes), seed, *place, repeats)
     elif train:
         # A DataLoader's own shuffle draws its seed from the global random state, which a resumed
         # run reaches in another state; Lightning leaves a DistributedSampler in place under DDP.
-        sampler = EpochShuffle(dataset, seed, *(shard or (0, 1)))
+        sampler = EpochShuffle(dataset, seed, *place, repeats)
     if not train and shard is not None:
         sampler = EvalShardSampler(dataset, *shard)
         if 0 < len(dataset) < shard[1]:  # a process without a batch would leave others waiting
@@ -98,15 +100,22 @@ class EvalShardSampler(DistributedSampler):
 
 
 class EpochShuffle(DistributedSampler):
-    """This rank's share of one shuffle of the training images, seeded by (seed, epoch), each index
-    a `Draw`; `resume_at(n)` starts the next pass at this rank's n-th image (`ResumeInEpoch`)."""
+    """This rank's share of `repeats` shuffles of the training images, one after the other, seeded
+    by (seed, epoch), each index a `Draw`; `resume_at(n)` starts the next epoch at this rank's
+    n-th image (`ResumeInEpoch`)."""
 
-    def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1, repeats: int = 1
+    ) -> None:
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.repeats = repeats
         self._start = 0
 
+    def __len__(self) -> int:
+        return self.num_samples * self.repeats
+
     def resume_at(self, position: int) -> None:
-        """Skip the first `position` images of the next pass (for this epoch only)."""
+        """Skip the first `position` images of the next epoch's order (for that epoch only)."""
         self._start = position
 
     def __iter__(self) -> Iterator[Draw]:
@@ -117,20 +126,24 @@ class EpochShuffle(DistributedSampler):
         return (Draw(i, base | (self.rank + j * self.num_replicas)) for j, i in order)
 
     def epoch_order(self) -> Iterator[int]:
-        """Every image of this rank's share of the epoch, in order (`len(self)` of them)."""
-        return super().__iter__()
+        """This rank's share of the epoch, in order (`len(self)` images): pass r of epoch e is
+        torch's shuffle for epoch `e * repeats + r` (with one pass, for epoch e)."""
+        epoch, passes = self.epoch, []
+        for repeat in range(self.repeats):
+            self.epoch = epoch * self.repeats + repeat
+            passes.append(super().__iter__())
+        self.epoch = epoch
+        return itertools.chain.from_iterable(passes)
 
 
 class BalancedSampler(EpochShuffle):
-    """Weighted draws with replacement, as many as there are images, seeded by (seed, epoch); under
-    DDP all ranks draw the same sequence and each keeps every world-size-th draw."""
-
-    def __init__(self, weights: torch.Tensor, seed: int, rank: int = 0, world_size: int = 1):
-        super().__init__(weights, seed, rank, world_size)
-        self.weights = weights
+    """Weighted draws with replacement, `repeats` times as many as there are images, seeded by
+    (seed, epoch); under DDP all ranks draw the same sequence and each keeps every world-size-th
+    draw. Its "dataset" is the images' weights (one per image)."""
 
     def epoch_order(self) -> Iterator[int]:
         state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
         generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-        draws = torch.multinomial(self.weights, self.total_size, True, generator=generator)
-        return iter(draws[self.rank : self.total_size : self.num_replicas].tolist())
+        total = self.total_size * self.repeats
+        draws = torch.multinomial(self.dataset, total, True, generator=generator)
+        return iter(draws[self.rank : total : self.num_replicas].tolist())

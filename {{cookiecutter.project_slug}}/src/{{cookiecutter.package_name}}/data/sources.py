@@ -61,11 +61,14 @@ class ImageFiles(Source):
         test_root: str | Path | None = None,
         test_csv: str | Path | None = None,
         balance_classes: bool = False,
+        epoch_repeats: int = 1,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_keep: int = 3,
         cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
+        if epoch_repeats < 1:
+            raise DataError(f"--data.source.epoch_repeats must be at least 1, got {epoch_repeats}")
         if not 0.0 <= val_fraction < 1.0:
             raise DataError(f"--data.source.val_fraction must be in [0, 1), got {val_fraction}")
         if cache not in ("none", "memmap"):
@@ -83,6 +86,7 @@ class ImageFiles(Source):
         self.test_root = _path(test_root)
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.source.test_csv")
         self.balance_classes = balance_classes
+        self.epoch_repeats = epoch_repeats
         self.skip_bad_images = skip_bad_images
         self.cache = cache
         self.cache_keep = cache_keep
@@ -180,8 +184,8 @@ class ImageFiles(Source):
         balance = None
         if train and self.balance_classes:
             balance = (dataset.targets, data.num_classes, data.seed)
-        workers = data.resolve_num_workers()
-        options = {"train": train, "balance_classes": balance, "seed": data.seed}
+        seed, repeats, workers = data.seed, self.epoch_repeats, data.resolve_num_workers()
+        options = {"train": train, "balance_classes": balance, "seed": seed, "repeats": repeats}
         return make_loader(dataset, data.batch_size, workers, **placement(data), **options)
 
 
@@ -197,6 +201,8 @@ class ClassFolders(ImageFiles):
         test_root: `test` images in class folders (or the image folder of `test_csv`).
         test_csv: test images named by a CSV, relative to `test_root` when set, else `root`.
         balance_classes: draw training images with a weighted sampler, each class equally often.
+        epoch_repeats: passes over the training images per epoch, each in an order of its own:
+            on a few hundred images, enough optimizer steps in a run of the usual epochs.
         skip_bad_images: decode every image at setup and leave out, with a warning, those that
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
         cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
@@ -232,6 +238,7 @@ class LabelsCsv(ImageFiles):
         label_column: str = "label",
         label_kind: Literal["auto", "index", "name"] = "auto",
         balance_classes: bool = False,
+        epoch_repeats: int = 1,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_keep: int = 3,
@@ -245,6 +252,7 @@ class LabelsCsv(ImageFiles):
         self.label_column = label_column
         self.label_kind = label_kind
         shared = (val_root, val_csv, val_fraction, test_root, test_csv, balance_classes)
+        shared += (epoch_repeats,)
         super().__init__(root, *shared, skip_bad_images, cache, cache_keep, cache_key)
 
 
