@@ -137,7 +137,7 @@ def test_a_fresh_fit_into_a_checkpoint_folder_with_a_last_ckpt_is_refused(
         with pytest.raises(SystemExit) as refused:
             fit(image_root, "--trainer.max_epochs", "2", "--checkpoint.dirpath", folder)
         error = one_error(refused.value.code, capsys.readouterr().err)
-        assert f"--checkpoint.dirpath {folder} holds a last.ckpt" in error
+        assert f"--checkpoint.dirpath: a checkpoint exists ({Path(folder, 'last.ckpt')})" in error
         assert Path(folder, "last.ckpt").read_bytes() == kept
     fit(image_root, "--trainer.max_epochs", "2", *shared, "--ckpt_path", "last")
     assert progress(Path("shared/last.ckpt")) == (1, 8)

@@ -281,18 +281,15 @@ def _refuse_run_taken(config) -> None:
     """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
     `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's."""
     folder = run_checkpoints(config)
-    writes = config.trainer.enable_checkpointing is not False
-    if not writes or folder is None or not (folder / "last.ckpt").is_file():
+    if config.trainer.enable_checkpointing is False or folder is None:
         return
-    if config.get("run") is not None:
+    run, last = config.get("run"), folder / "last.ckpt"
+    if last.is_file():
+        taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
         raise DataError(
-            f"--run {config.run}: that run exists ({folder / 'last.ckpt'}); resume it with "
-            "--ckpt_path last, or name a new run"
+            f"{taken} exists ({last}), which a new run would overwrite; resume it with "
+            f"--ckpt_path last, or {'name a new run' if run else 'give another folder'}"
         )
-    raise DataError(
-        f"--checkpoint.dirpath {folder} holds a last.ckpt, which a new run would overwrite; "
-        "resume that run with --ckpt_path last, or give another folder"
-    )
 
 
 def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
@@ -345,11 +342,8 @@ def _as_namespace(source: dict) -> Namespace:
 
 
 def _check_resumed_classes(config, checkpoint: dict) -> None:
-    """Refuse to resume `fit` on data without the checkpoint's classes.
-
-    Run as soon as the arguments are parsed, before anything else is printed: the classes are read
-    from a DataModule built for the purpose, with the options the resumed run will have.
-    """
+    """Refuse to resume `fit` on data without the checkpoint's classes, before anything else is
+    printed: read from a DataModule built with the options the resumed run will have."""
     options = {**config.data.as_dict(), **_saved_data_options(config.data, checkpoint, "fit")}
     source = source_from_config(options.pop("source"))
     data = ImageDataModule(**{**options, "source": source, "class_names": None})
