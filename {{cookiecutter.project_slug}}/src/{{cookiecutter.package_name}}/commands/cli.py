@@ -281,10 +281,8 @@ def _refuse_run_taken(config) -> None:
     """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
     `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's."""
     folder = run_checkpoints(config)
-    if config.trainer.enable_checkpointing is False or folder is None:
-        return
-    run, last = config.get("run"), folder / "last.ckpt"
-    if last.is_file():
+    run, last = config.get("run"), folder / "last.ckpt" if folder is not None else None
+    if last is not None and last.is_file():
         taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
         raise DataError(
             f"{taken} exists ({last}), which a new run would overwrite; resume it with "
