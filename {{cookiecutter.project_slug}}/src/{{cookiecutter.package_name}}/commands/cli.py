@@ -281,13 +281,14 @@ def _refuse_run_taken(config) -> None:
     """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
     `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's."""
     folder = run_checkpoints(config)
-    run, last = config.get("run"), folder / "last.ckpt" if folder is not None else None
-    if last is not None and last.is_file():
-        taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
-        raise DataError(
-            f"{taken} exists ({last}), which a new run would overwrite; resume it with "
-            f"--ckpt_path last, or {'name a new run' if run else 'give another folder'}"
-        )
+    if folder is None or not (folder / "last.ckpt").is_file():
+        return
+    run = config.get("run")
+    taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
+    raise DataError(
+        f"{taken} exists ({folder / 'last.ckpt'}), which a new run would overwrite; resume it "
+        f"with --ckpt_path last, or {'name a new run' if run else 'give another folder'}"
+    )
 
 
 def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
