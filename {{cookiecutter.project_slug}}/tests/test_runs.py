@@ -5,6 +5,9 @@ precision."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +144,44 @@ def test_a_fresh_fit_into_a_checkpoint_folder_with_a_last_ckpt_is_refused(
         assert Path(folder, "last.ckpt").read_bytes() == kept
     fit(image_root, "--trainer.max_epochs", "2", *shared, "--ckpt_path", "last")
     assert progress(Path("shared/last.ckpt")) == (1, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="runs are locked on POSIX file systems")
+def test_a_run_being_trained_is_not_started_or_resumed_by_a_second_fit(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """Two `fit --run a` at once would write the same checkpoints and logs: the second is
+    refused, fresh or resuming, until the first ends; killed, it holds the run no longer."""
+    first = subprocess.Popen(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
+        + [*tiny_run_options(image_root), *QUIET, *CSV_LOGGER, "--run", "a"]
+        + ["--trainer.max_epochs", "100000"],
+        cwd=in_tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lock = in_tmp / "lightning_logs" / "a" / "run.lock"
+    try:
+        deadline = time.time() + 120
+        while not (lock.exists() and f"pid {first.pid}" in lock.read_text()):
+            assert first.poll() is None and time.time() < deadline, first.stderr.read()[-3000:]
+            time.sleep(0.1)
+        for resume in ([], ["--ckpt_path", "last"]):
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as refused:  # or else train 20 s, and fail here
+                fit(image_root, "--run", "a", "--trainer.max_time", "00:00:00:20", *resume)
+            error = one_error(refused.value.code, capsys.readouterr().err)
+            assert f"--run a: that run is being trained now (fit, pid {first.pid} on" in error
+        assert first.poll() is None  # the refusals left the first run training
+    finally:
+        first.kill()
+        first.communicate()
+    # A killed run (a preempted job) lets go of it: its next job resumes it (or starts it).
+    epochs = progress(last_of("a"))[0] + 2 if last_of("a").is_file() else 1
+    fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", str(epochs))
+    assert progress(last_of("a"))[0] == epochs - 1
 
 
 def test_validate_needs_the_run_named(image_root: Path, in_tmp: Path, capsys) -> None:

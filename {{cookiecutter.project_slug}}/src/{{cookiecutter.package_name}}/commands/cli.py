@@ -45,9 +45,12 @@ from {{ cookiecutter.package_name }}.training.runs import (
     apply_limits,
     changed_options,
     finished,
+    hold_run,
     known_runs,
     name_run,
     refuse_run_among,
+    refuse_run_taken,
+    release_runs,
     run_checkpoints,
 )
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
@@ -86,7 +89,6 @@ class ImageCLI(LightningCLI):
                 _check_resumed_classes(config, self.ckpt_contents)
                 _resume_run(config, typed, self.ckpt_contents)
         elif subcommand == "fit":
-            _refuse_run_taken(config)
             _follow_pretrained_inputs(config, typed)
 
     def _parse_ckpt_path(self) -> None:
@@ -167,6 +169,10 @@ class ImageCLI(LightningCLI):
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
         refuse_run_among(config)
+        if self.subcommand == "fit":  # another fit training the run now: the first thing to say
+            hold_run(config)
+            if self.ckpt_contents is None:
+                refuse_run_taken(config)
 
     def before_fit(self) -> None:
         if self.ckpt_contents is not None:
@@ -275,20 +281,6 @@ def _resume_run(config, typed, checkpoint: dict) -> None:
                 flush=True,
             )
         sys.exit(0)
-
-
-def _refuse_run_taken(config) -> None:
-    """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
-    `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's."""
-    folder = run_checkpoints(config)
-    if folder is None or not (folder / "last.ckpt").is_file():
-        return
-    run = config.get("run")
-    taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
-    raise DataError(
-        f"{taken} exists ({folder / 'last.ckpt'}), which a new run would overwrite; resume it "
-        f"with --ckpt_path last, or {'name a new run' if run else 'give another folder'}"
-    )
 
 
 def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
@@ -415,6 +407,7 @@ def main(args: list[str] | None = None) -> None:
         # shells see an unfinished run.
         sys.exit(getattr(stop, "exit_status", 143))
     finally:
+        release_runs()
         _close_process_group()
 
 

@@ -5,16 +5,24 @@ and under SLURM the job is the run (`slurm_<job id>`, `slurm_<array job>_<task>`
 requeued job finds its own. `--ckpt_path last` is the named run's `last.ckpt`: never another run's,
 whatever is newest beside it. Resuming keeps the run's model and data options (a typed one that
 differs is refused) and its `max_epochs`/`max_steps` unless given (then applied, and said).
+A named run is trained by one `fit` at a time (`hold_run`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities import rank_zero_only
+
+try:
+    import fcntl
+except ImportError:  # Windows: named runs go unguarded against a second fit at the same time
+    fcntl = None
 
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -166,6 +174,60 @@ def run_checkpoints(config) -> Path | None:
     if config.get("run") is None:
         return None
     return runs_folder(config) / config.run / "checkpoints"
+
+
+def refuse_run_taken(config) -> None:
+    """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
+    `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's."""
+    folder = run_checkpoints(config)
+    if folder is None or not (folder / "last.ckpt").is_file():
+        return
+    run = config.get("run")
+    taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
+    raise DataError(
+        f"{taken} exists ({folder / 'last.ckpt'}), which a new run would overwrite; resume it "
+        f"with --ckpt_path last, or {'name a new run' if run else 'give another folder'}"
+    )
+
+
+_HELD: list = []  # the lock files of the runs this process trains, until `release_runs`
+
+
+def hold_run(config) -> None:
+    """Refuse a named run that another `fit` is training now: both would write the same
+    checkpoints and logs. Rank zero holds a lock on `<run folder>/run.lock` until the process
+    ends (killed included, so a requeued job takes it again) or `release_runs`. A file lock, not
+    a lock file that a killed run would leave behind; on a file system without locks (some
+    cluster mounts), unguarded."""
+    if fcntl is None or config.get("run") is None or rank_zero_only.rank != 0:
+        return
+    path = runs_folder(config) / config.run / "run.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Held open past this function, closed by release_runs (or the process's end).
+    lock = open(path, "a+")  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise DataError(
+            f"--run {config.run}: that run is being trained now ({holder}, {path}); wait for "
+            "it to end, or name another run"
+        ) from None
+    except OSError:
+        lock.close()
+        return
+    lock.truncate(0)
+    lock.write(f"fit, pid {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
+    _HELD.append(lock)
+
+
+def release_runs() -> None:
+    """Let go of the runs `hold_run` holds (a command run in-process, as the tests do, ends)."""
+    while _HELD:
+        _HELD.pop().close()
 
 
 def known_runs(config) -> list[str]:
