@@ -21,7 +21,8 @@ def readme_commands() -> list[str]:
     block = re.search(r"## Train on your own images\n```bash\n(.*?)```", text, re.DOTALL).group(1)
     lines = [line.split("#")[0].strip() for line in block.splitlines()]
     commands = [line for line in lines if line.startswith(f"python -m {PACKAGE} ")]
-    commands += re.findall(rf"`(python -m {PACKAGE} [^`<]+)`", text)  # not `<command>` forms
+    # Not the `<command>` forms; `<run id>` is the run the first `fit` makes (W&B's, MLflow's).
+    commands += re.findall(rf"`(python -m {PACKAGE} (?:[^`<]|<run id>)+)`", text)
     return commands
 
 
@@ -36,11 +37,15 @@ def test_readme_commands_run_as_shown(image_root: Path, tmp_path: Path) -> None:
     )
     commands = readme_commands()
     assert [c.split()[3] for c in commands][:3] == ["scan", "fit", "validate"]
+    run_id = None
     for command in commands:
-        argv = shlex.split(command.replace("path/to/images", str(image_root)))
+        shown = command.replace("path/to/images", str(image_root))
+        argv = shlex.split(shown.replace("<run id>", run_id or "<run id>"))
         if "labels.csv" in argv:  # the CSV sits beside the images, as the README says
             argv[argv.index("labels.csv")] = str(image_root / "labels.csv")
         done = subprocess.run(
             [sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600
         )
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+        resume = re.search(r"resume with --ckpt_path (\S+)", done.stdout)
+        run_id = run_id or (resume and Path(resume.group(1)).parent.parent.name)

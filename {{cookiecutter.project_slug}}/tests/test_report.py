@@ -67,9 +67,10 @@ def fit(folder: Path, *extra: str) -> Path:
         cwd=folder,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = folder / "lightning_logs" / "version_0"
-    assert f"report: {Path('lightning_logs/version_0/report.html')}" in result.stdout
-    return run_dir
+    # The run folder, which this bake's logger names (`lightning_logs/version_0` for CSV's).
+    report = re.search(r"^report: (.+) \(written in", result.stdout, re.MULTILINE)
+    assert report, result.stdout[-3000:]
+    return folder / Path(report.group(1)).parent
 
 
 @pytest.fixture(scope="module")

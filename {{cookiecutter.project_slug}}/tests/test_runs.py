@@ -162,7 +162,7 @@ def test_a_run_being_trained_is_not_started_or_resumed_by_a_second_fit(
         stderr=subprocess.PIPE,
         text=True,
     )
-    lock = in_tmp / "lightning_logs" / "a" / "run.lock"
+    lock = in_tmp / "lightning_logs" / ".a.lock"
     try:
         deadline = time.time() + 120
         while not (lock.exists() and f"pid {first.pid}" in lock.read_text()):
@@ -227,7 +227,7 @@ def test_default_root_dir_holds_the_logs_checkpoints_history_and_report(
 def test_training_without_a_logger(image_root: Path, in_tmp: Path) -> None:
     no_logger = ["--trainer.logger", "false", "--run", "a", "--trainer.max_epochs", "1"]
     main(["fit", *tiny_run_options(image_root), *QUIET, *no_logger])
-    assert progress(in_tmp / "a" / "checkpoints" / "last.ckpt") == (0, 4)
+    assert progress(in_tmp / "lightning_logs" / "a" / "checkpoints" / "last.ckpt") == (0, 4)
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,52 @@ def test_fit_three_times_on_data_leaves_it_unchanged(tmp_path: Path, run_main) -
         assert snapshot(data) == before
 
 
+# The files a run writes into its folder, and a user may have in the working folder.
+RUN_FILES = (
+    "config.yaml",
+    "metrics.csv",
+    "hparams.yaml",
+    "val_files.csv",
+    "history.json",
+    "report.html",
+    "confusion_matrix.png",
+    "learning_curves.png",
+    "predictions.csv",
+)
+
+
+def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> None:
+    """With this project's logger, with a run name, and without a logger, `fit` writes nothing
+    over the user's files in the working folder (their own `config.yaml` above all); `validate`,
+    `test` and `predict` of a named run leave that run's files (its metrics and config) alone."""
+    write_classes(tmp_path / "data")
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in RUN_FILES:
+        (work / name).write_text(f"the user's {name}")
+    mine = {name: (work / name).read_text() for name in RUN_FILES}
+    data = [*TINY, "--data.root", "../data"]
+    no_logger = ["--trainer.logger", "false"]
+    for options in ([], ["--run", "a"], no_logger, [*no_logger, "--run", "b"]):
+        run = run_main("fit", *data, *ONE_EPOCH, *options, cwd=work)
+        assert run.returncode == 0, run.stderr[-3000:]
+        last = re.findall(r"resume with --ckpt_path (\S+)", run.stdout)[-1]
+        folder = work / Path(last).parent.parent  # the run's: where its report is
+        assert folder != work and (folder / "report.html").is_file(), last
+    assert (work / "lightning_logs" / "b" / "checkpoints" / "last.ckpt").is_file()
+    run_a = work / "lightning_logs" / "a"
+    before = snapshot(run_a)
+    for command, options in (
+        ("validate", []),
+        ("test", ["--data.source.test_root", "../data"]),
+        ("predict", ["--data.predict_root", "../data"]),
+    ):
+        run = run_main(command, "--run", "a", "--ckpt_path", "last", *options, cwd=work)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert snapshot(run_a) == before, command
+    assert {name: (work / name).read_text() for name in RUN_FILES} == mine
+
+
 @pytest.mark.parametrize(
     ("where", "options", "named"),
     [

@@ -42,6 +42,7 @@ from {{ cookiecutter.package_name }}.training.run_log import (
 from {{ cookiecutter.package_name }}.training.runs import (
     FREE_ON_RESUME,
     RunMark,
+    RunTrainer,
     apply_limits,
     changed_options,
     finished,
@@ -52,9 +53,12 @@ from {{ cookiecutter.package_name }}.training.runs import (
     refuse_run_taken,
     release_runs,
     run_checkpoints,
+    runs_folder,
 )
-{%- if cookiecutter.logger in ("mlflow", "wandb") %}
+{%- if cookiecutter.logger == "mlflow" %}
 from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, resume_run
+{%- elif cookiecutter.logger == "wandb" %}
+from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, finish_run, resume_run
 {%- endif %}
 
 # DataModule options that are also the model's: linked data -> model, saved in each checkpoint.
@@ -79,7 +83,7 @@ class ImageCLI(LightningCLI):
             return
         config = self.config[subcommand]
         typed = self.typed = _typed_options(self, parser, args, subcommand)
-        name_run(config, typed)
+        name_run(config, typed, subcommand)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             ckpt_path = config.ckpt_path = _run_last(config, subcommand)
@@ -150,9 +154,14 @@ class ImageCLI(LightningCLI):
         if config.get("logger") is False or config.get("logger") == []:
             # Lightning refuses a LearningRateMonitor without a logger: no logger, nothing to log.
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+            if self.subcommand != "fit":  # no run folder: config.yaml would go to the working one
+                self.save_config_callback = None
         # No options: parts of resuming, never turned off.
         callbacks += [ResumeInEpoch(), RunLogMark(), RunMark()]
-        return self._instantiate_trainer(config, callbacks)
+        trainer = self._instantiate_trainer(config, callbacks)
+        if self.subcommand == "fit" and self.config.fit.get("run") is not None:
+            trainer.run_folder = str(runs_folder(self.config.fit) / self.config.fit.run)
+        return trainer
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -394,11 +403,15 @@ def main(args: list[str] | None = None) -> None:
 {%- endif %}
             },
             save_config_kwargs={"overwrite": True},
+            trainer_class=RunTrainer,
 {%- if cookiecutter.logger == "mlflow" %}
             save_config_callback=SaveConfigToMLflow,
 {%- endif %}
             args=args,
         )
+{%- if cookiecutter.logger == "wandb" %}
+        finish_run()
+{%- endif %}
     except DataError as err:
         print(f"error: {_message(err)}", file=sys.stderr)
         sys.exit(2)

@@ -10,13 +10,10 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.report import HISTORY_FILE, write_report
-
-_VERSIONED = (CSVLogger, TensorBoardLogger)  # loggers whose log_dir is the run's own folder
 
 
 class RunHistory(Callback):
@@ -53,7 +50,8 @@ class RunHistory(Callback):
         self.validation = state_dict.get("validation")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.folder = _run_folder(trainer)
+        # The run's own folder (`RunTrainer`); `log_dir` broadcasts: every rank must ask.
+        self.folder = Path(trainer.log_dir or trainer.default_root_dir)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pending = {}
@@ -165,23 +163,6 @@ class RunHistory(Callback):
             rows = [row for shard in shards for row in shard]
         rows.sort(key=lambda row: (-row["confidence"], row["index"]))
         return rows[: self.wrong_images]
-
-
-def _run_folder(trainer: L.Trainer) -> Path:
-    """The run's own folder: the logger's `version_N`, or `<name>/<run id>` as checkpoints use.
-
-    `trainer.log_dir` is the shared `save_dir` for loggers other than CSV and TensorBoard (MLflow,
-    W&B), where every run's history would overwrite the last; ModelCheckpoint puts a run's
-    checkpoints in `<save_dir>/<name>/<version>/checkpoints`, and the history goes beside them.
-    """
-    folder = trainer.log_dir or trainer.default_root_dir  # broadcast: every rank must ask
-    logger = trainer.logger
-    if trainer.is_global_zero and logger is not None and not isinstance(logger, _VERSIONED):
-        version = logger.version
-        version = version if isinstance(version, str) else f"version_{version}"
-        save_dir = logger.save_dir or trainer.default_root_dir
-        folder = os.path.join(save_dir, str(logger.name), version)
-    return Path(folder)
 
 
 def _fitting(trainer: L.Trainer) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -28,6 +29,8 @@ from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
+# A no-logger fit's name, for the DDP processes that Lightning starts.
+_RUN_VARIABLE = "{{ cookiecutter.package_name.upper() }}_RUN"
 RUN_KEY = "run"  # in every checkpoint: the limits the run was trained to
 LIMITS = ("max_epochs", "max_steps")
 # The logger argument that names its run folder: `<save_dir>/<name or project>/<run>/`.
@@ -84,8 +87,12 @@ def slurm_run_name() -> str | None:
     return f"slurm_{job}" if job else None
 
 
-def name_run(config, typed) -> str | None:
+def name_run(config, typed, subcommand: str) -> str | None:
     """Settle the run's name (`--run`, else SLURM's job) and folder; return the name.
+
+    A `fit` without a logger, unnamed, is named `version_N` as the loggers name theirs, so that
+    its files have a folder of their own. The other commands take `--run` to find a checkpoint
+    only: they log to a new folder, never over the run's `metrics.csv` and `config.yaml`.
 
     Also puts the logger's folder under `--trainer.default_root_dir` unless its `save_dir` was
     given, as Lightning does with its default logger; MLflow's default store (`mlruns.db` and
@@ -107,11 +114,18 @@ def name_run(config, typed) -> str | None:
         init_args.artifact_location = artifacts
     if config.get("run") is None:
         config.run = slurm_run_name()
+    if config.run is None and subcommand == "fit" and config.trainer.logger in (False, []):
+        # The DDP processes that Lightning starts take rank zero's name.
+        inherited = os.environ.get(_RUN_VARIABLE) if rank_zero_only.rank != 0 else None
+        config.run = inherited or _next_version(runs_folder(config))
+        os.environ[_RUN_VARIABLE] = config.run
     run = config.run
     if run is None:
         return None
     if not run or run in (".", "..") or "/" in run or os.sep in run:
         raise DataError(f"--run {run!r}: a run's name is a folder name, without '/'")
+    if subcommand != "fit":
+        return run
     if kind in _VERSIONED:
         key = _VERSIONED[kind]
         asked = init_args.get(key)
@@ -163,7 +177,40 @@ def runs_folder(config) -> Path:
     root = Path(config.trainer.default_root_dir or ".")
     if kind == "MLFlowLogger":
         return root / (init_args.get("experiment_name") or "lightning_logs")
-    return root
+    return root / "lightning_logs"
+
+
+def _next_version(folder: Path) -> str:
+    taken = [int(p.name[8:]) for p in folder.glob("version_*") if p.name[8:].isdigit()]
+    return f"version_{max(taken, default=-1) + 1}"
+
+
+class RunTrainer(L.Trainer):
+    """Lightning's Trainer, whose `log_dir` is the run's own folder whatever the logger.
+
+    Lightning's is the logger's `save_dir` for loggers other than CSV's and TensorBoard's (W&B's
+    is the working folder, MLflow's none) and `default_root_dir` without one: `config.yaml`, the
+    validation split, the confusion matrix and the report of every run would land there, over
+    the last run's and over a user's files of those names. Here: a named `fit`'s folder
+    (`run_folder`, set by the CLI), else the folder ModelCheckpoint puts the run's checkpoints in.
+    """
+
+    run_folder: str | None = None
+
+    @property
+    def log_dir(self) -> str | None:
+        logger = self.logger
+        if self.run_folder is not None:
+            return self.run_folder
+        if logger is None or isinstance(logger, CSVLogger | TensorBoardLogger):
+            return super().log_dir
+        folder = None
+        if self.is_global_zero:  # the version is rank zero's
+            version = logger.version
+            version = version if isinstance(version, str) else f"version_{version}"
+            save_dir = logger.save_dir or self.default_root_dir
+            folder = os.path.join(save_dir, str(logger.name), version)
+        return self.strategy.broadcast(folder)
 
 
 def run_checkpoints(config) -> Path | None:
@@ -195,13 +242,13 @@ _HELD: list = []  # the lock files of the runs this process trains, until `relea
 
 def hold_run(config) -> None:
     """Refuse a named run that another `fit` is training now: both would write the same
-    checkpoints and logs. Rank zero holds a lock on `<run folder>/run.lock` until the process
-    ends (killed included, so a requeued job takes it again) or `release_runs`. A file lock, not
-    a lock file that a killed run would leave behind; on a file system without locks (some
-    cluster mounts), unguarded."""
+    checkpoints and logs. Rank zero holds a lock on `.<run>.lock` beside the run's folder (in it,
+    Lightning's CSV logger would warn of an old run) until the process ends (killed included, so
+    a requeued job takes it again) or `release_runs`. A file lock, not a lock file that a killed
+    run would leave behind; on a file system without locks (some cluster mounts), unguarded."""
     if fcntl is None or config.get("run") is None or rank_zero_only.rank != 0:
         return
-    path = runs_folder(config) / config.run / "run.lock"
+    path = runs_folder(config) / f".{config.run}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     # Held open past this function, closed by release_runs (or the process's end).
     lock = open(path, "a+")  # noqa: SIM115

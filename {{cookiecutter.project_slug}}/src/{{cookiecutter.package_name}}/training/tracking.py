@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import lightning as L
+{%- if cookiecutter.logger == "wandb" %}
+import wandb
+{%- endif %}
 from lightning.pytorch.callbacks import Callback
 {%- if cookiecutter.logger == "mlflow" %}
 from lightning.pytorch.loggers import MLFlowLogger as TRACKER
@@ -49,3 +52,13 @@ def resume_run(logger: object, checkpoint: dict) -> str | None:
         return None
     init_args[RUN_ID_ARGUMENT] = run_id
     return run_id
+{%- if cookiecutter.logger == "wandb" %}
+
+
+def finish_run() -> None:
+    """End the W&B run of the command that ends: run again in the same process (a notebook, the
+    tests), the next command's WandbLogger would log on to it (Lightning reuses a run in
+    progress), into the first run's folder."""
+    if wandb.run is not None:
+        wandb.finish()
+{%- endif %}
