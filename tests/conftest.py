@@ -27,23 +27,19 @@ CHOICE_OPTIONS = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked `first`, then those marked `minutes(n)`, longest first, each followed by
-    an unmarked one.
+    """The tests marked `minutes(n)` first, longest first, each followed by an unmarked one.
 
     `make test` runs the suite on one pytest-xdist worker per CPU, each worker holding the test it
     runs and the next: a quick test after each long one keeps two long tests from queueing on
-    one worker while another runs the quick ones. The bakes' tests all need one venv, which the
-    first of them builds (`dependencies` in test_baked_project.py): a `first` test keeps the
-    other worker busy meanwhile, instead of waiting for it.
+    one worker while another runs the quick ones.
     """
-    first = [item for item in items if item.get_closest_marker("first")]
     long = sorted(
         (item for item in items if item.get_closest_marker("minutes")),
         key=lambda item: -item.get_closest_marker("minutes").args[0],
     )
-    quick = [item for item in items if item not in first and item not in long]
+    quick = [item for item in items if not item.get_closest_marker("minutes")]
     ordered = []
-    for item in first + long:
+    for item in long:
         ordered += [item, *quick[:1]]
         quick = quick[1:]
     items[:] = ordered + quick

@@ -36,7 +36,6 @@ def script(name: str, *args: str, bake_dir: Path, cwd: Path) -> str:
     return done.stdout
 
 
-@pytest.mark.first  # it runs in this venv, needing none of the bakes' (conftest.py)
 def test_every_benchmark_script_runs(cookies, tmp_path: Path) -> None:
     project = bake(cookies, project_name="Bench Smoke")
     package = "bench_smoke"
