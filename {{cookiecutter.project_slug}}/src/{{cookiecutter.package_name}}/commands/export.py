@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from {{ cookiecutter.package_name }}.commands.infer import METADATA_FILE
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
@@ -41,7 +42,6 @@ FORMATS = {
     "onnx": ("onnx", ".onnx"),
     "torchscript": ("torchscript", ".pt"),
 }
-METADATA_FILE = "metadata.json"  # its name inside the artifact
 TORCHSCRIPT_NOTE = (
     "note: TorchScript is deprecated since PyTorch 2.11 and may stop working in a later release; "
     "--format pt2 (the default) or onnx serve the same model"

@@ -42,7 +42,7 @@ from {{ cookiecutter.package_name }}.training.outputs import check_output, start
 
 HEADER = ["path", "label", "probability", "top_k"]  # predict's columns (training/predictions.py)
 TOP_K = 5
-METADATA_FILE = "metadata.json"  # as `export` names it inside the model file
+METADATA_FILE = "metadata.json"  # the class names and preprocessing inside an exported model
 
 
 class ExportedModel:

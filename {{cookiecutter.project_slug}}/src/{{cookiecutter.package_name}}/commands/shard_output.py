@@ -22,7 +22,7 @@ from pathlib import Path
 from {{ cookiecutter.package_name }}.errors import DataError
 
 MANIFEST = "shard-manifest.json"
-META = "dataset.json"
+META = "dataset.json"  # data/shards.py reads it; defined twice so that this module needs no LitData
 FORMAT = 1
 PAGE = 1000  # S3 lists and deletes at most 1,000 keys per request
 

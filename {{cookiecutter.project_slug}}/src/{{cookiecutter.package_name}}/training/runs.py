@@ -199,9 +199,9 @@ class RunTrainer(L.Trainer):
 
     @property
     def log_dir(self) -> str | None:
-        logger = self.logger
         if self.run_folder is not None:
             return self.run_folder
+        logger = self.logger
         if logger is None or isinstance(logger, CSVLogger | TensorBoardLogger):
             return super().log_dir
         folder = None
