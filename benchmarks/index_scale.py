@@ -10,7 +10,7 @@ Times, in alternating rounds so that both see the same machine minutes, the base
 below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing and
 `np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
 `read_labels_csv` + `encode_labels`, `make_dataset` on each tree, and `find_missing` of the 100k
-CSV against its tree; with --against, the CSV reading of another bake too (of an earlier commit,
+CSV against its tree (also against the simplest check, a `stat` per row); with --against, the CSV reading of another bake too (of an earlier commit,
 say, on PYTHONPATH beside the first). Prints median wall and CPU seconds and old/new (CPU time is
 the steadier on a shared machine), the bytes of the index arrays (the same for both), and the peak
 heap of one 1M-row read (tracemalloc, which counts numpy's arrays). Where fresh memory is dear (a
@@ -93,6 +93,12 @@ def baseline_find_missing(table, root: Path, extensions: tuple[str, ...]) -> Non
 # ---- end of BASELINE ----
 
 
+def stat_per_row(table, root: Path) -> None:
+    """The simplest `find_missing`: a `stat` per row, the alternative to one listing of the tree."""
+    if any(not os.path.isfile(os.path.join(root, os.fsdecode(p))) for p in table.paths.tolist()):
+        raise ValueError("the benchmark's CSV should name only files in the tree")
+
+
 def write_inputs(folder: Path, small: int, large: int) -> tuple[dict[int, Path], dict[int, Path]]:
     """The CSVs, and for each the tree of the files that it names."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -165,6 +171,10 @@ def main() -> None:
         )
     steps[f"CSV of {small:,} rows against the tree: find_missing"] = (
         lambda: baseline_find_missing(small_table, tree, extensions),
+        lambda: labels.find_missing(small_table, tree),
+    )
+    steps[f"  against a stat per row, {small:,} rows"] = (
+        lambda: stat_per_row(small_table, tree),
         lambda: labels.find_missing(small_table, tree),
     )
     times: dict[str, tuple[list, list]] = {name: ([], []) for name in steps}

@@ -426,7 +426,11 @@ def test_a_cache_another_process_reads_is_not_removed(image_root: Path, tmp_path
         assert (in_use / "index.npy").exists()  # the newest only, but this one is being read
     finally:
         reader.stdin.close()
-        assert reader.wait(timeout=60) == 0
+        try:
+            reader.wait(timeout=60)
+        finally:
+            reader.kill()  # ended, whatever the outcome
+    assert reader.returncode == 0
     newest = serve(folder_dataset(image_root), 24, cache_dir, keep=1).cache.folder
     assert [p for p in cache_dir.iterdir() if p.is_dir()] == [newest]  # now both older go
 

@@ -93,8 +93,8 @@ def test_exif_orientation_is_applied(tmp_path: Path, suffix: str, approximate: b
 
 
 def torchvision_decode(path: Path) -> torch.Tensor | None:
-    """What `read_image` gave before for a JPEG or PNG: torchvision's decoders, deprecated since
-    0.29 and no longer used (a damaged PNG could kill them); None once they are gone."""
+    """torchvision's decoders as the reference for a JPEG or PNG (deprecated since 0.29, and a
+    damaged PNG could kill them, so `read_image` does not use them); None once they are gone."""
     try:
         from torchvision.io import ImageReadMode, decode_image
     except ImportError:  # pragma: no cover

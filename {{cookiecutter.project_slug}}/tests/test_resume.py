@@ -149,8 +149,8 @@ def test_a_killed_run_leaves_a_checkpoint_that_resumes(
 def test_resuming_with_more_epochs_rebuilds_the_schedule(
     image_root: Path, tmp_path: Path, monkeypatch, schedule: str
 ) -> None:
-    """The docs' `fit --ckpt_path last.ckpt --trainer.max_epochs N` with a larger N: OneCycleLR
-    used to stop past its old total, the cosine schedule to jump without a word."""
+    """The docs' `fit --ckpt_path last.ckpt --trainer.max_epochs N` with a larger N: left alone,
+    OneCycleLR stops past its old total and the cosine schedule jumps without a word."""
     monkeypatch.chdir(tmp_path)
     options = [*tiny_run_options(image_root), "--model.schedule", schedule, *QUIET, *CSV_LOGGER]
     main(["fit", *options, "--trainer.max_epochs", "2"])

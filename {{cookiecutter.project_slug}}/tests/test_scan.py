@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -108,6 +109,7 @@ def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_pa
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its loader worker too is ended below, whatever the outcome
     )
     try:
         # Killed once the worker is held and a step has been trained: a crash before any step
@@ -124,7 +126,9 @@ def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_pa
         os.kill(held[0], signal.SIGSEGV)
         out, err = fit.communicate(timeout=120)
     finally:
-        fit.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(fit.pid, signal.SIGKILL)
+        fit.wait()
     line = one_error(fit.returncode, err)
     assert "a data loader worker died" in line and f"while reading {stuck};" in line
     assert "python -m {{ cookiecutter.package_name }} scan" in line

@@ -42,9 +42,14 @@ class _CtrlCState(torch.utils.data.Dataset):
 def test_loader_workers_ignore_ctrl_c() -> None:
     from {{ cookiecutter.package_name }}.data.loaders import make_loader
 
-    loader = make_loader(_CtrlCState(), batch_size=2, num_workers=1, pin_memory=False)
-    assert next(iter(loader)).tolist() == [True, True]
-    assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN  # the training process's stays
+    # Python's own Ctrl-C handling, whatever this suite inherited (a background shell ignores it).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        loader = make_loader(_CtrlCState(), batch_size=2, num_workers=1, pin_memory=False)
+        assert next(iter(loader)).tolist() == [True, True]
+        assert signal.getsignal(signal.SIGINT) == signal.default_int_handler  # training's stays
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _children(pid: int) -> list[int]:

@@ -336,7 +336,7 @@ class ImageClassifier(L.LightningModule):
         the schedule is rebuilt over the new total, with a warning, and continues at the saved
         step. Left alone, OneCycleLR would stop with an error past the old total and the cosine
         schedule would jump without a word."""
-        if saved is None or saved == total:  # the same, or a checkpoint from before this check
+        if saved is None or saved == total:  # the same, or a checkpoint without the record
             return
         rank_zero_warn(
             f"Resuming at step {step} with a learning-rate schedule of {total} steps, where the "
