@@ -10,12 +10,13 @@ Times, in alternating rounds so that both see the same machine minutes, the base
 below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing and
 `np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
 `read_labels_csv` + `encode_labels`, `make_dataset` on each tree, and `find_missing` of the 100k
-CSV against its tree (also against the simplest check, a `stat` per row); with --against, the CSV reading of another bake too (of an earlier commit,
-say, on PYTHONPATH beside the first). Prints median wall and CPU seconds and old/new (CPU time is
-the steadier on a shared machine), the bytes of the index arrays (the same for both), and the peak
-heap of one 1M-row read (tracemalloc, which counts numpy's arrays). Where fresh memory is dear (a
-VM where numpy's huge-page advice on large arrays costs system time once the baseline has freed its
-heap), NUMPY_MADVISE_HUGEPAGE=0 shows the difference that makes.
+CSV against its tree (also against the simplest check, a `stat` per row); with --against, the CSV
+reading of another bake too (of an earlier commit, say, on PYTHONPATH beside the first). Prints
+median wall and CPU seconds and old/new (CPU time is the steadier on a shared machine), the bytes
+of the index arrays (the same for both), and the peak heap of one 1M-row read (tracemalloc, which
+counts numpy's arrays). Where fresh memory is dear (a VM where numpy's huge-page advice on large
+arrays costs system time once the baseline has freed its heap), NUMPY_MADVISE_HUGEPAGE=0 shows the
+difference that makes.
 """
 
 from __future__ import annotations

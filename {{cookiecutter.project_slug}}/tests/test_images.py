@@ -221,7 +221,7 @@ def test_jpeg_header_reads_the_orientation(tmp_path: Path, save: dict, orientati
     noisy_photo(path, **save)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module=r"PIL\.")  # damaged Exif, as decode_image does
-        header = images._check_header(bytearray(path.read_bytes()), "x")
+        header = images.image_header(bytearray(path.read_bytes()), "x")
     assert header == (64, 48, orientation)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # damaged Exif data too: nothing to say, the pixels read
@@ -321,7 +321,7 @@ def test_size_from_header_matches_the_image(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     HEADERS[name](path)
     data = bytearray(path.read_bytes())
-    assert images._check_header(data, str(path))[:2] == (20, 12)
+    assert images.image_header(data, str(path))[:2] == (20, 12)
     assert read_image(str(path)).shape[0] == 3
 
 

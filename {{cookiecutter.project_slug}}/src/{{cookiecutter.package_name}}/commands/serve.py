@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
 from email.message import Message
 from email.utils import collapse_rfc2231_value
 
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from {{ cookiecutter.package_name }}.commands.infer import load_exported, top_classes
-from {{ cookiecutter.package_name }}.data.images import decode_image
+from {{ cookiecutter.package_name }}.data.images import UNREADABLE, decode_image, image_header
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -42,9 +43,12 @@ except ImportError:  # an optional extra: main() says how to install it
 
 API_PATH = "/predict"  # LitServe's default
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # the ones LitServe accepts
-# Decodes at a time in an HTTP process: each may hold an image of MAX_IMAGE_PIXELS (0.5 GB RGB).
+# Decodes at a time in an HTTP process; each image at most --max_megapixels (50: about 0.4 GB
+# while decoding), so that large images that are not bombs bound the memory too.
 DECODERS = 4
 MAX_FORM_HEAD = 4096  # bytes of a form part's headers, read as text only up to this
+# Uploads held at once by an HTTP process, at least: more are answered 503 until some finish.
+MIN_BUFFERED = 512 * 2**20
 
 
 class Refused(Exception):
@@ -59,10 +63,20 @@ class UploadGuard:
     """ASGI middleware of the HTTP process: an image upload to `API_PATH` becomes the uint8
     pixels the model takes (as JSON, which LitServe passes on), or is answered 4xx."""
 
-    def __init__(self, app, *, image_size: int, max_bytes: int) -> None:
+    def __init__(
+        self, app, *, image_size: int, max_bytes: int, max_pixels: int, timeout: float
+    ) -> None:
         self.app = app
         self.image_size = image_size
         self.max_bytes = max_bytes
+        # An upload a little over the limit is read to its end (and dropped) before the 413:
+        # a client that sends its whole body before it reads (Python's http.client, urllib)
+        # would otherwise meet a closed connection instead of the answer.
+        self.drain_bytes = max(4 * max_bytes, 64 * 2**20)
+        self.max_pixels = max_pixels
+        self.timeout = timeout
+        self.budget = max(16 * max_bytes, MIN_BUFFERED)
+        self.buffered = 0  # bytes of the uploads held now
         self.transform = eval_transform(image_size)
         self.decoding: asyncio.Semaphore | None = None  # made in the server's own event loop
 
@@ -71,13 +85,16 @@ class UploadGuard:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         content_type = headers.get("content-type", "")
+        body = bytearray()
         try:
             form = _is_form(content_type)
-            body = await self._body(headers.get("content-length"), receive)
+            body = await self._body(headers, receive)
             data, name = _form_file(content_type, body) if form else (body, "the request body")
             pixels = await self._decode(data, name)
         except Refused as refused:
             return await _answer(send, refused.status, str(refused))
+        finally:
+            self.buffered -= len(body)
         encoded = base64.b64encode(pixels.numpy().tobytes()).decode("ascii")
         payload = json.dumps({"pixels": encoded}).encode()
         headers = [(k, v) for k, v in scope["headers"] if k not in _BODY_HEADERS]
@@ -92,20 +109,44 @@ class UploadGuard:
 
         await self.app({**scope, "headers": headers}, replay, send)
 
-    async def _body(self, content_length: str | None, receive) -> bytearray:
+    async def _body(self, headers: dict[str, str], receive) -> bytearray:
+        """The upload, whole; counted in `buffered` until the caller subtracts its length."""
         too_large = f"the upload is larger than --max_upload_mb ({self.max_bytes / 2**20:g} MB)"
-        if content_length and content_length.isdigit() and int(content_length) > self.max_bytes:
-            raise Refused(413, too_large)  # before any of it is read
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Refused(400, "the upload ended before its last byte")
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:  # sent without a Content-Length, in chunks
-                raise Refused(413, too_large)
-            if not message.get("more_body", False):
-                return body
+        length = headers.get("content-length", "")
+        declared = int(length) if length.isdigit() else 0
+        waits = headers.get("expect", "").lower() == "100-continue"  # curl, for large bodies
+        if declared > self.drain_bytes or (waits and declared > self.max_bytes):
+            raise Refused(413, too_large)  # answered before any of it is read
+        body, size = bytearray(), 0
+        try:
+            while True:
+                receiving = asyncio.ensure_future(receive())
+                if not (await asyncio.wait({receiving}, timeout=self.timeout))[0]:
+                    receiving.cancel()
+                    stalled = f"the upload stalled for {self.timeout:g} s (--upload_timeout)"
+                    raise Refused(408, stalled)
+                message = receiving.result()
+                if message["type"] == "http.disconnect":
+                    raise Refused(400, "the upload ended before its last byte")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.drain_bytes:
+                    raise Refused(413, too_large)
+                if size > self.max_bytes:  # read on to its end, held no longer
+                    self.buffered -= len(body)
+                    body = bytearray()
+                elif self.buffered + len(chunk) > self.budget:
+                    raise Refused(503, "the server holds too many uploads at once: retry shortly")
+                else:
+                    body += chunk
+                    self.buffered += len(chunk)
+                if not message.get("more_body", False):
+                    if size > self.max_bytes:
+                        raise Refused(413, too_large)
+                    return body
+        except Refused:
+            self.buffered -= len(body)
+            raise
 
     async def _decode(self, data: bytearray, name: str) -> Tensor:
         if self.decoding is None:
@@ -114,6 +155,15 @@ class UploadGuard:
             return await asyncio.to_thread(self._pixels, data, name)
 
     def _pixels(self, data: bytearray, name: str) -> Tensor:
+        try:
+            width, height, _ = image_header(data, name)
+        except UNREADABLE as err:  # as decode_image says it
+            raise Refused(422, f"cannot read image {name}: {err}") from None
+        except DataError as err:
+            raise Refused(422, str(err)) from None
+        if width * height > self.max_pixels:
+            limit = f"--max_megapixels ({self.max_pixels / 1e6:g})"
+            raise Refused(422, f"refusing image {name}: {width}x{height} is more than {limit}")
         try:  # as infer reads a file: exact decode, a large JPEG reduced no lower than the size
             return self.transform(decode_image(data, name, self.image_size))
         except DataError as err:
@@ -155,7 +205,8 @@ def _form_file(content_type: str, body: bytearray) -> tuple[bytearray, str]:
             name, _, value = line.partition(":")
             if name.strip().lower() == "content-disposition":
                 filename = _parameter(name, value, "filename")
-                if filename is not None:
+                if filename is not None:  # shown in answers: no control characters
+                    filename = "".join(c if c.isprintable() else "?" for c in filename[:200])
                     return content, filename or "the uploaded file"
     raise Refused(400, "the form has no file: send the image as a file, as curl -F file=@x.jpg")
 
@@ -239,12 +290,18 @@ def main(args: list[str] | None = None) -> int:
     options = _parser().parse_args(args)
     if litserve is None:
         raise DataError("serve needs LitServe: install the serve extra (pip install '.[serve]')")
+    _check_port(options.host, options.port)
     # loaded here too, so that a bad file stops with one line before any process starts
     image_size = load_exported(options.model).image_size
     api = ImageClassifierAPI(
         str(options.model), image_size, options.max_batch_size, options.batch_timeout
     )
-    guard = {"image_size": image_size, "max_bytes": int(options.max_upload_mb * 2**20)}
+    guard = {
+        "image_size": image_size,
+        "max_bytes": int(options.max_upload_mb * 2**20),
+        "max_pixels": int(options.max_megapixels * 1e6),
+        "timeout": options.upload_timeout,
+    }
     server = litserve.LitServer(
         api, accelerator=options.accelerator, middlewares=[(UploadGuard, guard)]
     )
@@ -263,6 +320,17 @@ def main(args: list[str] | None = None) -> int:
     return 0
 
 
+def _check_port(host: str, port: int) -> None:
+    """One line for a port in use, rather than uvicorn's log line and exit code 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise DataError(f"--port {port}: cannot listen on {host}: {err.strerror}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} serve",
@@ -275,6 +343,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--max_batch_size", type=_number(int, 1), default=32, help="images per batch (32)")
     add("--batch_timeout", type=_number(float, 0), default=0.01, help="seconds (0.01)")
     add("--max_upload_mb", type=_number(float, 0.001), default=20, help="largest upload (20)")
+    add("--max_megapixels", type=_number(float, 0.001), default=50, help="largest image (50)")
+    add("--upload_timeout", type=_number(float, 0.1), default=20, help="seconds a stall (20)")
     add("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
     add("--log_level", choices=("debug", "info", "warning", "error"), default="info")
     return parser

@@ -54,7 +54,7 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
     try:
         with open(path, "rb") as file:
             data = file.read()
-    except _UNREADABLE as err:
+    except UNREADABLE as err:
         raise DataError(f"cannot read image {path}: {err}") from err
     return decode_image(data, path, min_size, approximate)
 
@@ -68,7 +68,7 @@ def decode_image(
         # decode regardless; one that matters is an exception, which DataError reports.
         warnings.filterwarnings("ignore", module=r"PIL\.")
         try:
-            width, height, orientation = _check_header(data, path)
+            width, height, orientation = image_header(data, path)
             if data[:2] == b"\xff\xd8":
                 reducible = bool(min_size) and min(width, height) >= 2 * min_size
                 if simplejpeg is not None and (approximate or not reducible):
@@ -83,15 +83,15 @@ def decode_image(
                 return _decode_with_pil(data)
         except DataError:
             raise
-        except _UNREADABLE as err:
+        except UNREADABLE as err:
             raise DataError(f"cannot read image {path}: {err}") from err
 
 
 # What PIL raises on damaged files, found by fuzzing (tests/test_fuzz.py): a TIFF tag, a TypeError.
-_UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
+UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
 
 
-def _check_header(data: bytes, path: str) -> tuple[int, int, int]:
+def image_header(data: bytes, path: str) -> tuple[int, int, int]:
     """(width, height, a JPEG's orientation) from PIL's header parse, refusing empty files,
     unknown formats and decompression bombs before any pixel is decoded. The orientation is
     Exif's, else XMP's, as `exif_transpose` reads it: the simplejpeg path turns pixels itself."""
@@ -129,7 +129,7 @@ _ORIENT = {
 
 def _open(data: bytes) -> Image.Image:
     """A PIL image over `data`, header parsed, pixels not yet decoded; PIL's bomb warning silenced:
-    `_check_header` applies our own limit, naming the file (PIL's error still propagates)."""
+    `image_header` applies our own limit, naming the file (PIL's error still propagates)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(io.BytesIO(data))
@@ -193,7 +193,7 @@ def _libtiff_quiet(data: bytes, path: str) -> Iterator[None]:
         os.dup2(kept.fileno(), 2)
         try:
             yield
-        except _UNREADABLE as err:
+        except UNREADABLE as err:
             os.dup2(saved, 2)
             kept.seek(0)
             said = kept.read().decode(errors="replace").replace("tempfile.tif: ", "")
