@@ -226,10 +226,18 @@ def interrupted_and_resumed(
     "options",
     [
         ["--data.num_workers", "0", "--data.source.epoch_repeats", "2"],
-        ["--data.num_workers", "2", "--data.source.balance_classes", "true"],
+        [
+            *("--data.num_workers", "2", "--data.source.balance_classes", "true"),
+            # the strong recipe too: each draw seeded by (seed, epoch, index), the EMA resumed
+            *("--data.augment.policy", "trivial", "--data.augment.erasing", "0.25"),
+            *("--model.mixup_alpha", "0.2", "--model.cutmix_alpha", "1.0"),
+            *("--model.mix_off_epochs", "1"),
+            "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights",
+            *("--trainer.callbacks.decay", "0.9"),
+        ],
     ],
     # (workers with the plain shuffle and one pass per epoch: under DDP below)
-    ids=["in-process-two-passes", "workers-balanced"],
+    ids=["in-process-two-passes", "workers-balanced-strong-recipe"],
 )
 def test_a_resumed_epoch_sees_each_remaining_image_once(
     colour_root: Path, tmp_path: Path, options: list[str]

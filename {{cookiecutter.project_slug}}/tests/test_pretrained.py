@@ -159,6 +159,7 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     )  # fmt: skip
     assert local.returncode == 0, local.stderr[-3000:]
     assert "classifier is re-made for 3 classes" in local.stderr
+    assert f"--model.weights {TIMM_MODEL}: --data.mean (0.5, 0.5, 0.5)" in local.stdout
     # Offline without the weights: one line before training, naming the model and the folder.
     env["HF_HOME"] = str(tmp_path / "empty")
     failed = subprocess.run(

@@ -194,8 +194,10 @@ class ImageCLI(LightningCLI):
 
 
 def _follow_pretrained_inputs(config, typed) -> None:
-    """`--model.pretrained`: the weights' image size and normalisation, where not given."""
-    if not config.model.pretrained:
+    """`--model.pretrained` or `--model.weights` (a timm or torchvision model's weights, say):
+    the image size and normalisation of the model's published weights, where not given."""
+    given_by = "pretrained" if config.model.pretrained else "weights" * bool(config.model.weights)
+    if not given_by:
         return
     inputs = pretrained_inputs(config.model.architecture)
     if inputs is None:
@@ -207,7 +209,7 @@ def _follow_pretrained_inputs(config, typed) -> None:
             config.data[name] = value
             chosen.append(f"--data.{name} {value}")
     if chosen and rank_zero_only.rank == 0:
-        print(f"--model.pretrained {config.model.architecture}: {', '.join(chosen)}", flush=True)
+        print(f"--model.{given_by} {config.model.architecture}: {', '.join(chosen)}", flush=True)
 
 
 def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):

@@ -209,7 +209,7 @@ def encode_labels(
     bad = np.flatnonzero((targets < 0) | (targets >= len(class_names)))
     if len(bad):  # codes number the labels in order of appearance: the first bad row's is first
         value, row = table.values[bad[0]], table.first_row(int(bad[0]))
-        if reading == "name" and value.isascii() and value.isdigit():
+        if reading == "name" and _as_indices([value])[0] in range(len(class_names)):
             known += "; --data.source.label_kind index reads labels as class indices"
         if split == "training":
             raise DataError(f"{table.where(row)}: unknown label {value!r} ({known})")
@@ -220,9 +220,10 @@ def encode_labels(
 
 
 def _as_indices(values: list[str]) -> np.ndarray:
-    """Each label as an integer where it is ASCII digits (of int64 size), else -1."""
-    indices = [int(v) if v.isascii() and v.isdigit() and len(v) < 19 else -1 for v in values]
-    return np.array(indices, dtype=np.int64)
+    """Each label as an integer where it is one as `str(int)` writes it, of 18 digits at most
+    (int64), else -1: "07", like "٣" or "1_0", is no index."""
+    digits = [v.isascii() and v.isdigit() and str(int(v)) == v[:18] for v in values]
+    return np.array([int(v) if d else -1 for v, d in zip(values, digits, strict=True)], np.int64)
 
 
 def find_missing(table: LabelsTable, root: Path) -> None:
