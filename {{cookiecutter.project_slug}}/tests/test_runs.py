@@ -89,11 +89,13 @@ def test_resuming_with_changed_options_is_refused_naming_them(
     before = last_of("a").read_bytes()
     capsys.readouterr()
     changed = ["--model.lr", "0.5", "--data.image_size", "24", "--data.num_workers", "0"]
+    changed += ["--data.augment.policy", "rand"]
     with pytest.raises(SystemExit) as refused:
         fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2", *changed)
     error = one_error(refused.value.code, capsys.readouterr().err)
     assert "--model.lr 0.5 (the run's: 0.003)" in error
     assert "--data.image_size 24 (the run's: 16)" in error
+    assert "--data.augment.policy rand (the run's: None)" in error
     assert "num_workers" not in error  # how the data is read: free to change
     assert "start a new run" in error
     assert last_of("a").read_bytes() == before
@@ -122,6 +124,23 @@ def test_a_fresh_fit_of_an_existing_run_is_refused(image_root: Path, in_tmp: Pat
         fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
     error = one_error(refused.value.code, capsys.readouterr().err)
     assert "--run a: that run exists" in error and "--ckpt_path last" in error
+
+
+def test_a_named_run_is_not_started_over_another_commands_files(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """`validate` logs into lightning_logs/version_0: a `fit --run version_0` must not write
+    over its metrics and config."""
+    theirs = in_tmp / "lightning_logs" / "version_0"
+    theirs.mkdir(parents=True)
+    (theirs / "metrics.csv").write_text("epoch,val_acc\n0,0.5\n")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        fit(image_root, "--run", "version_0", "--trainer.max_epochs", "1")
+    error = one_error(refused.value.code, capsys.readouterr().err)
+    assert f"--run version_0: {Path('lightning_logs/version_0')} holds files" in error
+    assert (theirs / "metrics.csv").read_text() == "epoch,val_acc\n0,0.5\n"
+    assert sorted(p.name for p in theirs.iterdir()) == ["metrics.csv"]
 
 
 def test_a_fresh_fit_into_a_checkpoint_folder_with_a_last_ckpt_is_refused(

@@ -225,11 +225,18 @@ def run_checkpoints(config) -> Path | None:
 
 def refuse_run_taken(config) -> None:
     """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
-    `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's."""
+    `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's;
+    a named run's folder that holds other files, those."""
     folder = run_checkpoints(config)
-    if folder is None or not (folder / "last.ckpt").is_file():
-        return
     run = config.get("run")
+    if folder is None or not (folder / "last.ckpt").is_file():
+        place = runs_folder(config) / run if run is not None else None
+        if place and place.is_dir() and any(place.iterdir()) and config.ckpt_path != "last":
+            raise DataError(  # another command's files, or a run killed before its first save
+                f"--run {run}: {place} holds files of another run or command and no last.ckpt; "
+                "name a new run (or, if they are this run's, continue it with --ckpt_path last)"
+            )
+        return
     taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
     raise DataError(
         f"{taken} exists ({folder / 'last.ckpt'}), which a new run would overwrite; resume it "
@@ -342,14 +349,17 @@ _MISSING = object()
 
 
 def _flat(options: dict) -> dict:
-    """The `source` option as `source` (its class, by name) and `source.<option>` for each of
-    its own options; the others as they are."""
-    flat = {key: value for key, value in options.items() if key != "source"}
-    source = options.get("source")
-    if isinstance(source, dict) and "class_path" in source:
-        flat["source"] = source["class_path"].rpartition(".")[2]
-        for key, value in (source.get("init_args") or {}).items():
-            flat[f"source.{key}"] = value
+    """Options of options one by one: `augment.policy`; the `source` as `source` (its class, by
+    name) and `source.<option>` for each of its own options. Only those given are compared."""
+    flat = {}
+    for key, value in options.items():
+        if isinstance(value, dict) and "class_path" in value:
+            flat[key] = value["class_path"].rpartition(".")[2]
+            value = value.get("init_args") or {}
+        elif not isinstance(value, dict):
+            flat[key] = value
+            continue
+        flat.update({f"{key}.{name}": option for name, option in value.items()})
     return flat
 
 
