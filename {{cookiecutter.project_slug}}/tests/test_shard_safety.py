@@ -163,6 +163,14 @@ def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     assert json.loads(left["shard-manifest.json"])["files"] is None  # claimed, never finished
 
     image.write_bytes(good)
+    # A file put in a folder the failed run claimed is the user's: in the way, never removed.
+    mine = tmp_path / "out" / "train" / "mine.txt"
+    mine.write_text("the user's")
+    refused = run_shard(tmp_path, *data, "--output", "out", "--overwrite", "true")
+    error = one_error(refused.returncode, refused.stderr)
+    assert f"holds {Path('out/train/mine.txt')}, which shard did not write" in error, error
+    assert mine.read_text() == "the user's" and "train/index.json" in files(tmp_path / "out")
+    mine.unlink()
     done = run_shard(tmp_path, *data, "--output", "out")
     assert done.returncode == 0 and "wrote 18 train, 6 val" in done.stdout, done.stderr[-3000:]
     manifest = json.loads((tmp_path / "out" / "shard-manifest.json").read_text())

@@ -14,6 +14,7 @@ request (S3's limit).
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import os
@@ -25,6 +26,11 @@ MANIFEST = "shard-manifest.json"
 META = "dataset.json"  # data/shards.py reads it; defined twice so that this module needs no LitData
 FORMAT = 1
 PAGE = 1000  # S3 lists and deletes at most 1,000 keys per request
+LITDATA_NAMES = ("chunk-*.bin", "*index.json")  # what LitData writes into an output folder
+
+
+def _litdata_name(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in LITDATA_NAMES)
 
 
 class ShardOutput:
@@ -87,14 +93,15 @@ class ShardOutput:
 
     def owned(self, manifest: dict | None) -> set[str]:
         """What `manifest` makes ours: the files it lists, or, for a run that never finished,
-        every file inside the folders it claimed (empty when it claimed them)."""
+        the files inside the folders it claimed (empty when it claimed them) that LitData names
+        as it writes them: a file put there since is the user's."""
         if manifest is None:
             return set()
         ours = {META, MANIFEST, f".{META}.partial", f".{MANIFEST}.partial"}
         if manifest.get("files") is not None:
             return {*manifest["files"], *ours}
-        folders = manifest.get("folders") or []
-        return {*(name for folder in folders for name in self.files(folder)), *ours}
+        claimed = (name for folder in manifest.get("folders") or [] for name in self.files(folder))
+        return {*(name for name in claimed if _litdata_name(name.rpartition("/")[2])), *ours}
 
     def claim(self, splits: list[str], overwrite: bool) -> set[str]:
         """Check that `shard` may write `splits` here and return the files of an earlier run that
