@@ -4,7 +4,7 @@ files its manifest lists.
 `shard` writes `shard-manifest.json` first, claiming the split folders (`train/`, `val/`, ...),
 each empty when claimed; once LitData has written them, the manifest lists every file they hold,
 and only then is `dataset.json` written. Whatever a run leaves, finished or killed, the next one
-knows as its own: the files listed, or for a run that never finished, the files inside the
+knows as its own: the files listed, or for a run that never finished, LitData's files inside the
 folders it claimed. Nothing else is removed, `--overwrite` or not; a non-empty output without our
 manifest is refused unless `--overwrite` (which then writes beside what is there).
 
