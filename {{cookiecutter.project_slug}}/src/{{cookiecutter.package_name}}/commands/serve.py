@@ -72,7 +72,7 @@ class UploadGuard:
         # An upload a little over the limit is read to its end (and dropped) before the 413:
         # a client that sends its whole body before it reads (Python's http.client, urllib)
         # would otherwise meet a closed connection instead of the answer.
-        self.drain_bytes = max(4 * max_bytes, 64 * 2**20)
+        self.drain_bytes = max(16 * max_bytes, 256 * 2**20)  # dropped as read: no memory held
         self.max_pixels = max_pixels
         self.timeout = timeout
         self.budget = max(16 * max_bytes, MIN_BUFFERED)
