@@ -196,8 +196,8 @@ class ImageCLI(LightningCLI):
 def _follow_pretrained_inputs(config, typed) -> None:
     """`--model.pretrained` or `--model.weights` (a timm or torchvision model's weights, say):
     the image size and normalisation of the model's published weights, where not given."""
-    given_by = "pretrained" if config.model.pretrained else "weights" * bool(config.model.weights)
-    if not given_by:
+    given_by = next((name for name in ("pretrained", "weights") if config.model.get(name)), None)
+    if given_by is None:
         return
     inputs = pretrained_inputs(config.model.architecture)
     if inputs is None:

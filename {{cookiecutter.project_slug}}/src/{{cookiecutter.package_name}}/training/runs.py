@@ -229,19 +229,18 @@ def refuse_run_taken(config) -> None:
     a named run's folder that holds other files, those."""
     folder = run_checkpoints(config)
     run = config.get("run")
-    if folder is None or not (folder / "last.ckpt").is_file():
-        place = runs_folder(config) / run if run is not None else None
-        if place and place.is_dir() and any(place.iterdir()) and config.ckpt_path != "last":
-            raise DataError(  # another command's files, or a run killed before its first save
-                f"--run {run}: {place} holds files of another run or command and no last.ckpt; "
-                "name a new run (or, if they are this run's, continue it with --ckpt_path last)"
-            )
-        return
-    taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
-    raise DataError(
-        f"{taken} exists ({folder / 'last.ckpt'}), which a new run would overwrite; resume it "
-        f"with --ckpt_path last, or {'name a new run' if run else 'give another folder'}"
-    )
+    if folder is not None and (folder / "last.ckpt").is_file():
+        taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
+        raise DataError(
+            f"{taken} exists ({folder / 'last.ckpt'}), which a new run would overwrite; resume "
+            f"it with --ckpt_path last, or {'name a new run' if run else 'give another folder'}"
+        )
+    place = runs_folder(config) / run if run is not None else None
+    if place and place.is_dir() and any(place.iterdir()) and config.ckpt_path != "last":
+        raise DataError(  # another command's files, or a run killed before its first save
+            f"--run {run}: {place} holds files of another run or command and no last.ckpt; "
+            "name a new run (or, if they are this run's, continue it with --ckpt_path last)"
+        )
 
 
 _HELD: list = []  # the lock files of the runs this process trains, until `release_runs`
