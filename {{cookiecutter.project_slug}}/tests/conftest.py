@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -80,6 +82,49 @@ def default_ctrl_c() -> None:
     """A child process's `preexec_fn`: Ctrl-C as in a terminal, whatever the parent had (a shell
     starts background jobs with SIGINT ignored, and children inherit that)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class Run(subprocess.CompletedProcess):
+    """A finished command, with when it ended and what it left running (pids)."""
+
+    ended_at: float
+    lingering: list[int]
+
+
+def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> Run:
+    """Run `args` in a process group of its own (with its DDP processes and loader workers), with
+    Ctrl-C as in a terminal, and end the whole group when it returns, whatever the outcome. Past
+    `timeout`, the test fails with what the command had printed."""
+    with subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=default_ctrl_c,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+            done = Run(args, process.returncode, stdout, stderr)
+            done.ended_at, done.lingering = time.time(), running_in_group(process.pid)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            said = f"{stdout[-2000:]}\n{stderr[-3000:]}"
+            pytest.fail(f"still running after {timeout} s: {args}\n{said}")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    return done
+
+
+def running_in_group(group: int) -> list[int]:
+    """The processes of process group `group` still running (not ended and waiting to be reaped)."""
+    table = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True, text=True)
+    rows = [line.split() for line in table.stdout.splitlines()]
+    return [int(row[0]) for row in rows if int(row[1]) == group and not row[2].startswith("Z")]
 
 
 def one_error(returncode: int, stderr: str) -> str:

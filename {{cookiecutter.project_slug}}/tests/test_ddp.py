@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CSV_LOGGER, tiny_run_options, write_corrupt, write_image
+from conftest import CSV_LOGGER, run_group, tiny_run_options, write_corrupt, write_image
 
 TESTS = Path(__file__).parent
 # `fit` options for 2-process DDP on the CPU, quiet, logging to CSV
@@ -166,6 +167,24 @@ def test_one_rank_failing_ends_the_job_with_its_error(image_root: Path, tmp_path
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert any("bee_broken.jpg" in line for line in errors), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="rank zero's end reaches the others on Linux")
+def test_a_rank_zero_that_fails_before_the_ranks_meet_takes_the_other_rank_with_it(
+    image_root: Path, tmp_path: Path
+) -> None:
+    # Rank zero cannot listen on its port, taken (as by another run's, in the moment between
+    # Lightning choosing a free port and using it): the rank it started does not wait for it in the
+    # connection for 30 minutes, holding its device and this command's output, but ends with it.
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        env = {**os.environ, "MASTER_PORT": str(taken.getsockname()[1])}
+        command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
+        done = run_group([*command, *tiny_run_options(image_root), *ddp(2)], tmp_path, env, 180)
+    assert done.returncode == 1 and "EADDRINUSE" in done.stderr, done.stderr[-3000:]
+    assert done.lingering == []
 
 
 ONCE_SCRIPT = """

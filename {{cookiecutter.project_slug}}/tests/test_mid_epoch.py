@@ -7,14 +7,12 @@ its loader workers, its SIGTERM handling and `last.ckpt`.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +21,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, CSV_LOGGER, default_ctrl_c, one_error
+from conftest import CLASSES, CSV_LOGGER, Run, one_error, run_group
 from PIL import Image
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM: POSIX signals")
@@ -100,43 +98,6 @@ def fit(
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     args = [*command, *data, *quiet, *CSV_LOGGER, "--trainer.max_epochs", "3", *callbacks]
     return run_group([*args, *options], cwd=cwd, env=env)
-
-
-class Run(subprocess.CompletedProcess):
-    """A finished command, with when it ended and what it left running (pids)."""
-
-    ended_at: float
-    lingering: list[int]
-
-
-def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> Run:
-    """Run `args` in a process group of its own (with its DDP processes and loader workers), with
-    Ctrl-C as in a terminal, and end the whole group when it returns, whatever the outcome."""
-    with subprocess.Popen(
-        args,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=default_ctrl_c,
-    ) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-            done = Run(args, process.returncode, stdout, stderr)
-            done.ended_at, done.lingering = time.time(), running_in_group(process.pid)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-    return done
-
-
-def running_in_group(group: int) -> list[int]:
-    """The processes of process group `group` still running (not ended and waiting to be reaped)."""
-    table = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True, text=True)
-    rows = [line.split() for line in table.stdout.splitlines()]
-    return [int(row[0]) for row in rows if int(row[1]) == group and not row[2].startswith("Z")]
 
 
 def recorded(record: Path, rank: int) -> dict[int, list[float]]:

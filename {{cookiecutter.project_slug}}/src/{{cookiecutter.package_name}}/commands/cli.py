@@ -9,7 +9,6 @@ import os
 import sys
 from argparse import ArgumentError
 
-import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
@@ -33,6 +32,7 @@ from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.precision import default_precision
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
+from {{ cookiecutter.package_name }}.training.processes import close_process_group, end_with_starter
 from {{ cookiecutter.package_name }}.training.resume import ResumeInEpoch
 from {{ cookiecutter.package_name }}.training.run_log import (
     RunLogMark,
@@ -376,6 +376,7 @@ def main(args: list[str] | None = None) -> None:
     # Offline unless WANDB_MODE says otherwise: runs stay in ./wandb until `wandb sync`.
     os.environ.setdefault("WANDB_MODE", "offline")
 {%- endif %}
+    end_with_starter()  # a DDP rank started by this command ends with it
     try:
         ImageCLI(
             ImageClassifier,
@@ -423,15 +424,4 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(getattr(stop, "exit_status", 143))
     finally:
         release_runs()
-        _close_process_group()
-
-
-def _close_process_group() -> None:
-    """Tear down torch.distributed before the interpreter does, as PyTorch's DDP guide asks.
-
-    Lightning does it at exit for NCCL only. A gloo group (DDP on CPUs) left to interpreter
-    shutdown aborted a finished run once in our two-node test ("terminate called without an active
-    exception", exit code -6), after every checkpoint had been written. Local, not collective.
-    """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        close_process_group()
