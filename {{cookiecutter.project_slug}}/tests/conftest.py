@@ -91,7 +91,7 @@ class Run(subprocess.CompletedProcess):
     lingering: list[int]
 
 
-def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> Run:
+def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> Run:
     """Run `args` in a process group of its own (with its DDP processes and loader workers), with
     Ctrl-C as in a terminal, and end the whole group when it returns, whatever the outcome. Past
     `timeout`, the test fails with what the command had printed."""

@@ -182,7 +182,7 @@ def test_a_rank_zero_that_fails_before_the_ranks_meet_takes_the_other_rank_with_
         taken.listen()
         env = {**os.environ, "MASTER_PORT": str(taken.getsockname()[1])}
         command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-        done = run_group([*command, *tiny_run_options(image_root), *ddp(2)], tmp_path, env, 180)
+        done = run_group([*command, *tiny_run_options(image_root), *ddp(2)], tmp_path, env)
     assert done.returncode == 1 and "EADDRINUSE" in done.stderr, done.stderr[-3000:]
     assert done.lingering == []
 
