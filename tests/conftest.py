@@ -68,11 +68,14 @@ def run(*cmd: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess
     """Run a command, failing the test with its output when it exits non-zero."""
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        # A failing test's name first: its own output can fill the tail shown below.
+        # A failing test's name first, then pytest's report of it (the tail shown last can be
+        # all warnings).
         failed = [line[:200] for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+        report = done.stdout.partition("= FAILURES =")[2][:20000]
         pytest.fail(
             f"{' '.join(cmd)} exited {done.returncode}\n"
             + "".join(f"{f}\n" for f in failed)
+            + (f"{report}\n[...]\n" if report else "")
             + f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
         )
     return done

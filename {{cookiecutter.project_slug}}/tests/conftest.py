@@ -94,11 +94,12 @@ class Run(subprocess.CompletedProcess):
 def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> Run:
     """Run `args` in a process group of its own (with its DDP processes and loader workers), with
     Ctrl-C as in a terminal, and end the whole group when it returns, whatever the outcome. Past
-    `timeout`, the test fails with what the command had printed."""
+    `timeout`, the test fails with what the command had printed, and where each of its Python
+    processes was (faulthandler's stacks, on SIGABRT)."""
     with subprocess.Popen(
         args,
         cwd=cwd,
-        env=env,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -110,9 +111,11 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
             done = Run(args, process.returncode, stdout, stderr)
             done.ended_at, done.lingering = time.time(), running_in_group(process.pid)
         except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGABRT)
+            time.sleep(5)
             os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
-            said = f"{stdout[-2000:]}\n{stderr[-3000:]}"
+            said = f"{stdout[-2000:]}\n{stderr[-20000:]}"
             pytest.fail(f"still running after {timeout} s: {args}\n{said}")
         finally:
             with contextlib.suppress(ProcessLookupError):
