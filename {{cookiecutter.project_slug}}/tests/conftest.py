@@ -111,9 +111,10 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
             done = Run(args, process.returncode, stdout, stderr)
             done.ended_at, done.lingering = time.time(), running_in_group(process.pid)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGABRT)
-            time.sleep(5)
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGABRT)  # each Python process prints its stacks
+                time.sleep(5)
+                os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
             said = f"{stdout[-2000:]}\n{stderr[-20000:]}"
             pytest.fail(f"still running after {timeout} s: {args}\n{said}")
