@@ -126,9 +126,19 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
 
 def running_in_group(group: int) -> list[int]:
     """The processes of process group `group` still running (not ended and waiting to be reaped)."""
+    return [pid for pid, pgid in _processes() if pgid == group]
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (has not ended, nor ended and waits to be reaped)."""
+    return any(found == pid for found, _ in _processes())
+
+
+def _processes() -> list[tuple[int, int]]:
+    """(pid, process group) of every process running, as `ps` lists them."""
     table = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True, text=True)
     rows = [line.split() for line in table.stdout.splitlines()]
-    return [int(row[0]) for row in rows if int(row[1]) == group and not row[2].startswith("Z")]
+    return [(int(row[0]), int(row[1])) for row in rows if not row[2].startswith("Z")]
 
 
 def one_error(returncode: int, stderr: str) -> str:

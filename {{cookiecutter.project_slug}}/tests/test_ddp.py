@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +16,16 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import CSV_LOGGER, run_group, tiny_run_options, write_corrupt, write_image
+from conftest import (
+    CSV_LOGGER,
+    run_group,
+    running,
+    tiny_run_options,
+    write_corrupt,
+    write_image,
+)
+
+from {{ cookiecutter.package_name }}.training.processes import STARTED_BY
 
 TESTS = Path(__file__).parent
 # `fit` options for 2-process DDP on the CPU, quiet, logging to CSV
@@ -185,6 +196,49 @@ def test_a_rank_zero_that_fails_before_the_ranks_meet_takes_the_other_rank_with_
         done = run_group([*command, *tiny_run_options(image_root), *ddp(2)], tmp_path, env)
     assert done.returncode == 1 and "EADDRINUSE" in done.stderr, done.stderr[-3000:]
     assert done.lingering == []
+
+
+COPY = """
+import sys, time
+from {{ cookiecutter.package_name }}.training.processes import end_with_starter
+end_with_starter()
+print("running", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+STARTER = f"""
+import os, subprocess, sys
+from {{ cookiecutter.package_name }}.training.processes import end_with_starter
+end_with_starter()
+os.environ["LOCAL_RANK"] = "1"  # as Lightning starts rank 1
+copy = subprocess.Popen([sys.executable, "-c", {COPY!r}, "60"], stdout=subprocess.PIPE, text=True)
+print(copy.pid, copy.stdout.readline().strip(), flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG: Linux")
+def test_a_rank_started_by_the_command_ends_with_it() -> None:
+    python, quick = [sys.executable, "-c"], {"capture_output": True, "text": True, "timeout": 120}
+    # Its starter ends while it runs: it ends too.
+    done = subprocess.run([*python, STARTER], **quick)
+    pid, said = done.stdout.split()
+    assert done.returncode == 0 and said == "running", done.stderr[-3000:]
+    deadline = time.monotonic() + 30
+    try:
+        while running(int(pid)):
+            assert time.monotonic() < deadline, f"rank 1 ({pid}) outlived its starter"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    # Its starter had ended before it started (the parent it has is another): it ends at once.
+    env = {**os.environ, STARTED_BY: "1", "LOCAL_RANK": "1"}
+    done = subprocess.run([*python, COPY, "0"], env=env, **quick)
+    assert (done.returncode, done.stdout) == (1, "")
+    # A command not started by one of ours runs on.
+    env = {**os.environ, "LOCAL_RANK": "1"}
+    env.pop(STARTED_BY, None)
+    done = subprocess.run([*python, COPY, "0"], env=env, **quick)
+    assert (done.returncode, done.stdout) == (0, "running\n")
 
 
 ONCE_SCRIPT = """

@@ -11,7 +11,7 @@ import sys
 import torch
 
 # The process id of the command that starts Lightning's copies of itself (ranks 1.. of DDP).
-_STARTED_BY = "{{ cookiecutter.package_name | upper }}_STARTED_BY"
+STARTED_BY = "{{ cookiecutter.package_name | upper }}_STARTED_BY"
 _PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 
@@ -28,13 +28,13 @@ def end_with_starter() -> None:
     (PR_SET_PDEATHSIG), or ends at once if it already has. On macOS only the second holds; on
     Windows, which does not hand a process on to another parent, neither.
     """
-    starter = os.environ.pop(_STARTED_BY, None)
+    starter = os.environ.pop(STARTED_BY, None)
     if starter is not None and os.environ.get("LOCAL_RANK", "0") != "0":
         if sys.platform.startswith("linux"):
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if str(os.getppid()) != starter:  # it ended first: this process was handed on
             os._exit(1)
-    os.environ[_STARTED_BY] = str(os.getpid())
+    os.environ[STARTED_BY] = str(os.getpid())
 
 
 def close_process_group() -> None:
@@ -45,6 +45,6 @@ def close_process_group() -> None:
     exception", exit code -6), after every checkpoint had been written. Local, not collective.
     The command is over, too: no process it starts now is one of its ranks.
     """
-    os.environ.pop(_STARTED_BY, None)
+    os.environ.pop(STARTED_BY, None)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
