@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -29,6 +30,16 @@ def user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     folder = tmp_path_factory.mktemp("user-cache")
     monkeypatch.setenv(CACHE_ENV, str(folder))
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def working_folder_untouched() -> Iterator[None]:
+    """No test writes into the folder pytest runs in (the project's, under `make test`): a run
+    without a folder of its own would leave `lightning_logs/` or a PNG among the user's files."""
+    before = set(os.listdir())
+    yield
+    new = sorted(n for n in set(os.listdir()) - before if not n.startswith((".", "__pycache__")))
+    assert not new, f"tests wrote into the working folder {os.getcwd()}: {', '.join(new)}"
 
 
 def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> Path:
@@ -220,9 +231,11 @@ def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def quiet_trainer(**options) -> L.Trainer:
-    """A CPU Trainer that writes and prints nothing of its own (no logger, checkpoint, bar)."""
+def quiet_trainer(folder: Path, **options) -> L.Trainer:
+    """A CPU Trainer that prints nothing of its own (no logger, checkpoint, bar) and writes only
+    into `folder` (the model's confusion matrix at the end of `fit`)."""
     quiet = dict(
+        default_root_dir=folder,
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,

@@ -523,6 +523,8 @@ class EpochOrders(L.Callback):
 def test_a_trainer_in_one_process_draws_a_new_order_every_epoch(image_root: Path) -> None:
     data = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
     recorder = EpochOrders()
-    trainer = quiet_trainer(max_epochs=3, limit_val_batches=0, callbacks=[recorder])
+    trainer = quiet_trainer(
+        image_root.parent, max_epochs=3, limit_val_batches=0, callbacks=[recorder]
+    )
     trainer.fit(ImageClassifier(data.class_names, image_size=16), data)
     assert len({tuple(order) for order in recorder.orders}) == 3  # Lightning set each epoch

@@ -128,10 +128,13 @@ def val_loss(output: str) -> float:
     return float(re.search(r"val_loss\W+([0-9.]+)", output).group(1))
 
 
-def test_tta_flip_given_with_a_checkpoint_applies(trained_checkpoint: Path, capsys) -> None:
+def test_tta_flip_given_with_a_checkpoint_applies(
+    trained_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
     """LightningCLI puts a checkpoint's model options over those given; run options (how the
     model runs, not what it learnt) are put back, so `--model.tta_flip` changes validation."""
     options = ["validate", "--ckpt_path", str(trained_checkpoint),
+               "--trainer.default_root_dir", str(tmp_path),
                *tiny_run_options(trained_checkpoint.parent / "images")]  # fmt: skip
     main(options)
     plain = val_loss(capsys.readouterr().out)

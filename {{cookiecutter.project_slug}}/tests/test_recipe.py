@@ -64,7 +64,8 @@ def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate
     L.seed_everything(0)
     model = tiny_model(freeze_backbone_epochs=1, warmup_fraction=0.0)
     record = EpochRecord()
-    quiet_trainer(max_epochs=3, callbacks=[record]).fit(model, tiny_data(image_root))
+    trainer = quiet_trainer(image_root.parent, max_epochs=3, callbacks=[record])
+    trainer.fit(model, tiny_data(image_root))
 
     first, second, third = record.epochs
     assert [e["epoch"] for e in record.epochs] == [0, 1, 2]
@@ -116,7 +117,7 @@ def test_a_run_resumed_inside_the_frozen_phase_is_frozen_again_and_mixes_alike(
         model = tiny_model(**options)
         callbacks = [ResumeInEpoch(), LastCheckpoint(every_minutes=1e-9), *callbacks]
         trainer = quiet_trainer(
-            max_epochs=3, default_root_dir=tmp_path, enable_checkpointing=True, callbacks=callbacks
+            tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=callbacks
         )
         trainer.fit(model, tiny_data(image_root), ckpt_path=ckpt_path)
         return model
@@ -150,7 +151,8 @@ class LossTargets(nn.CrossEntropyLoss):
 def test_mixing_trains_on_soft_targets_until_its_last_epochs(image_root: Path) -> None:
     model = tiny_model(mixup_alpha=0.4, cutmix_alpha=1.0, mix_off_epochs=1, label_smoothing=0.1)
     model.loss = LossTargets(model, label_smoothing=0.1)
-    quiet_trainer(max_epochs=3, limit_val_batches=0).fit(model, tiny_data(image_root))
+    trainer = quiet_trainer(image_root.parent, max_epochs=3, limit_val_batches=0)
+    trainer.fit(model, tiny_data(image_root))
 
     by_epoch = {e: [t for seen, t in model.loss.seen if seen == e] for e in (0, 1, 2)}
     for targets in by_epoch[0] + by_epoch[1]:
@@ -165,7 +167,8 @@ def test_mixing_repeats_with_the_seed(image_root: Path) -> None:
     def trained(**options) -> dict[str, torch.Tensor]:
         L.seed_everything(0)
         model = tiny_model(**options)
-        quiet_trainer(max_epochs=2, limit_val_batches=0).fit(model, tiny_data(image_root))
+        trainer = quiet_trainer(image_root.parent, max_epochs=2, limit_val_batches=0)
+        trainer.fit(model, tiny_data(image_root))
         return model.state_dict()
 
     mixing = dict(mixup_alpha=0.4, cutmix_alpha=1.0)
@@ -191,7 +194,7 @@ def test_flip_tta_predicts_the_same_for_an_image_and_its_mirror(image_root: Path
             torch.testing.assert_close(probs, views.mean(dim=0))  # the mean probabilities
         else:
             assert not torch.allclose(probs, mirrored)  # so the check above could fail
-    metrics = quiet_trainer().validate(model, tiny_data(image_root))[0]
+    metrics = quiet_trainer(image_root.parent).validate(model, tiny_data(image_root))[0]
     assert 0.0 <= metrics["val_acc"] <= 1.0 and metrics["val_loss"] > 0
 
 
@@ -200,7 +203,9 @@ def test_the_learning_rate_follows_the_global_batch(
     image_root: Path, batch_size: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = tiny_model(lr=0.01, lr_reference_batch=8)
-    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, accumulate_grad_batches=2)
+    trainer = quiet_trainer(
+        image_root.parent, max_steps=1, limit_val_batches=0, accumulate_grad_batches=2
+    )
     with caplog.at_level(logging.INFO):
         trainer.fit(model, tiny_data(image_root, batch_size=batch_size))
     peak = 0.01 * batch_size * 2 / 8

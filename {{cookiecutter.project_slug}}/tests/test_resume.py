@@ -197,8 +197,7 @@ def test_last_checkpoint_is_written_during_epochs_as_time_passes(
     model = ImageClassifier(list(CLASSES), image_size=16)
     recorder = SavedStep(tmp_path / "last.ckpt")
     callbacks = [LastCheckpoint(every_minutes=minutes), recorder]
-    options = dict(default_root_dir=tmp_path, max_epochs=2, enable_checkpointing=True)
-    trainer = quiet_trainer(**options, callbacks=callbacks)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, enable_checkpointing=True, callbacks=callbacks)
     trainer.fit(model, data)
     assert recorder.steps == expected  # 18 training images in batches of 4: 4 steps per epoch
     assert saved_progress(tmp_path / "last.ckpt")[1] == 8
