@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import codecs
 import csv
-import io
 import os
+from array import array
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -17,7 +16,6 @@ from {{ cookiecutter.package_name }}.data.index import (
     ImageIndex,
     check_dir,
     check_file,
-    encode_paths,
     list_files,
     preview,
 )
@@ -97,43 +95,47 @@ def read_labels_csv(
     csv_file: Path, filename_column: str = "filename", label_column: str = "label"
 ) -> LabelsTable:
     """Read a labels CSV with a header row; UTF-8 with or without BOM, CRLF or LF, spaces stripped.
-    Only the two named columns are read, as the csv module parses them; blank lines are skipped."""
+    Only the two named columns are kept, as the csv module parses them; blank lines are skipped.
+    The file is streamed, never held whole: a million rows take a few hundred MiB at the peak."""
     check_file(csv_file, "data.source.csv")
-    raw = csv_file.read_bytes().removeprefix(codecs.BOM_UTF8)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
-    if not text:
-        raise DataError(f"{csv_file} is empty: expected a header row naming its columns")
-    if "\0" in text:  # no file name holds one (and numpy bytes arrays drop trailing NULs)
-        line = text.count("\n", 0, text.index("\0")) + 1
-        raise DataError(f"{csv_file} line {line} holds a NUL character")
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    try:
-        header = next(reader, [])
-        columns = [name.strip() for name in header]
-        file_at = _column(columns, filename_column, "filename_column", csv_file)
-        label_at = _column(columns, label_column, "label_column", csv_file)
-        needed = max(file_at, label_at) + 1
-        names, codes, lines = [], [], []
-        index: dict[str, int] = {}  # label -> code, in order of first appearance
-        for row in reader:
-            if len(row) < needed:  # a blank line is skipped, a short row is an error
-                if "".join(row).strip():
-                    raise DataError(
-                        f"{csv_file} line {reader.line_num} has {len(row)} columns, expected "
-                        f"{len(columns)} ({','.join(columns)}): {','.join(row)!r}"
-                    )
-                continue
-            names.append(row[file_at].strip())
-            codes.append(index.setdefault(row[label_at].strip(), len(index)))
-            lines.append(reader.line_num)  # where the record ends
-    except csv.Error as err:
-        raise DataError(f"{csv_file} line {reader.line_num} is malformed CSV: {err}") from err
-    paths = encode_paths(names)
-    table = LabelsTable(csv_file, paths, list(index), np.array(codes, np.int64), np.array(lines))
+    with open(csv_file, encoding="utf-8-sig", newline="") as text:
+        reader = csv.reader(text, strict=True)
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{csv_file} is empty: expected a header row naming its columns")
+            columns = [name.strip() for name in header]
+            file_at = _column(columns, filename_column, "filename_column", csv_file)
+            label_at = _column(columns, label_column, "label_column", csv_file)
+            needed = max(file_at, label_at) + 1
+            paths, codes, lines = [], array("q"), array("q")
+            index: dict[str, int] = {}  # label -> code, in order of first appearance
+            for row in reader:
+                if len(row) < needed:  # a blank line is skipped, a short row is an error
+                    if "".join(row).strip():
+                        raise DataError(
+                            f"{csv_file} line {reader.line_num} has {len(row)} columns, expected "
+                            f"{len(columns)} ({','.join(columns)}): {','.join(row)!r}"
+                        )
+                    continue
+                name, label = row[file_at].strip(), row[label_at].strip()
+                if "\0" in name or "\0" in label:  # numpy bytes arrays drop trailing NULs
+                    raise DataError(f"{csv_file} line {reader.line_num} holds a NUL character")
+                paths.append(os.fsencode(name))
+                codes.append(index.setdefault(label, len(index)))
+                lines.append(reader.line_num)  # where the record ends
+        except csv.Error as err:
+            raise DataError(f"{csv_file} line {reader.line_num} is malformed CSV: {err}") from err
+        except UnicodeDecodeError:  # its offset is within one block: find the line in the bytes
+            raw = csv_file.read_bytes()
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                line = raw.count(b"\n", 0, err.start) + 1
+                raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
+            raise
+    arrays = np.frombuffer(codes, np.int64), np.frombuffer(lines, np.int64)
+    table = LabelsTable(csv_file, np.array(paths, np.bytes_), list(index), *arrays)
     return _checked(table)
 
 
