@@ -101,8 +101,7 @@ def read_labels_csv(
     with open(csv_file, encoding="utf-8-sig", newline="") as text:
         reader = csv.reader(text, strict=True)
         try:
-            header = next(reader, None)
-            if header is None:
+            if (header := next(reader, None)) is None:
                 raise DataError(f"{csv_file} is empty: expected a header row naming its columns")
             columns = [name.strip() for name in header]
             file_at = _column(columns, filename_column, "filename_column", csv_file)
@@ -127,9 +126,8 @@ def read_labels_csv(
         except csv.Error as err:
             raise DataError(f"{csv_file} line {reader.line_num} is malformed CSV: {err}") from err
         except UnicodeDecodeError:  # its offset is within one block: find the line in the bytes
-            raw = csv_file.read_bytes()
             try:
-                raw.decode("utf-8")
+                (raw := csv_file.read_bytes()).decode("utf-8")
             except UnicodeDecodeError as err:
                 line = raw.count(b"\n", 0, err.start) + 1
                 raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
