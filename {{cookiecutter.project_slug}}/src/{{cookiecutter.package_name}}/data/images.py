@@ -9,6 +9,7 @@ import math
 import os
 import struct
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -24,6 +25,8 @@ except ImportError:  # pragma: no cover - a dependency, but PIL reads JPEGs with
     simplejpeg = None
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# PIL decodes these (IMG_EXTENSIONS') only, never its dozens of others: EPS runs Ghostscript.
+FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF")
 # PIL's own hard limit (twice its warning threshold): about 13k x 13k pixels, 0.5 GB as RGB.
 MAX_IMAGE_PIXELS = 2 * 89_478_485
 
@@ -79,8 +82,8 @@ def decode_image(
                         pass  # damaged, or a flaw libjpeg decodes through: PIL decides, quietly
                 if reducible:
                     return _decode_jpeg_reduced(data, min(width, height) / min_size)
-            with _libtiff_quiet(data, path):
-                return _decode_with_pil(data)
+            with _libtiff_quiet(data, path), _open(data) as image:
+                return _pil_pixels(image)
         except DataError:
             raise
         except UNREADABLE as err:
@@ -132,7 +135,7 @@ def _open(data: bytes) -> Image.Image:
     `image_header` applies our own limit, naming the file (PIL's error still propagates)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        return Image.open(io.BytesIO(data))
+        return Image.open(io.BytesIO(data), formats=FORMATS)
 
 
 def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
@@ -155,11 +158,6 @@ def _decode_jpeg_reduced(data: bytes, scale: float) -> torch.Tensor:
         return _pil_pixels(image)
 
 
-def _decode_with_pil(data: bytes) -> torch.Tensor:
-    with _open(data) as image:
-        return _pil_pixels(image)
-
-
 def _pil_pixels(image: Image.Image) -> torch.Tensor:
     """The pixels of an opened image, upright, as 8-bit RGB."""
     ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of an upright image
@@ -175,21 +173,23 @@ def _pil_pixels(image: Image.Image) -> torch.Tensor:
 
 
 _TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF
+_STDERR = threading.Lock()  # one thread at a time sends stderr elsewhere and puts it back
 
 
 @contextlib.contextmanager
 def _libtiff_quiet(data: bytes, path: str) -> Iterator[None]:
     """Keep what libtiff prints to stderr (naming no file) off the terminal: told in the DataError
-    if the file cannot be read, else dropped. stderr is the process's, so another thread's line
-    is kept too: the lesser harm, as TIFFs are rare and loader workers single-threaded."""
-    try:
-        saved = os.dup(2) if data.startswith(_TIFF_SIGNATURES) else None
-    except OSError:  # no stderr to keep quiet
-        saved = None
-    if saved is None:
+    if the file cannot be read, else dropped. stderr is the process's: TIFFs decode one at a time
+    (serve decodes in threads), and another thread's line printed meanwhile is kept too."""
+    if not data.startswith(_TIFF_SIGNATURES):
         yield
         return
-    with tempfile.TemporaryFile() as kept:
+    with _STDERR, tempfile.TemporaryFile() as kept:
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr to keep quiet
+            yield
+            return
         os.dup2(kept.fileno(), 2)
         try:
             yield
