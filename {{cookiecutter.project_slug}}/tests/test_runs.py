@@ -43,8 +43,8 @@ def in_tmp(tmp_path: Path, monkeypatch) -> Path:
 def test_a_second_experiment_in_the_same_folder_starts_fresh(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
-    """The issue's reproduction: the second `fit --model.lr 0.5 --ckpt_path last` is a new run,
-    and trains; the first, finished run's last.ckpt is untouched."""
+    """Two experiments in one folder: the second `fit --model.lr 0.5 --ckpt_path last` is a new
+    run, and trains; the first, finished run's last.ckpt is untouched."""
     fit(image_root, "--trainer.max_epochs", "2")
     first = last_of("version_0").read_bytes()
     capsys.readouterr()
@@ -114,6 +114,25 @@ def test_a_resume_on_data_moved_elsewhere_applies_the_new_place_and_says_so(
     )
     out = capsys.readouterr().out
     assert f"resuming run a with --data.source.root {moved} (the run's: {image_root})" in out
+    assert progress(last_of("a")) == (1, 8)
+
+
+def test_a_resume_applies_the_reading_options_given_and_says_so(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """How the data is read may change on resume: an option given wins over the run's, even
+    at its default value, and `fit` names it."""
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "1",
+        "--data.source.skip_bad_images", "true", "--data.source.cache", "memmap")  # fmt: skip
+    capsys.readouterr()
+    fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2",
+        "--data.source.skip_bad_images", "false", "--data.source.cache", "none")  # fmt: skip
+    out = capsys.readouterr().out
+    assert "--data.source.skip_bad_images false (the run's: true)" in out
+    assert "--data.source.cache none (the run's: memmap)" in out
+    saved = torch.load(last_of("a"), weights_only=False)["datamodule_hyper_parameters"]
+    assert saved["source"]["init_args"]["skip_bad_images"] is False
+    assert saved["source"]["init_args"]["cache"] == "none"
     assert progress(last_of("a")) == (1, 8)
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
-{%- if cookiecutter.logger in ("mlflow", "wandb") %}
+{% if cookiecutter.logger in ("mlflow", "wandb") -%}
 import os
-{%- endif %}
+{% endif -%}
 import sys
 from argparse import ArgumentError
 
@@ -22,7 +21,7 @@ from {{ cookiecutter.package_name }}.commands.mlflow_outputs import (
 )
 {% endif -%}
 from {{ cookiecutter.package_name }}.data.datamodule import DEFAULT_SOURCE, ImageDataModule
-from {{ cookiecutter.package_name }}.data.sources import source_class, source_from_config
+from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
@@ -90,7 +89,7 @@ class ImageCLI(LightningCLI):
         if ckpt_path:
             self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
             if subcommand == "fit":  # the classes first: the plainest reason not to resume
-                _check_resumed_classes(config, self.ckpt_contents)
+                _check_resumed_classes(config, typed, self.ckpt_contents)
                 _resume_run(config, typed, self.ckpt_contents)
         elif subcommand == "fit":
             _follow_pretrained_inputs(config, typed)
@@ -166,7 +165,7 @@ class ImageCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         if self.ckpt_contents is not None:
-            _restore_data_options(config, self.ckpt_contents, self.subcommand)
+            _restore_data_options(config, self.typed, self.ckpt_contents, self.subcommand)
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
             if self.subcommand == "fit":  # log on to the run the checkpoint came from
                 resume_run(config.trainer.logger, self.ckpt_contents)
@@ -279,7 +278,7 @@ def _resume_run(config, typed, checkpoint: dict) -> None:
             f"differ: {', '.join(changes)}; drop them, or start a new run (without --ckpt_path, "
             "or with another --run)"
         )
-    applied = changed_options(typed, checkpoint, movable=True)
+    applied = changed_options(typed, checkpoint, applied=True)
     applied += apply_limits(config.trainer, typed, checkpoint)
     done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
     if rank_zero_only.rank == 0 and applied and not done:
@@ -294,47 +293,47 @@ def _resume_run(config, typed, checkpoint: dict) -> None:
         sys.exit(0)
 
 
-def _restore_data_options(config, checkpoint: dict, subcommand: str) -> None:
+def _restore_data_options(config, typed, checkpoint: dict, subcommand: str) -> None:
     """Give the DataModule the checkpoint's classes, image size and normalisation.
 
     The model's copies of these are link targets, filled from the DataModule when the classes are
     instantiated, so setting them on the data side is what makes the model match the checkpoint:
     `predict --ckpt_path X` then needs no training options, and a resumed `fit` no repeated ones.
     """
-    for name, value in _saved_data_options(config.data, checkpoint, subcommand).items():
+    for name, value in _saved_data_options(config.data, typed, checkpoint, subcommand).items():
         config.data[name] = value
     # The checkpoint holds the trained weights; the file that seeded them may be gone.
     config.model.weights, config.model.pretrained = None, False
 
 
-def _saved_data_options(data, checkpoint: dict, subcommand: str) -> dict:
+def _saved_data_options(data, typed, checkpoint: dict, subcommand: str) -> dict:
     """The data options `_restore_data_options` takes from the checkpoint, by name."""
     hparams = checkpoint["hyper_parameters"]
     options = {name: hparams[name] for name in LINKED if name in hparams}
-    # Resuming, validating or testing: data options left at their defaults take the saved ones, so
-    # that a checkpoint trained on your own data needs no --data.source (predict reads only
+    # Resuming, validating or testing: data options not given take the saved ones, so that a
+    # checkpoint trained on your own data needs no --data.source (predict reads only
     # --data.predict_root, and the training data may not be where the model is served).
     if subcommand in ("fit", "validate", "test"):
-        defaults = inspect.signature(ImageDataModule).parameters
+        given = typed.get("data") or Namespace()
         for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
             if name == "source":
-                options[name] = _saved_source(data.get("source"), value)
-            elif name in defaults and options.get(name, data.get(name)) == defaults[name].default:
+                options[name] = _saved_source(data.get("source"), given.get("source"), value)
+            elif name in data and name not in options and name not in given:
                 options[name] = value
     return options
 
 
-def _saved_source(given, saved: dict) -> Namespace:
-    """The checkpoint's source, with the options given now: the same kind of source takes the
-    saved values of the options left at their defaults; another kind, given with options of its
-    own, is kept as given."""
-    given = given.as_dict() if isinstance(given, Namespace) else dict(given or DEFAULT_SOURCE)
-    class_path = given["class_path"]
-    parameters = inspect.signature(source_class(class_path)).parameters
-    given_args = (given.get("init_args") or {}).items()
-    typed = {k: v for k, v in given_args if k not in parameters or parameters[k].default != v}
+def _saved_source(current, given, saved: dict) -> Namespace:
+    """The checkpoint's source, with the options given now (`given`, of the `current` source):
+    the same kind of source takes the saved values of the others; another kind, given with
+    options of its own, is kept as given."""
+    current = current.as_dict() if isinstance(current, Namespace) else dict(current)
+    class_path = current["class_path"]
+    given_args = given.get("init_args") if isinstance(given, Namespace) else None
+    names = given_args.keys() if isinstance(given_args, Namespace) else ()
+    typed = {name: current["init_args"][name] for name in names}
     if class_path != saved["class_path"]:
-        return _as_namespace(given if typed else saved)
+        return _as_namespace(current if typed else saved)
     return _as_namespace({"class_path": class_path, "init_args": {**saved["init_args"], **typed}})
 
 
@@ -343,10 +342,11 @@ def _as_namespace(source: dict) -> Namespace:
     return Namespace(class_path=source["class_path"], init_args=args)
 
 
-def _check_resumed_classes(config, checkpoint: dict) -> None:
+def _check_resumed_classes(config, typed, checkpoint: dict) -> None:
     """Refuse to resume `fit` on data without the checkpoint's classes, before anything else is
     printed: read from a DataModule built with the options the resumed run will have."""
-    options = {**config.data.as_dict(), **_saved_data_options(config.data, checkpoint, "fit")}
+    saved = _saved_data_options(config.data, typed, checkpoint, "fit")
+    options = {**config.data.as_dict(), **saved}
     source = source_from_config(options.pop("source"))
     data = ImageDataModule(**{**options, "source": source, "class_names": None})
     given = [f"{name} {path}" for name, path in source.inputs() if path is not None]

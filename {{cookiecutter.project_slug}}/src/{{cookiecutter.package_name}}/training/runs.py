@@ -289,10 +289,10 @@ def known_runs(config) -> list[str]:
     return sorted(path.parent.parent.name for path in found)
 
 
-def changed_options(typed, checkpoint: dict, movable: bool = False) -> list[str]:
+def changed_options(typed, checkpoint: dict, applied: bool = False) -> list[str]:
     """`--model.*`/`--data.*` options given that differ from the run's, as
-    `--model.lr 0.5 (the run's: 0.003)`; those in FREE_ON_RESUME are not compared. With
-    `movable`, only the MOVABLE ones (the data's place); without, all others."""
+    `--model.lr 0.5 (the run's: 0.003)`. With `applied`, those a resume applies (FREE_ON_RESUME,
+    MOVABLE); without, all others, which it refuses. The weights options are not compared."""
     hparams = checkpoint.get("hyper_parameters", {})
     data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
     changes = []
@@ -303,9 +303,9 @@ def changed_options(typed, checkpoint: dict, movable: bool = False) -> list[str]
         for key, value in given.items():
             # The linked options (classes, image size, normalisation) are the model's first.
             saved = hparams.get(key, saved_group.get(key, _MISSING))
-            if key in FREE_ON_RESUME or saved is _MISSING or _same(value, saved):
+            if key in ("weights", "pretrained") or saved is _MISSING or _same(value, saved):
                 continue
-            if (group == "data" and key in MOVABLE) == movable:
+            if (key in FREE_ON_RESUME or (group == "data" and key in MOVABLE)) == applied:
                 changes.append(f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})")
     return changes
 
@@ -393,4 +393,5 @@ def _plain(value: object) -> object:
 
 
 def _shown(value: object) -> str:
-    return str(_plain(value))
+    """A value as the command line spells it (`true`, not Python's `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(_plain(value))
