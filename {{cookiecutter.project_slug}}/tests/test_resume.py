@@ -204,6 +204,35 @@ def test_last_checkpoint_is_written_during_epochs_as_time_passes(
     assert not list(tmp_path.glob(".*partial"))  # each written whole, then renamed
 
 
+class FailAfter(L.Callback):
+    def __init__(self, epoch: int, batches: int) -> None:
+        self.at = (epoch, batches - 1)
+
+    def on_train_batch_end(self, trainer: L.Trainer, module, outputs, batch, index: int) -> None:
+        if (trainer.current_epoch, index) == self.at:
+            raise RuntimeError("a fault of the run's own")
+
+
+def test_a_fault_inside_a_gradient_accumulation_keeps_the_last_file_to_resume(
+    image_root: Path, tmp_path: Path, capsys
+) -> None:
+    """A fault after the 3rd batch of epoch 1, accumulating 2: a save there would hold no
+    gradients of batch 3, and be refused on resume; the epoch-end last.ckpt is kept instead."""
+    data = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
+    options = dict(max_epochs=2, accumulate_grad_batches=2, enable_checkpointing=True)
+    callbacks = [LastCheckpoint(every_minutes=0), FailAfter(epoch=1, batches=3)]
+    trainer = quiet_trainer(tmp_path, **options, callbacks=callbacks)
+    with pytest.raises(RuntimeError, match="own"):
+        trainer.fit(ImageClassifier(list(CLASSES), image_size=16), data)
+    last = tmp_path / "last.ckpt"
+    said = capsys.readouterr().out
+    assert f"inside a gradient accumulation: resume with --ckpt_path {last}" in said
+    assert saved_progress(last) == (0, 2)  # epoch 0's end: 4 batches, 2 optimizer steps
+    resumed = quiet_trainer(tmp_path, **options, callbacks=[LastCheckpoint(every_minutes=0)])
+    resumed.fit(ImageClassifier(list(CLASSES), image_size=16), data, ckpt_path=last)
+    assert saved_progress(last) == (1, 4)
+
+
 def test_a_negative_checkpoint_interval_is_refused(image_root: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *tiny_run_options(image_root), "--last_checkpoint.every_minutes", "-1"])

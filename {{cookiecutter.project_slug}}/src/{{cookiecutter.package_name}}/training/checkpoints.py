@@ -132,9 +132,16 @@ class LastCheckpoint(Checkpoint):
         # gradient all-reduce until the job's time runs out. Signals stop through the flag above.
         if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
             return
+        name, path = type(exception).__name__, self._path(trainer)
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if done % trainer.accumulate_grad_batches and done < trainer.num_training_batches:
+            # The gradients accumulated so far would be in no file: keep the last file saved.
+            if trainer.is_global_zero and path.is_file():
+                print(f"{name} inside a gradient accumulation: resume with --ckpt_path {path}")
+            return
         path = self.save(trainer)
         if trainer.is_global_zero:
-            print(f"{type(exception).__name__}: saved {path}; resume with --ckpt_path {path}")
+            print(f"{name}: saved {path}; resume with --ckpt_path {path}")
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
         """Whether any process has received a stop signal (the same answer on every rank). A
