@@ -276,3 +276,6 @@ def test_the_skipped_image_list_is_this_runs_and_never_inside_the_dataset(tmp_pa
     with pytest.warns(UserWarning, match="not listed in .* it lies inside the dataset"):
         drop_unreadable([dataset_of(root)], 0, False, str(inside), True)
     assert not inside.exists()
+    (root / "bee" / "broken.jpg").unlink()  # mended: a resumed run skips nothing
+    drop_unreadable([dataset_of(root)], 0, False, str(logs), True)
+    assert (logs / SKIPPED_FILE).read_text() == ""

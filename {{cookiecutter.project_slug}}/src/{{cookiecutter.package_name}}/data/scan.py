@@ -160,15 +160,13 @@ def drop_unreadable(
     write_listing: bool,
     run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
-    """`datasets` without their unreadable images, with one warning listing what was left out,
-    all of it in `listing_dir/skipped_images.txt` with `write_listing` unless that lies inside a
-    dataset. Nothing readable at all is an error (a wrong folder). `run_once`: `data.once`."""
+    """`datasets` without their unreadable images, with one warning listing what was left out, and
+    all of it (or none) in `listing_dir/skipped_images.txt` with `write_listing`, unless inside a
+    dataset. Nothing readable is an error (a wrong folder). `run_once`: `data.once`."""
     scan = lambda: find_unreadable(datasets, num_workers, progress)  # noqa: E731
     bad = scan() if run_once is None else run_once(scan)
-    if not bad:
-        return list(datasets)
     total = sum(len(dataset) for dataset in datasets)
-    if len(bad) == total:
+    if bad and len(bad) == total:
         raise DataError(f"none of the {total} images can be read: {bad[0][1]}")
     where = ""
     roots = {os.path.realpath(dataset.root) for dataset in datasets}
@@ -179,8 +177,10 @@ def drop_unreadable(
         where = f" (all listed in {listing})"
         if write_listing:
             os.makedirs(listing_dir, exist_ok=True)
-            with open(listing, "w", encoding="utf-8") as file:  # this run's list only
+            with open(listing, "w", encoding="utf-8") as file:  # this run's list only, or none
                 file.writelines(f"{message}\n" for _, message in bad)
+    if not bad:
+        return list(datasets)
     shown = "\n".join(message for _, message in bad[:_SHOWN])
     more = f"\n... and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
     rank_zero_warn(
