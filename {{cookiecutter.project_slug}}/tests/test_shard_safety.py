@@ -16,6 +16,7 @@ from test_mid_epoch import colour_root as colour_root  # the fixture, shared
 from test_shards import PACKAGE, needs_litdata, shard
 from test_shards import s3 as s3  # the fixture, shared
 
+from {{ cookiecutter.package_name }}.commands.shard_output import ShardOutput
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -224,3 +225,23 @@ def test_an_s3_prefix_of_1500_of_shards_own_objects_is_replaced_under_overwrite(
         meta = s3.get_object(Bucket=bucket, Key=f"{prefix}dataset.json")["Body"].read()
         assert json.loads(meta)["made_of"]["resize"] == int(resize)
         assert json.loads(meta)["images"] == {"train": 24, "val": 6}
+
+
+@needs_litdata
+@pytest.mark.slow
+def test_s3_deletes_go_a_page_of_at_most_1000_keys_at_a_time(s3) -> None:
+    """moto deletes any number of keys in one request, S3 at most 1,000: counted here."""
+    names = [f"train/chunk-0-{i}.bin" for i in range(1500)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda name: s3.put_object(Bucket="shards", Key=f"paged/{name}"), names))
+    output, sizes = ShardOutput("s3://shards/paged"), []
+    delete = output._s3.delete_objects
+
+    def counted(**request):
+        sizes.append(len(request["Delete"]["Objects"]))
+        return delete(**request)
+
+    output._s3.delete_objects = counted
+    assert len(output.files()) == 1500  # listed a page of 1,000 at a time too
+    output.remove(set(names))
+    assert sizes == [1000, 500] and output.files() == []
