@@ -101,3 +101,25 @@ def test_fit_refuses_a_model_too_big_for_the_images(
     assert "inception_v3 does not run at --data.image_size 16" in line
     assert "use --data.image_size 75 or another architecture" in line
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_timm_model_is_checked_at_the_image_size_before_training(
+    image_root: Path, tmp_path: Path, run_main
+) -> None:
+    """timm's models get the same check: a ViT (exactly 224 pixels) at 16 is refused in one line
+    naming the size it needs, before training; a ConvNeXt that runs at 32 trains."""
+    pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
+    run = [*tiny_run_options(image_root), "--trainer.max_epochs", "1", "--trainer.logger", "false"]
+    fit = run_main("fit", *run, "--model.architecture", "vit_tiny_patch16_224", cwd=tmp_path)
+    line = one_error(fit.returncode, fit.stderr)
+    assert line == (
+        "error: --model.architecture vit_tiny_patch16_224 does not run at --data.image_size 16 "
+        "(Input height (16) doesn't match model (224)); use --data.image_size 224 or another "
+        "architecture"
+    )
+    assert not list(tmp_path.rglob("*.ckpt"))
+    options = ["--model.architecture", "test_convnext", "--data.image_size", "32",
+               "--trainer.limit_train_batches", "2", "--checkpoint.dirpath", "ckpts"]  # fmt: skip
+    fit = run_main("fit", *run, *options, cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert (tmp_path / "ckpts" / "last.ckpt").is_file()

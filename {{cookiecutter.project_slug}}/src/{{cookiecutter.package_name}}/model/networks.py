@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -11,7 +13,11 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from {{ cookiecutter.package_name }}.errors import DataError, one_line
-from {{ cookiecutter.package_name }}.model.pretrained import timm_network, torchvision_pretrained
+from {{ cookiecutter.package_name }}.model.pretrained import (
+    pretrained_inputs,
+    timm_network,
+    torchvision_pretrained,
+)
 
 COMPACT = "compact_resnet"
 
@@ -117,7 +123,7 @@ def build_network(
         network: nn.Module = CompactResNet(
             num_classes, image_size, width, tuple(depths), dropout=dropout
         )
-    elif architecture in torchvision.models.list_models(module=torchvision.models):
+    elif _is_torchvision(architecture):
         check_runs(architecture, num_classes, image_size)
         if pretrained:
             network = torchvision_pretrained(architecture)
@@ -125,6 +131,7 @@ def build_network(
         else:
             network = _torchvision_network(architecture, num_classes)
     else:
+        check_runs(architecture, num_classes, image_size)
         network = timm_network(architecture, num_classes, dropout, pretrained)
     if weights is not None:
         load_weights(network, weights, architecture)
@@ -191,19 +198,30 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
 
 
 def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
-    """Refuse, before anything trains, a torchvision model that cannot train at `image_size`.
+    """Refuse, before anything trains or downloads, a torchvision or timm model that cannot train
+    at `image_size`.
 
     The model is built and run on the meta device (shapes only, no memory, no arithmetic) in
     training and evaluation mode; a model that fails at this size (a ViT wants exactly 224
     pixels, Inception v3 at least 75) or returns anything but `(N, num_classes)` logits is refused
-    in one line with the reason and, where one of torchvision's sizes for it runs, that size.
+    in one line with the reason and, where a size known for it runs (224, its published weights'
+    and, for torchvision's, their smallest), that size.
     """
-    reason = _meta_failure(architecture, num_classes, image_size)
+    if _is_torchvision(architecture):
+        build = partial(_torchvision_network, architecture, num_classes)
+    else:
+        build = partial(timm_network, architecture, num_classes, 0.0, False)
+    reason = _meta_failure(build, num_classes, image_size)
     if reason is None:
         return
-    weights = torchvision.models.get_model_weights(architecture)
-    sizes = sorted({224, *(w.meta["min_size"][0] for w in weights)})
-    runs = [s for s in sizes if _meta_failure(architecture, num_classes, s) is None]
+    sizes = {224}
+    if _is_torchvision(architecture):
+        weights = torchvision.models.get_model_weights(architecture)
+        sizes |= {w.meta["min_size"][0] for w in weights}
+    published = pretrained_inputs(architecture)
+    if published is not None:
+        sizes.add(published[0])
+    runs = [s for s in sorted(sizes) if _meta_failure(build, num_classes, s) is None]
     way_out = f"--data.image_size {runs[0]} or " if runs else ""
     raise DataError(
         f"--model.architecture {architecture} does not run at --data.image_size {image_size} "
@@ -225,10 +243,11 @@ class _EmptyOnMeta(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _meta_failure(architecture: str, num_classes: int, image_size: int) -> str | None:
-    """Why `architecture` cannot train at `image_size` pixels (a meta-device forward), or None."""
+def _meta_failure(build: Callable[[], nn.Module], num_classes: int, image_size: int) -> str | None:
+    """Why the network `build` makes cannot train at `image_size` pixels (a meta-device
+    forward), or None."""
     with _EmptyOnMeta():
-        network = _torchvision_network(architecture, num_classes).to("meta")
+        network = build().to("meta")
     images = torch.empty(2, 3, image_size, image_size, device="meta")
     for training in (True, False):
         network.train(training)
@@ -244,6 +263,10 @@ def _meta_failure(architecture: str, num_classes: int, image_size: int) -> str |
             mode = "training" if training else "evaluation"
             return f"in {mode} mode it returns {type(logits).__name__}, not logits per class"
     return None
+
+
+def _is_torchvision(architecture: str) -> bool:
+    return architecture in torchvision.models.list_models(module=torchvision.models)
 
 
 def _torchvision_network(architecture: str, num_classes: int | None) -> nn.Module:
