@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from pathlib import Path
 
 import pytest
 
 from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.commands import SOURCE_CHOOSING, SOURCE_OPTIONS
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders, LabelsCsv, Shards
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
 
@@ -30,9 +34,9 @@ def test_print_config_output_reloads_unchanged(config: Path, tmp_path: Path, cap
     ("short", "full"),
     [
         (
-            ["--data.root", "D/train", "--data.val_root=D/val", "--data.hflip", "true"],
+            ["--data.root", "D/train", "--data.val_root=D/val", "--data.epoch_repeats", "3"],
             ["--data.source.root", "D/train", "--data.source.val_root", "D/val",
-             "--data.augment.hflip", "true"],
+             "--data.source.epoch_repeats", "3"],
         ),
         (
             ["--data.root", "D", "--data.labels_csv", "l.csv", "--data.label_kind", "name"],
@@ -51,3 +55,21 @@ def test_flat_source_options_are_short_for_the_full_ones(short, full, capsys) ->
     """`--data.root DIR` (README) is `--data.source.root DIR`, through the real entry point."""
     assert print_config(capsys, *short) == print_config(capsys, *full)
     assert "class_path" in print_config(capsys, *short)
+
+
+def test_every_source_option_has_its_short_spelling() -> None:
+    """README: each source option has a flat short form; the list follows the sources."""
+    options = set()
+    for source in (ClassFolders, LabelsCsv, Shards):
+        options |= set(inspect.signature(source).parameters)
+    assert SOURCE_OPTIONS | {name for _, name in SOURCE_CHOOSING.values()} == options
+
+
+def test_fit_has_at_most_12_flat_data_options(capsys) -> None:
+    """A source's options are its own (`--data.source.*`); the DataModule keeps few."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    listed = re.findall(r"^ +--data\.(\w+)\b(?![.\w])", capsys.readouterr().out, re.MULTILINE)
+    flat = set(listed)
+    assert "source" in flat and "batch_size" in flat and "root" not in flat
+    assert len(flat) <= 12, sorted(flat)

@@ -27,8 +27,8 @@ COMMANDS = {
 # rewrite of the command line before it is parsed.
 SOURCE_OPTIONS = {
     "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv", "balance_classes",
-    "skip_bad_images", "cache", "cache_keep", "cache_key", "filename_column", "label_column",
-    "label_kind",
+    "epoch_repeats", "skip_bad_images", "cache", "cache_keep", "cache_key", "filename_column",
+    "label_column", "label_kind",
 }  # fmt: skip
 # flat name -> (the source it chooses, or None; its name under --data.source)
 SOURCE_CHOOSING = {
@@ -36,14 +36,13 @@ SOURCE_CHOOSING = {
     "stream": ("Shards", "path"),
     "stream_cache_limit": (None, "cache_limit"),
 }
-AUGMENT_OPTIONS = {"crop_scale", "hflip"}
 
 
 def short_spellings(argv: list[str]) -> list[str]:
-    """`argv` with each flat source or augmentation option (`--data.root DIR`,
-    `--data.labels_csv FILE`, `--data.hflip true`, also with `=`) in its full spelling; a flat
-    option that names a kind of source (`labels_csv`, `stream`) puts `--data.source KIND` before
-    the first source option, which jsonargparse needs first."""
+    """`argv` with each flat source option (`--data.root DIR`, `--data.labels_csv FILE`, also
+    with `=`) in its full spelling; a flat option that names a kind of source (`labels_csv`,
+    `stream`) puts `--data.source KIND` before the first source option, which jsonargparse needs
+    first."""
     out: list[str] = []
     chosen, first = None, None
     for arg in argv:
@@ -53,8 +52,6 @@ def short_spellings(argv: list[str]) -> list[str]:
             kind, name = SOURCE_CHOOSING.get(name, (None, name))
             chosen = chosen or kind
             arg = f"--data.source.{name}{equals}{value}"
-        elif name in AUGMENT_OPTIONS:
-            arg = f"--data.augment.{name}{equals}{value}"
         if first is None and arg.startswith("--data.source."):
             first = len(out)
         out.append(arg)
