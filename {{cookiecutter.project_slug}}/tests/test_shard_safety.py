@@ -55,7 +55,7 @@ def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
     before = files(train_and_val)
     assert len(before) == 24
     data = ["--data.source.root", "D/train", "--data.source.val_root", "D/val"]
-    short = ["--data.root", "D/train", "--data.val_root", "D/val"]  # the issue's own spelling
+    short = ["--data.root", "D/train", "--data.val_root", "D/val"]  # as short as a user types it
     for output, overwrite, said in (
         ("D", [], "--output D contains --data.source.root D/train"),
         ("D", short, "--output D contains --data.source.root D/train"),
