@@ -3,9 +3,15 @@ network), local weight files of every kind, and the errors when none of them is 
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,8 +19,9 @@ import torch
 import torchvision
 from conftest import CLASSES, one_error, tiny_run_options
 
+from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.model import ImageClassifier, pretrained
 from {{ cookiecutter.package_name }}.model.networks import build_network, classifier_of
 
 timm = pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
@@ -49,6 +56,68 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return tmp_path / "hf"
+
+
+@pytest.fixture(params=["refused", "silent"])
+def unreachable(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """Empty Hugging Face and torch caches, downloads on, and the hub and torch's download site
+    (through a proxy) at a local address that refuses connections (offline) or takes them and
+    never answers (a network that drops packets): the same wherever the test runs. The waits
+    allowed for an answer are cut to a second."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+    closing = threading.Timer(10, listener.close)  # a hung download fails, if late, at the end
+    if request.param == "silent":
+        listener.listen()  # the kernel accepts connections, nobody reads from them
+        closing.start()
+    address = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    from huggingface_hub import constants
+
+    # huggingface_hub reads its folders and HF_ENDPOINT when imported: point it at this test's
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    template = constants.HUGGINGFACE_CO_URL_TEMPLATE.replace(constants.ENDPOINT, address)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(constants, "ENDPOINT", address)
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
+    monkeypatch.setattr(pretrained, "DOWNLOAD_TIMEOUT", 1.0)
+    for name in ("https_proxy", "HTTPS_PROXY"):  # urllib's way out, torch's hub downloads
+        monkeypatch.setenv(name, address)
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)  # made again, reading the proxy
+    yield tmp_path
+    closing.cancel()
+    listener.close()
+
+
+def test_timm_weights_out_of_reach_stop_at_once(unreachable: Path) -> None:
+    """Not cached and the hub out of reach: one DataError within seconds (huggingface_hub's own
+    retries took 45 s offline, and minutes where packets are dropped)."""
+    started = time.monotonic()
+    with pytest.raises(DataError, match=f"weights of {TIMM_MODEL} are not in the Hugging") as e:
+        build_network(TIMM_MODEL, 3, 160, pretrained=True)
+    assert time.monotonic() - started < 5
+    assert str(unreachable / "hf" / "hub") in str(e.value) and "cannot be reached" in str(e.value)
+
+
+def test_torchvision_weights_out_of_reach_stop_at_once(unreachable: Path) -> None:
+    """Not in torch's hub folder and the download site out of reach: one DataError naming the
+    model, its file and the folder, within seconds (urllib alone would wait for ever for a
+    silent site)."""
+    folder = unreachable / "torch" / "hub" / "checkpoints"
+    started = time.monotonic()
+    missing = r"weights of resnet18 \(resnet18-f37072fd.pth\) are not in torch's hub folder"
+    with pytest.raises(DataError, match=missing) as e:
+        build_network("resnet18", 3, 64, pretrained=True)
+    assert time.monotonic() - started < 5
+    assert str(folder) in str(e.value)
+    assert not folder.is_dir() or not list(folder.iterdir())  # no partial download left there
 
 
 def test_timm_model_from_the_hub_cache(offline_hub: Path) -> None:
@@ -129,7 +198,7 @@ def test_weights_of_another_architecture_are_refused_naming_layers(tmp_path: Pat
 def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path: Path) -> None:
     """`fit --model.architecture <timm> --model.pretrained true`, offline, from a hub cache: the
     weights' image size and normalisation are taken (and said), recorded in the checkpoint and
-    in the export."""
+    in the export's metadata."""
     home = tmp_path / "hf"
     hub_cache(home)
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
@@ -147,6 +216,10 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     checkpoint = torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"]["image_size"] == 160
     assert tuple(checkpoint["hyper_parameters"]["mean"]) == (0.5, 0.5, 0.5)
+    _, sidecar = export_checkpoint(tmp_path / "ckpts" / "last.ckpt", tmp_path / "model.pt2")
+    metadata = json.loads(sidecar.read_text())
+    inputs = (metadata["image_size"], metadata["mean"], metadata["std"])
+    assert inputs == (160, [0.5] * 3, [0.5] * 3)  # test_resnet's weights': not ImageNet's
     # From a local file (1000 classes): the classifier re-made for three, and said so.
     save_file(timm.create_model(TIMM_MODEL).state_dict(), tmp_path / "w.safetensors")
     local = subprocess.run(
@@ -160,12 +233,19 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     assert local.returncode == 0, local.stderr[-3000:]
     assert "classifier is re-made for 3 classes" in local.stderr
     assert f"--model.weights {TIMM_MODEL}: --data.mean (0.5, 0.5, 0.5)" in local.stdout
-    # Offline without the weights: one line before training, naming the model and the folder.
+    # Without the weights, the hub refusing connections (offline, downloads not turned off):
+    # one line before training, naming the model and the folder, and no retries said before it.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+    del env["HF_HUB_OFFLINE"]
     env["HF_HOME"] = str(tmp_path / "empty")
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
     failed = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options,
          "--model.architecture", TIMM_MODEL, "--model.pretrained", "true"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+    closed.close()
     line = one_error(failed.returncode, failed.stderr)
     assert TIMM_MODEL in line and str(tmp_path / "empty") in line
+    assert "Retry" not in failed.stderr, failed.stderr[-3000:]

@@ -4,7 +4,10 @@ stop before training, naming the model and the folder, where neither has them.""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -14,6 +17,9 @@ from torch import nn
 from {{ cookiecutter.package_name }}.errors import DataError, one_line
 
 TIMM_PREFIX = "timm/"  # as the Hugging Face hub names timm's weights: timm/convnext_nano.in12k
+# Seconds a download over urllib (torch's hub: torchvision's weights, timm's few URL-only ones)
+# may wait to connect or for the next bytes; urllib's own default is to wait for ever.
+DOWNLOAD_TIMEOUT = 30.0
 
 
 def _timm(architecture: str):
@@ -41,22 +47,23 @@ def timm_network(
     """timm's `architecture` with a fresh classifier of `num_classes`, from its published
     weights when `pretrained` (timm then leaves the old classifier out)."""
     timm, name = _timm(architecture)
-    overlay = None
-    if pretrained:
-        cached = _hub_cached(timm, name)
-        # From the cache file itself: no network call at all when the weights are already here.
-        overlay = {"file": cached, "source": ""} if cached else None
+    if not pretrained:
+        return timm.create_model(name, num_classes=num_classes, drop_rate=dropout)
+    cached = _hub_cached(timm, name)
+    # From the cache file itself: no network call at all when the weights are already here.
+    overlay = {"file": cached, "source": ""} if cached else None
     try:
-        return timm.create_model(
-            name,
-            pretrained=pretrained,
-            num_classes=num_classes,
-            drop_rate=dropout,
-            pretrained_cfg_overlay=overlay,
-        )
+        if not cached:
+            _reach_hub(timm, name)
+        with _download_timeout():
+            return timm.create_model(
+                name,
+                pretrained=True,
+                num_classes=num_classes,
+                drop_rate=dropout,
+                pretrained_cfg_overlay=overlay,
+            )
     except (OSError, RuntimeError, ValueError) as err:  # offline, or no such weights
-        if not pretrained:
-            raise
         raise DataError(
             f"--model.pretrained: the weights of {name} are not in the Hugging Face cache "
             f"{_hub_cache()} and could not be downloaded ({one_line(err)}); run once with "
@@ -69,6 +76,50 @@ def _hub_cache() -> str:
     from huggingface_hub import constants
 
     return constants.HF_HUB_CACHE
+
+
+def _reach_hub(timm, name: str) -> None:
+    """Ask the Hugging Face hub once, with no retries, for the weights of timm's `name`; raise
+    OSError if it cannot be reached.
+
+    huggingface_hub retries a download whose file is not cached after a network error (5 times
+    with back-off, each try allowed 60 s, for each of the two files timm looks for: 45 s and 22
+    log lines when offline, many minutes where packets are dropped). Nothing in it turns those
+    retries off short of offline mode (`HF_HUB_OFFLINE`), which would also stop a user who is
+    online. Its metadata request (`get_hf_file_metadata`) is the one call it makes without
+    retries, bounded by its own `HF_HUB_ETAG_TIMEOUT` (10 s unless set): one such request tells
+    an unreachable hub before the download starts.
+    """
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import HfHubHTTPError
+
+    config = timm.get_pretrained_cfg(name)
+    if constants.HF_HUB_OFFLINE or config is None or not config.hf_hub_id:
+        return  # offline mode fails at once by itself; URL weights go through torch's hub
+    url = hf_hub_url(config.hf_hub_id, config.hf_hub_filename or "model.safetensors")
+    try:
+        get_hf_file_metadata(url, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except HfHubHTTPError:
+        return  # the hub answered (a file timm then looks past, say): it can be reached
+    except Exception as err:  # httpx's (or requests') connection errors, timeouts, proxies
+        raise OSError(f"{constants.ENDPOINT} cannot be reached: {one_line(err)}") from err
+
+
+@contextlib.contextmanager
+def _download_timeout() -> Iterator[None]:
+    """Downloads over urllib (torch's hub) give up after `DOWNLOAD_TIMEOUT` seconds without
+    progress rather than wait for ever on a network that drops packets.
+
+    `torch.hub.download_url_to_file` takes no timeout; urllib then uses the socket default. That
+    is process-wide, so it is set for the model's construction alone and put back (the model is
+    built before any loader runs).
+    """
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(before)
 
 
 def _hub_cached(timm, name: str) -> str | None:
@@ -90,7 +141,8 @@ def torchvision_pretrained(architecture: str) -> nn.Module:
     weights = torchvision.models.get_model_weights(architecture).DEFAULT
     folder = Path(torch.hub.get_dir()) / "checkpoints"
     try:  # torch's hub uses the file in `folder` if it is there, else downloads it there
-        return torchvision.models.get_model(architecture, weights=weights)
+        with _download_timeout():
+            return torchvision.models.get_model(architecture, weights=weights)
     except OSError as err:  # urllib's errors are OSErrors: offline, refused, timed out
         name = os.path.basename(weights.url)
         raise DataError(
