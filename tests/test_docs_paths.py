@@ -1,4 +1,5 @@
-"""Every file a bake's README, docs and code comments name exists in that bake.
+"""Every file a bake's README, docs and comments (code, configs, scripts, Makefile, pyproject,
+CI workflow) name exists in that bake.
 
 `missing_paths` is run on every option combination by test_bake.py's render check (the post-gen
 hook prunes files per option: text that names one must go with it); the tests here show that it
@@ -54,15 +55,27 @@ def comments_and_docstrings(source: str) -> str:
     return "\n".join(parts)
 
 
+def hash_comments(path: Path) -> str:
+    """What follows `#` on each line of a YAML, shell, Makefile or TOML file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return "\n".join(line.split("#", 1)[1] for line in lines if "#" in line)
+
+
 def named_paths(project: Path, package: str) -> dict[str, set[str]]:
     """file (relative to the project) -> the paths its text names; `template:` before a path that
     the text names as the template repository's."""
     pages = [project / "README.md", project / "ARCHITECTURE.md", *project.glob("docs/*.md")]
+    commented = [*project.glob("configs/**/*.yaml"), *project.glob("scripts/*.s*")]
+    commented += [project / "Makefile", project / "pyproject.toml"]
+    commented += project.glob(".github/workflows/*.yml")
     named = {}
-    for path in [*pages, *project.rglob("*.py")]:
+    for path in [*pages, *commented, *project.rglob("*.py")]:
         if not path.is_file():
             continue
-        text = python_text(path) if path.suffix == ".py" else path.read_text(encoding="utf-8")
+        if path.suffix == ".py":
+            text = python_text(path)
+        else:
+            text = hash_comments(path) if path in commented else path.read_text(encoding="utf-8")
         text = text.replace("<package>", package).replace("{package}", package)
         found = set()
         for match in [*PATH.finditer(text), *PAGE.finditer(text)]:
@@ -102,6 +115,7 @@ def test_the_scan_finds_what_the_pages_name(cookies) -> None:
     assert "src/image_classifier/data/datamodule.py" in named  # .py files are read
     assert len(set().union(*named.values())) >= 30
     assert "ARCHITECTURE.md" in named["README.md"] or "docs/data.md" in named["README.md"]
+    assert "Makefile" in named and "configs/recipes/finetune.yaml" in named  # comments read
     assert missing_paths(project, "image_classifier") == []
 
 
@@ -110,7 +124,10 @@ def test_a_path_to_no_file_is_caught(cookies, tmp_path: Path) -> None:
     page = project / "docs" / "data.md"
     page.write_text(page.read_text() + "\nSee `training/nowhere.py` and scripts/gone.sbatch.\n")
     (project / "src/image_classifier/data/gone.py").write_text("# as configs/none.yaml says\n")
+    config = project / "configs" / "gpu.yaml"
+    config.write_text(config.read_text() + "# tuned in docs/tuning.md\n")
     assert missing_paths(project, "image_classifier") == [
+        "configs/gpu.yaml: docs/tuning.md",
         "docs/data.md: scripts/gone.sbatch",
         "docs/data.md: training/nowhere.py",
         "src/image_classifier/data/gone.py: configs/none.yaml",
