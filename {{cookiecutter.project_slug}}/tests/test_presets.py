@@ -4,7 +4,6 @@ the ones validated, checkpointed and exported; run options given with `--ckpt_pa
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shlex
 import subprocess
@@ -17,6 +16,7 @@ from conftest import tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import load_for_export
+from {{ cookiecutter.package_name }}.model.mixing import BatchMixer
 from {{ cookiecutter.package_name }}.training.ema import warmed_up_ema
 
 RECIPES = Path(__file__).parents[1] / "configs" / "recipes"
@@ -58,12 +58,15 @@ def readme_finetune_command() -> str:
 
 
 @pytest.mark.slow
-def test_readme_finetune_command_trains_from_a_hub_cache(image_root: Path, tmp_path: Path) -> None:
+def test_readme_finetune_command_trains_from_a_hub_cache(
+    image_root: Path, tmp_path: Path, run_main, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The README's command as shown (the preset and its model), on a Hugging Face cache made
-    here (random weights: no network), cut to 2 epochs at 64 px for the CPU: the frozen epoch,
-    then the rest, with EMA."""
+    here (random weights: no network), cut to 2 epochs at 64 px for the CPU, the last one
+    without MixUp/CutMix: the frozen epoch, mixed, then the rest, with EMA."""
     timm = pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
     import yaml
+    from huggingface_hub import constants
     from test_pretrained import hub_cache
 
     architecture = yaml.safe_load((RECIPES / "finetune.yaml").read_text())["model"]["architecture"]
@@ -77,10 +80,24 @@ def test_readme_finetune_command_trains_from_a_hub_cache(image_root: Path, tmp_p
     argv = shlex.split(readme_finetune_command().replace("path/to/images", str(image_root)))
     if "labels.csv" in argv:  # beside the images, as the README says
         argv[argv.index("labels.csv")] = str(image_root / "labels.csv")
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # huggingface_hub reads its folders when imported: point it at this test's
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    mixed_epochs = []
+    mix = BatchMixer.__call__
+
+    def counted(mixer: BatchMixer, images, targets, key: tuple[int, ...]) -> tuple:
+        mixed_epochs.append(key[1])  # (seed, epoch, batch, rank)
+        return mix(mixer, images, targets, key)
+
+    monkeypatch.setattr(BatchMixer, "__call__", counted)
     argv[argv.index("configs/recipes/finetune.yaml")] = str(RECIPES / "finetune.yaml")
-    cut = ["--trainer.max_epochs", "2", "--data.image_size", "64", "--run", "finetune"]
-    command(*argv[3:], *cut, cwd=tmp_path, env=env)
+    cut = ["--trainer.max_epochs", "2", "--model.mix_off_epochs", "1",
+           "--data.image_size", "64", "--run", "finetune"]  # fmt: skip
+    fit = run_main(*argv[3:], *cut, cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert mixed_epochs and set(mixed_epochs) == {0}  # MixUp/CutMix ran, then stopped
     (last,) = tmp_path.rglob("last.ckpt")
     checkpoint = torch.load(last, weights_only=True)
     assert checkpoint["hyper_parameters"]["architecture"] == architecture
