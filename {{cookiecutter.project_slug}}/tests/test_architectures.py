@@ -123,3 +123,13 @@ def test_a_timm_model_is_checked_at_the_image_size_before_training(
     fit = run_main("fit", *run, *options, cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert (tmp_path / "ckpts" / "last.ckpt").is_file()
+
+
+def test_a_timm_model_that_runs_itself_while_built_is_checked_too() -> None:
+    """A hybrid ViT runs its CNN stem on a blank image while it is built, which the meta-device
+    build must allow for: checked all the same, at the one size it takes."""
+    pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
+    check_runs("vit_tiny_r_s16_p8_224", 3, 224)
+    refused = r"vit_tiny_r_s16_p8_224 does not run at --data.image_size 128 \(.+\); use .* 224 "
+    with pytest.raises(DataError, match=refused):
+        check_runs("vit_tiny_r_s16_p8_224", 3, 128)

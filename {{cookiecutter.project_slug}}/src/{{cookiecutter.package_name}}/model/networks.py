@@ -211,7 +211,8 @@ def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
         build = partial(_torchvision_network, architecture, num_classes)
     else:
         build = partial(timm_network, architecture, num_classes, 0.0, False)
-    reason = _meta_failure(build, num_classes, image_size)
+    network = _on_meta(build)
+    reason = None if network is None else _meta_failure(network, num_classes, image_size)
     if reason is None:
         return
     sizes = {224}
@@ -221,7 +222,7 @@ def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
     published = pretrained_inputs(architecture)
     if published is not None:
         sizes.add(published[0])
-    runs = [s for s in sorted(sizes) if _meta_failure(build, num_classes, s) is None]
+    runs = [s for s in sorted(sizes) if _meta_failure(network, num_classes, s) is None]
     way_out = f"--data.image_size {runs[0]} or " if runs else ""
     raise DataError(
         f"--model.architecture {architecture} does not run at --data.image_size {image_size} "
@@ -243,11 +244,24 @@ class _EmptyOnMeta(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _meta_failure(build: Callable[[], nn.Module], num_classes: int, image_size: int) -> str | None:
-    """Why the network `build` makes cannot train at `image_size` pixels (a meta-device
-    forward), or None."""
-    with _EmptyOnMeta():
-        network = build().to("meta")
+def _on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
+    """The network `build` makes, its weights on the meta device; None where it cannot be."""
+    try:
+        with _EmptyOnMeta():
+            return build().to("meta")
+    except RuntimeError:
+        pass
+    # Some run a part of themselves while being built (timm's hybrid ViTs, their CNN stem on a
+    # blank image, to learn its output size): that image must be on the meta device too.
+    try:
+        with torch.device("meta"):
+            return build()
+    except RuntimeError:
+        return None  # only a real model can tell
+
+
+def _meta_failure(network: nn.Module, num_classes: int, image_size: int) -> str | None:
+    """Why `network` (on the meta device) cannot train at `image_size` pixels, or None."""
     images = torch.empty(2, 3, image_size, image_size, device="meta")
     for training in (True, False):
         network.train(training)
