@@ -86,9 +86,10 @@ def unreachable(
     monkeypatch.setattr(constants, "ENDPOINT", address)
     monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
     monkeypatch.setattr(pretrained, "DOWNLOAD_TIMEOUT", 1.0)
-    for name in ("https_proxy", "HTTPS_PROXY"):  # urllib's way out, torch's hub downloads
+    # Any proxy a download might take is that address too: urllib's (torch's hub) and httpx's.
+    for name in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy"):
         monkeypatch.setenv(name, address)
-    for name in ("no_proxy", "NO_PROXY"):
+    for name in ("no_proxy", "NO_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(urllib.request, "_opener", None)  # made again, reading the proxy
     yield tmp_path
