@@ -207,10 +207,13 @@ def main() -> None:
         f"targets {targets.nbytes:,} B, "
         f"table codes {table.codes.nbytes:,} B, lines {table.lines.nbytes:,} B"
     )
-    for name, read in (
+    readers = [
         ("old", lambda: baseline_read_labels_csv(labels, csvs[large])),
         ("new", lambda: labels.read_labels_csv(csvs[large])),
-    ):
+    ]
+    if against:
+        readers.append((args.against, lambda: against.read_labels_csv(csvs[large])))
+    for name, read in readers:
         tracemalloc.start()
         read()
         peak = tracemalloc.get_traced_memory()[1]
