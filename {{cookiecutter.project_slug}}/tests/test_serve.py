@@ -1,5 +1,6 @@
-"""serve: infer's answers over HTTP, batched; hostile uploads refused in one sentence; SIGTERM
-finishes the request in flight and leaves no process behind."""
+"""serve: infer's answers over HTTP, batched, from .pt2 and .onnx; hostile uploads refused in one
+sentence; SIGTERM, to the server or its whole process group, finishes the requests in flight and
+leaves no process behind."""
 
 from __future__ import annotations
 
@@ -67,6 +68,32 @@ def assert_infers_answer(answer: dict, expected: list[tuple[str, float]]) -> Non
     assert (answer["label"], answer["probability"]) == top[0]
     for (_, p), (_, q) in zip(top, expected, strict=True):
         assert abs(p - q) < 1e-5  # float32, batched with other images or not
+
+
+def through_guard(body: bytes, content_type: str, **options) -> tuple[int, dict, dict]:
+    """What `UploadGuard` makes of one upload, in-process: the status, headers and JSON of its
+    answer, or 200, {} and the JSON it passes on to LitServe."""
+    import asyncio
+
+    from {{ cookiecutter.package_name }}.commands.serve import UploadGuard
+
+    answer: dict = {"status": 200, "headers": []}
+
+    async def app(scope, receive, send) -> None:
+        answer["body"] = (await receive())["body"]
+
+    async def send(message: dict) -> None:
+        answer.update(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    options = {"image_size": 16, "max_bytes": MAX_UPLOAD, "max_pixels": 10**6, **options}
+    guard = UploadGuard(app, timeout=9, deadline=9, **options)
+    scope = {"type": "http", "path": "/predict", "method": "POST"}
+    scope["headers"] = [(b"content-type", content_type.encode())]
+    asyncio.run(guard(scope, receive, send))
+    return answer["status"], dict(answer["headers"]), json.loads(answer["body"])
 
 
 # --- talking to a server ---
@@ -273,7 +300,9 @@ def test_the_upload_guard_and_the_worker_give_infers_answer(
         scope = {"type": "http", "path": "/predict", "method": "POST"}
         scope["headers"] = [(b"content-type", content_type.encode())]
         message = {"type": "http.request", "body": body, "more_body": False}
-        guard = UploadGuard(app, image_size=16, max_bytes=MAX_UPLOAD, max_pixels=10**6, timeout=9)
+        guard = UploadGuard(
+            app, image_size=16, max_bytes=MAX_UPLOAD, max_pixels=10**6, timeout=9, deadline=9
+        )
 
         async def receive() -> dict:
             return message
@@ -290,10 +319,13 @@ def test_the_upload_guard_and_the_worker_give_infers_answer(
     for path, image in zip(images, pixels, strict=True):
         assert torch.equal(image, eval_transform(16)(read_image(str(path), 16)))
     expected = infer_answers(model, images)
-    batched = api.unbatch(api.predict(api.batch(pixels)))
-    for path, image, probabilities in zip(images, pixels, batched, strict=True):
-        assert_infers_answer(api.encode_response(probabilities), expected[path])
-        assert_infers_answer(api.encode_response(api.predict(image)), expected[path])
+    batched = [api.encode_response(p) for p in api.unbatch(api.predict(api.batch(pixels)))]
+    for path, image, answer in zip(images, pixels, batched, strict=True):
+        assert_infers_answer(answer, expected[path])
+        assert answer["batch_size"] == len(images)
+        alone = api.encode_response(api.predict(image))
+        assert_infers_answer(alone, expected[path])
+        assert alone["batch_size"] == 1
 
 
 def test_stalled_uploads_time_out_and_uploads_held_at_once_are_bounded() -> None:
@@ -306,9 +338,11 @@ def test_stalled_uploads_time_out_and_uploads_held_at_once_are_bounded() -> None
     async def app(scope, receive, send) -> None:
         pytest.fail("a stalled upload reached the model")
 
-    guard = UploadGuard(app, image_size=16, max_bytes=1000, max_pixels=10**6, timeout=0.5)
+    guard = UploadGuard(
+        app, image_size=16, max_bytes=1000, max_pixels=10**6, timeout=0.5, deadline=9
+    )
     guard.budget = 2500  # two stalled uploads of 900 bytes fit, a third does not
-    statuses = []
+    statuses, retry_after = [], []
 
     async def stalled_upload() -> None:
         scope = {"type": "http", "path": "/predict", "method": "POST"}
@@ -323,6 +357,7 @@ def test_stalled_uploads_time_out_and_uploads_held_at_once_are_bounded() -> None
         async def send(message: dict) -> None:
             if message["type"] == "http.response.start":
                 statuses.append(message["status"])
+                retry_after.append(dict(message["headers"]).get(b"retry-after"))
 
         await guard(scope, receive, send)
 
@@ -330,8 +365,81 @@ def test_stalled_uploads_time_out_and_uploads_held_at_once_are_bounded() -> None
         await asyncio.gather(*(stalled_upload() for _ in range(3)))
 
     asyncio.run(three())
-    assert sorted(statuses) == [408, 408, 503]
+    answered = sorted(zip(statuses, retry_after, strict=True))
+    assert answered == [(408, None), (408, None), (503, b"1")]  # 503: retry in a second
     assert guard.buffered == 0
+
+
+def test_an_upload_that_never_stalls_is_cut_at_upload_deadline() -> None:
+    """A byte every 0.05 s never stalls for --upload_timeout, but takes over --upload_deadline."""
+    import asyncio
+
+    from {{ cookiecutter.package_name }}.commands.serve import UploadGuard
+
+    async def app(scope, receive, send) -> None:
+        pytest.fail("a slow upload reached the model")
+
+    answer = {}
+
+    async def send(message: dict) -> None:
+        answer.update(message)
+
+    sent = []
+
+    async def receive() -> dict:  # 100 bytes in 5 s
+        await asyncio.sleep(0.05)
+        sent.append(b"x")
+        return {"type": "http.request", "body": b"x", "more_body": len(sent) < 100}
+
+    guard = UploadGuard(
+        app, image_size=16, max_bytes=1000, max_pixels=10**6, timeout=0.5, deadline=1
+    )
+    scope = {"type": "http", "path": "/predict", "method": "POST"}
+    scope["headers"] = [(b"content-type", b"image/jpeg")]
+    started = time.monotonic()
+    asyncio.run(guard(scope, receive, send))
+    assert answer["status"] == 408 and 1 <= time.monotonic() - started < 5
+    assert json.loads(answer["body"]) == {"detail": "the upload took over 1 s (--upload_deadline)"}
+    assert guard.buffered == 0
+
+
+def test_a_refusal_is_one_sentence_and_a_form_is_searched_for_its_file(images: list[Path]) -> None:
+    """Each refusal says what is wrong once; a form's file is found among its first parts, in
+    the decoding thread rather than the server's event loop."""
+    import threading
+
+    from {{ cookiecutter.package_name }}.commands import serve
+
+    status, _, answer = through_guard(b"not an image", "image/jpeg")
+    unknown = "not a known image format"
+    assert (status, answer["detail"]) == (422, f"cannot read image the request body: {unknown}")
+    status, _, answer = through_guard(*form(b"not an image", "notes.jpg"))
+    assert (status, answer["detail"]) == (422, f"cannot read image notes.jpg: {unknown}")
+    data = images[0].read_bytes()
+    expected = through_guard(data, "image/jpeg")
+    assert expected[0] == 200
+    body, content_type = form(data)
+    boundary = content_type.split("boundary=")[1].encode()
+    field = b'--%s\r\nContent-Disposition: form-data; name="note"\r\n\r\nhello\r\n' % boundary
+    threads = []
+    parse = serve._form_file
+
+    def recorded(*args):
+        threads.append(threading.current_thread())
+        return parse(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serve, "_form_file", recorded)
+        # after a preamble; after a field; after as many fields as are looked at: no file
+        assert through_guard(b"preamble\r\n" + body, content_type) == expected
+        assert through_guard(field + body, content_type) == expected
+        fields = field * serve.MAX_FORM_PARTS
+        status, _, answer = through_guard(fields + body, content_type)
+        assert (status, answer["detail"]) == (
+            400,
+            "the form has no file: send the image as a file, as curl -F file=@x.jpg",
+        )
+    assert len(threads) == 3 and threading.main_thread() not in threads
 
 
 def test_a_port_in_use_is_one_error_line(tmp_path: Path, capsys) -> None:
@@ -351,20 +459,46 @@ def test_a_port_in_use_is_one_error_line(tmp_path: Path, capsys) -> None:
 # --- one server ---
 
 
+def ask_at_once(port: int, model: Path, images: list[Path]) -> list[dict]:
+    """Every image from 8 clients at once, as raw bodies and forms in turn; each answer must be
+    infer's. Returns the answers."""
+
+    def ask(number: int) -> tuple[int, dict]:
+        data = images[number].read_bytes()
+        return post(port, *(form(data) if number % 2 else (data, "image/jpeg")))
+
+    with ThreadPoolExecutor(8) as pool:  # at once, so that the server batches them
+        answers = list(pool.map(ask, range(len(images))))
+    expected = infer_answers(model, images)
+    for path, (status, answer) in zip(images, answers, strict=True):
+        assert status == 200, answer
+        assert_infers_answer(answer, expected[path])
+    return [answer for _, answer in answers]
+
+
 @pytest.mark.slow
 def test_answers_are_infers_batched_as_raw_bodies_and_forms(
     server: int, model_pt2: Path, images: list[Path]
 ) -> None:
-    def ask(number: int) -> tuple[int, dict]:
-        data = images[number].read_bytes()
-        return post(server, *(form(data) if number % 2 else (data, "image/jpeg")))
+    answers = ask_at_once(server, model_pt2, images)
+    assert max(answer["batch_size"] for answer in answers) > 1  # the model saw a batch
 
-    with ThreadPoolExecutor(8) as pool:  # at once, so that the server batches them
-        answers = list(pool.map(ask, range(len(images))))
-    expected = infer_answers(model_pt2, images)
-    for path, (status, answer) in zip(images, answers, strict=True):
-        assert status == 200, answer
-        assert_infers_answer(answer, expected[path])
+
+@pytest.mark.slow
+def test_an_onnx_model_is_served_with_infers_answers(
+    trained_checkpoint: Path, images: list[Path], tmp_path: Path
+) -> None:
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name)
+    from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
+
+    model = export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")[0]
+    process, port = start_server(model, "--batch_timeout", "0.05", cwd=tmp_path)
+    try:
+        answers = ask_at_once(port, model, images)
+    finally:
+        kill_group(process)
+    assert max(answer["batch_size"] for answer in answers) > 1
 
 
 @pytest.mark.slow
@@ -439,11 +573,65 @@ def test_hostile_uploads_are_refused_while_good_ones_are_answered(
             continue
         refused += 1
         assert answer["detail"].isprintable() and "Traceback" not in str(answer)
+        assert len(re.findall("image", answer["detail"].split(":")[0])) <= 1, answer  # said once
     assert refused > 40  # most mutants, the bomb, the text and the other refusals
     status, answer = post(server, large.read_bytes(), "image/png")
     assert answer["detail"].endswith("2500x2000 is more than --max_megapixels (4)")
     status, answer = post(server, images[-1].read_bytes(), "image/png")
     assert status == 200 and answer["label"] == expected[images[-1]][0][0]
+
+
+# --- SIGTERM ---
+
+
+def answers_across_sigterm(
+    process: subprocess.Popen, port: int, data: bytes, *, group: bool, sent_whole: int = 0
+) -> list[tuple[int, dict]]:
+    """Four uploads of `data` half sent and `sent_whole` more sent whole when SIGTERM comes, to
+    the server (as Docker and Kubernetes send it) or its whole process group (as systemd,
+    dumb-init and `kill -TERM -PGID` do); their answers."""
+    head = {"Content-Type": "image/jpeg", "Content-Length": str(len(data))}
+    with ThreadPoolExecutor(8) as pool:
+        jobs = [pool.submit(post, port, data, "image/jpeg") for _ in range(sent_whole)]
+        # the headers and 100 bytes now, the rest 2 s later, after SIGTERM
+        jobs += [pool.submit(raw_post, port, head, [data[:100], data[100:]], 2) for _ in range(4)]
+        time.sleep(1)
+        (os.killpg if group else os.kill)(process.pid, signal.SIGTERM)
+        return [job.result(timeout=120) for job in jobs]
+
+
+def assert_all_gone(process: subprocess.Popen, started: set[int], cwd: Path) -> None:
+    """`process` exits 0 and leaves none of the processes it `started` running."""
+    assert process.wait(timeout=120) == 0, server_log(cwd)
+    time.sleep(1)
+    assert [pid for pid in started if running(pid)] == [], server_log(cwd)
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_the_process_group_finishes_the_requests_in_flight(
+    model_pt2: Path, images: list[Path], tmp_path: Path
+) -> None:
+    """A good answer, a refusal, then SIGTERM to every process of the server at once, while
+    uploads are arriving and a batch waits in the inference worker: each is answered."""
+    options = ["--batch_timeout", "1.5", "--max_batch_size", "8"]  # uploads wait for a batch
+    process, port = start_server(model_pt2, *options, cwd=tmp_path)
+    try:
+        started = descendants(process.pid)
+        assert len(started) >= 3  # LitServe's manager, inference worker and HTTP server
+        data = images[0].read_bytes()
+        expected = infer_answers(model_pt2, [images[0]])[images[0]]
+        status, answer = post(port, data, "image/jpeg")
+        assert status == 200 and answer["batch_size"] == 1, answer
+        assert_infers_answer(answer, expected)
+        status, answer = post(port, b"not an image", "image/png")
+        assert status == 422 and answer["detail"].endswith("not a known image format"), answer
+        answers = answers_across_sigterm(process, port, data, group=True, sent_whole=4)
+        assert [status for status, _ in answers] == [200] * 8, answers
+        for _, answer in answers:
+            assert_infers_answer(answer, expected)
+        assert_all_gone(process, started, tmp_path)
+    finally:
+        kill_group(process)
 
 
 # --- the README's commands, then SIGTERM ---
@@ -485,21 +673,15 @@ def test_readme_serving_runs_and_sigterm_finishes_the_request_in_flight(
         expected = infer_answers(tmp_path / "model.pt2", [tmp_path / "photo.jpg"])
         assert_infers_answer(answer, expected[tmp_path / "photo.jpg"])
 
-        # an upload half sent when SIGTERM comes is still answered, then every process ends
+        # uploads half sent when SIGTERM comes are still answered, then every process ends
         started = descendants(process.pid)
         assert len(started) >= 3  # LitServe's manager, inference worker and HTTP server
-        data = images[1].read_bytes()
-        head = {"Content-Type": "image/jpeg", "Content-Length": str(len(data))}
-        with ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(raw_post, port, head, [data[:100], data[100:]], pause=3)
-            time.sleep(1.5)  # the headers are read; the rest of the body comes in 1.5 s
-            process.send_signal(signal.SIGTERM)
-            status, answer = in_flight.result(timeout=120)
-        assert status == 200, answer
-        assert_infers_answer(answer, infer_answers(tmp_path / "model.pt2", [images[1]])[images[1]])
-        assert process.wait(timeout=120) == 0, server_log(tmp_path)
-        time.sleep(1)
-        assert [pid for pid in started if running(pid)] == [], server_log(tmp_path)
+        answers = answers_across_sigterm(process, port, images[1].read_bytes(), group=False)
+        expected = infer_answers(tmp_path / "model.pt2", [images[1]])[images[1]]
+        assert [status for status, _ in answers] == [200] * 4, answers
+        for _, answer in answers:
+            assert_infers_answer(answer, expected)
+        assert_all_gone(process, started, tmp_path)
     finally:
         kill_group(process)
 

@@ -1,7 +1,6 @@
 """Serve an exported model over HTTP with LitServe: POST an image, get its top classes as JSON.
 
-`python -m {{ cookiecutter.package_name }} serve --model model.pt2 [--port 8000]`
-(`--help`: the other options)
+`python -m {{ cookiecutter.package_name }} serve --model model.pt2 [--port 8000]` (`--help`: more)
 
 `POST /predict` takes one image, as the body or the file of a multipart form, and answers
 `infer`'s top classes for the same file: the model's metadata gives the class names and image
@@ -11,7 +10,7 @@ to `--max_batch_size` requests, waiting at most `--batch_timeout` s to fill one.
 checked and decoded in the HTTP process (`UploadGuard`), so that a bad one is answered 4xx there
 and never joins a batch: LitServe (0.2.19) fails every request of a batch when `decode_request`
 raises for one. SIGTERM stops the HTTP server first, which answers the requests in flight, then
-the rest; exit code 0. docs/inference.md tells more.
+the rest (which ignore a SIGTERM to the whole process group); exit 0. See docs/inference.md.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # the ones LitServe accepts
 # while decoding), so that large images that are not bombs bound the memory too.
 DECODERS = 4
 MAX_FORM_HEAD = 4096  # bytes of a form part's headers, read as text only up to this
+MAX_FORM_PARTS = 64  # a form's parts looked at for its file
 # Uploads held at once by an HTTP process, at least: more are answered 503 until some finish.
 MIN_BUFFERED = 512 * 2**20
 
@@ -64,7 +64,14 @@ class UploadGuard:
     pixels the model takes (as JSON, which LitServe passes on), or is answered 4xx."""
 
     def __init__(
-        self, app, *, image_size: int, max_bytes: int, max_pixels: int, timeout: float
+        self,
+        app,
+        *,
+        image_size: int,
+        max_bytes: int,
+        max_pixels: int,
+        timeout: float,
+        deadline: float,
     ) -> None:
         self.app = app
         self.image_size = image_size
@@ -74,7 +81,8 @@ class UploadGuard:
         # would otherwise meet a closed connection instead of the answer.
         self.drain_bytes = max(16 * max_bytes, 256 * 2**20)  # dropped as read: no memory held
         self.max_pixels = max_pixels
-        self.timeout = timeout
+        self.timeout = timeout  # seconds without a byte
+        self.deadline = deadline  # seconds for the whole upload: a slow one is cut too
         self.budget = max(16 * max_bytes, MIN_BUFFERED)
         self.buffered = 0  # bytes of the uploads held now
         self.transform = eval_transform(image_size)
@@ -89,8 +97,7 @@ class UploadGuard:
         try:
             form = _is_form(content_type)
             body = await self._body(headers, receive)
-            data, name = _form_file(content_type, body) if form else (body, "the request body")
-            pixels = await self._decode(data, name)
+            pixels = await self._decode(body, content_type if form else None)
         except Refused as refused:
             return await _answer(send, refused.status, str(refused))
         finally:
@@ -117,14 +124,17 @@ class UploadGuard:
         waits = headers.get("expect", "").lower() == "100-continue"  # curl, for large bodies
         if declared > self.drain_bytes or (waits and declared > self.max_bytes):
             raise Refused(413, too_large)  # answered before any of it is read
+        stalled = f"the upload stalled for {self.timeout:g} s (--upload_timeout)"
+        late = f"the upload took over {self.deadline:g} s (--upload_deadline)"
         body, size = bytearray(), 0
+        ends = asyncio.get_running_loop().time() + self.deadline
         try:
             while True:
+                wait = min(self.timeout, ends - asyncio.get_running_loop().time())
                 receiving = asyncio.ensure_future(receive())
-                if not (await asyncio.wait({receiving}, timeout=self.timeout))[0]:
+                if not (await asyncio.wait({receiving}, timeout=max(wait, 0)))[0]:
                     receiving.cancel()
-                    stalled = f"the upload stalled for {self.timeout:g} s (--upload_timeout)"
-                    raise Refused(408, stalled)
+                    raise Refused(408, late if wait < self.timeout else stalled)
                 message = receiving.result()
                 if message["type"] == "http.disconnect":
                     raise Refused(400, "the upload ended before its last byte")
@@ -148,19 +158,21 @@ class UploadGuard:
             self.buffered -= len(body)
             raise
 
-    async def _decode(self, data: bytearray, name: str) -> Tensor:
+    async def _decode(self, body: bytearray, form_type: str | None) -> Tensor:
+        """The pixels of the upload: the body, or the file of a form of Content-Type `form_type`."""
         if self.decoding is None:
             self.decoding = asyncio.Semaphore(DECODERS)
         async with self.decoding:  # in threads: the server keeps answering meanwhile
-            return await asyncio.to_thread(self._pixels, data, name)
+            return await asyncio.to_thread(self._pixels, body, form_type)
 
-    def _pixels(self, data: bytearray, name: str) -> Tensor:
+    def _pixels(self, body: bytearray, form_type: str | None) -> Tensor:
+        data, name = _form_file(form_type, body) if form_type else (body, "the request body")
         try:
             width, height, _ = image_header(data, name)
+        except DataError as err:  # a ValueError too: caught first, as it says it all
+            raise Refused(422, str(err)) from None
         except UNREADABLE as err:  # as decode_image says it
             raise Refused(422, f"cannot read image {name}: {err}") from None
-        except DataError as err:
-            raise Refused(422, str(err)) from None
         if width * height > self.max_pixels:
             limit = f"--max_megapixels ({self.max_pixels / 1e6:g})"
             raise Refused(422, f"refusing image {name}: {width}x{height} is more than {limit}")
@@ -190,24 +202,30 @@ def _is_form(content_type: str) -> bool:
 def _form_file(content_type: str, body: bytearray) -> tuple[bytearray, str]:
     """The first file of a multipart/form-data body, and its file name.
 
-    Split with bytes methods rather than parsed by the email package, whose line-by-line parser
-    a body of 20 MB of newlines would keep busy for minutes.
+    Found with `bytes.find`, part by part, up to `MAX_FORM_PARTS`: neither the email package's
+    line-by-line parser nor a split into every part, which 20 MB of delimiters keep busy.
     """
     boundary = _parameter("content-type", content_type, "boundary")
     if not boundary:
         raise Refused(400, "the multipart/form-data Content-Type has no boundary")
     delimiter = b"\r\n--" + boundary.encode("latin-1")
-    for part in (b"\r\n" + body).split(delimiter)[1:-1]:  # not the preamble, not the end
-        head, found, content = part.partition(b"\r\n\r\n")
-        if not found or len(head) > MAX_FORM_HEAD:
-            continue
-        for line in head.decode("latin-1").split("\r\n"):
+    # the first delimiter; -2 where it opens the body, without the CRLF before it
+    at = -2 if body.startswith(delimiter[2:]) else body.find(delimiter)
+    for _ in range(MAX_FORM_PARTS if at != -1 else 0):
+        start = at + len(delimiter)
+        end = body.find(delimiter, start)  # the part's end: none after the last part
+        if end < 0:
+            break
+        head_end = body.find(b"\r\n\r\n", start, min(end, start + MAX_FORM_HEAD))
+        head = body[start:head_end].decode("latin-1") if head_end >= 0 else ""
+        for line in head.split("\r\n"):
             name, _, value = line.partition(":")
             if name.strip().lower() == "content-disposition":
                 filename = _parameter(name, value, "filename")
                 if filename is not None:  # shown in answers: no control characters
                     filename = "".join(c if c.isprintable() else "?" for c in filename[:200])
-                    return content, filename or "the uploaded file"
+                    return body[head_end + 4 : end], filename or "the uploaded file"
+        at = end
     raise Refused(400, "the form has no file: send the image as a file, as curl -F file=@x.jpg")
 
 
@@ -223,13 +241,13 @@ async def _answer(send, status: int, sentence: str) -> None:
     body = json.dumps({"detail": sentence}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     headers.append((b"connection", b"close"))  # the client may still be sending, unread
+    headers += [(b"retry-after", b"1")] if status == 503 else []  # uploads end soon
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class ImageClassifierAPI(litserve.LitAPI if litserve else object):
-    """The inference worker: the pixels `UploadGuard` sends, through the model in batches, to
-    each image's top classes."""
+    """The inference worker: `UploadGuard`'s pixels through the model, in batches, as answers."""
 
     def __init__(
         self, model: str, image_size: int, max_batch_size: int, batch_timeout: float
@@ -257,22 +275,43 @@ class ImageClassifierAPI(litserve.LitAPI if litserve else object):
     def predict(self, images: Tensor) -> Tensor:
         """Probabilities of LitServe's stack of images, or of one image without batching."""
         batch = images if images.dim() == 4 else images[None]
+        self.batch_size = len(batch)  # LitServe encodes a batch's answers before the next batch
         probabilities = self.model.probabilities(batch.to(self.device)).cpu()
         return probabilities if images.dim() == 4 else probabilities[0]
 
     def encode_response(self, probabilities: Tensor):
         top = top_classes(probabilities, self.model.class_names)
         top_k = [{"label": label, "probability": p} for label, p in top]
-        return {"label": top[0][0], "probability": top[0][1], "top_k": top_k}
+        answer = {"label": top[0][0], "probability": top[0][1], "top_k": top_k}
+        return {**answer, "batch_size": self.batch_size}
+
+
+class _Server(litserve.LitServer if litserve else object):
+    """LitServer whose inference worker ignores SIGTERM (`_IgnoreSigterm`): one sent to the
+    whole process group (systemd, dumb-init) leaves it to answer the requests in flight."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, callbacks=[_IgnoreSigterm()], **kwargs)
+
+    def _perform_graceful_shutdown(self, *args, **kwargs) -> None:
+        for worker in self.inference_workers:  # no request left for it: no SIGTERM, 5 s, kill
+            worker.terminate = worker.kill
+        super()._perform_graceful_shutdown(*args, **kwargs)
+
+
+class _IgnoreSigterm(litserve.Callback if litserve else object):
+    def on_before_setup(self, *args, **kwargs) -> None:  # in the inference worker
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _stop_on_sigterm(main_pid: int, signum: int, frame) -> None:
     """SIGTERM as Ctrl-C: LitServe then stops its HTTP servers first (uvicorn finishes the
     requests in flight, while the inference worker still runs), then the other processes."""
-    if os.getpid() != main_pid:  # a child forked from this process inherited the handler
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
+    if os.getpid() != main_pid:  # a child forked from this process
+        if multiprocessing.current_process().name.startswith("LitServer-"):
+            signal.signal(signum, signal.SIG_DFL)  # an HTTP server, done: uvicorn passes on
+            os.kill(os.getpid(), signum)  # the SIGTERM it has answered the requests for
+        return  # else LitServe's queue manager: the requests in flight need it
     signal.signal(signum, signal.SIG_IGN)  # one stop at a time
     raise KeyboardInterrupt
 
@@ -280,10 +319,8 @@ def _stop_on_sigterm(main_pid: int, signum: int, frame) -> None:
 def _end_children() -> None:
     """Stop any process LitServe left, as after a SIGTERM before its servers had started."""
     for child in multiprocessing.active_children():
-        child.terminate()
+        child.kill()  # no request in flight; they ignore SIGTERM
         child.join(timeout=10)
-        if child.is_alive():
-            child.kill()
 
 
 def main(args: list[str] | None = None) -> int:
@@ -301,10 +338,9 @@ def main(args: list[str] | None = None) -> int:
         "max_bytes": int(options.max_upload_mb * 2**20),
         "max_pixels": int(options.max_megapixels * 1e6),
         "timeout": options.upload_timeout,
+        "deadline": options.upload_deadline,
     }
-    server = litserve.LitServer(
-        api, accelerator=options.accelerator, middlewares=[(UploadGuard, guard)]
-    )
+    server = _Server(api, accelerator=options.accelerator, middlewares=[(UploadGuard, guard)])
     signal.signal(signal.SIGTERM, functools.partial(_stop_on_sigterm, os.getpid()))
     try:
         server.run(
@@ -345,6 +381,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--max_upload_mb", type=_number(float, 0.001), default=20, help="largest upload (20)")
     add("--max_megapixels", type=_number(float, 0.001), default=50, help="largest image (50)")
     add("--upload_timeout", type=_number(float, 0.1), default=20, help="seconds a stall (20)")
+    add("--upload_deadline", type=_number(float, 0.1), default=60, help="seconds in all (60)")
     add("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
     add("--log_level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
