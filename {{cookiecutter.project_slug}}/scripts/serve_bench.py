@@ -1,14 +1,17 @@
 """Requests per second and latency of `serve`, with batching on and off, for 1, 8 and 32 clients.
 
-`python scripts/serve_bench.py --model model.pt2 [--requests 256] [--clients 1 8 32]`
+`python scripts/serve_bench.py --model model.pt2 [--requests 512] [--clients 1 8 32] [--rounds 4]`
 
-Starts the server itself, on 127.0.0.1 and a free port, once with batching off
-(`--max_batch_size 1`) and once on (`--max_batch_size 32 --batch_timeout 0.01`). For each number
-of clients, that many threads, each with one keep-alive connection, send `--requests` POSTs in
-all of one photo-sized JPEG (500x375, as the body), after one request each to warm up. Prints a
-Markdown table (requests/s, p50 and p99 latency) and batching's speed-up in requests/s. Stops
-after `--time_limit` seconds with what it has measured. The clients share the machine with the
-server: on a small CPU they take part of it. A benchmark, not a test: it asserts nothing.
+Starts two servers itself, on 127.0.0.1 and free ports: one with batching off
+(`--max_batch_size 1`), one with it on (`--max_batch_size 32 --batch_timeout 0.01`). For each
+number of clients, that many threads, each with one keep-alive connection, send `--requests`
+POSTs in all to each server of one photo-sized JPEG (500x375, as the body), after one request
+each to warm up. The requests go in `--rounds` rounds, off then on, on then off, and so on, so
+that a change in the machine's load meanwhile falls on both alike. Prints a Markdown table
+(requests/s, p50 and p99 latency) and batching's speed-up in requests/s, with its lowest and
+highest over the rounds. Stops after `--time_limit` seconds with what it has measured. The
+clients share the machine with the servers: on a small CPU they take part of it. A benchmark, not
+a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 from PIL import Image
@@ -83,7 +86,8 @@ def healthy(port: int) -> bool:
 
 
 def measure(port: int, image: bytes, clients: int, requests: int, deadline: float) -> dict:
-    """requests/s and latencies of `requests` POSTs from `clients` threads at once."""
+    """The latencies, wall time and requests/s of `requests` POSTs from `clients` threads at
+    once."""
     latencies: list[float] = []
     failures: list[str] = []
     lock = threading.Lock()
@@ -122,48 +126,72 @@ def measure(port: int, image: bytes, clients: int, requests: int, deadline: floa
     wall = time.perf_counter() - start
     if failures:
         sys.exit(f"error: {len(failures)} requests failed, with status {failures[0]}")
-    cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    return {
-        "requests": len(latencies),
-        "per_s": len(latencies) / wall,
-        "p50": 1000 * statistics.median(latencies),
-        "p99": 1000 * cuts[98],
-    }
+    return {"latencies": latencies, "wall": wall, "per_s": len(latencies) / wall}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a model written by export")
-    parser.add_argument("--requests", type=int, default=256, help="per setting (256)")
+    parser.add_argument("--requests", type=int, default=512, help="per setting (512)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--rounds", type=int, default=4, help="off and on in turn (4)")
     parser.add_argument("--time_limit", type=float, default=900, help="seconds in all (900)")
     options = parser.parse_args()
     deadline = time.monotonic() + options.time_limit
     image = photo_jpeg()
-    results = {}
-    for batching, server_options in SETTINGS.items():
-        with served(options.model, server_options, deadline) as port:
-            for clients in options.clients:
-                if time.monotonic() < deadline:
-                    results[batching, clients] = measure(
-                        port, image, clients, options.requests, deadline
-                    )
-    print(f"{options.model}, a {len(image) // 1024} KB JPEG of 500x375, {os.cpu_count()} CPUs")
+    load = os.getloadavg()[0]
+    # results[batching, clients]: one measurement per round
+    results: dict[tuple[str, int], list[dict]] = {}
+    with ExitStack() as servers:
+        ports = {
+            batching: servers.enter_context(served(options.model, server_options, deadline))
+            for batching, server_options in SETTINGS.items()
+        }
+        for clients in options.clients:
+            for turn in range(options.rounds):
+                order = list(SETTINGS) if turn % 2 == 0 else list(reversed(SETTINGS))
+                requests = len(range(turn, options.requests, options.rounds))  # its share
+                for batching in order:
+                    if time.monotonic() < deadline and requests:
+                        row = measure(ports[batching], image, clients, requests, deadline)
+                        results.setdefault((batching, clients), []).append(row)
+    print(
+        f"{options.model}, a {len(image) // 1024} KB JPEG of 500x375, {os.cpu_count()} CPUs, "
+        f"{options.rounds} rounds, load average {load:.1f} before and "
+        f"{os.getloadavg()[0]:.1f} after"
+    )
     print("| batching | clients | requests | requests/s | p50 ms | p99 ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for (batching, clients), row in results.items():
-        print(
-            f"| {batching} | {clients} | {row['requests']} | {row['per_s']:.1f} "
-            f"| {row['p50']:.1f} | {row['p99']:.1f} |"
-        )
-    speedups = [
-        f"{clients}: {results['on', clients]['per_s'] / results['off', clients]['per_s']:.2f}x"
-        for clients in options.clients
-        if ("on", clients) in results and ("off", clients) in results
-    ]
-    print("batching on / off, requests/s, by clients: " + ", ".join(speedups))
+    for batching in SETTINGS:
+        for clients in options.clients:
+            if rounds := results.get((batching, clients)):
+                row = pooled(rounds)
+                print(
+                    f"| {batching} | {clients} | {row['requests']} | {row['per_s']:.1f} "
+                    f"| {row['p50']:.1f} | {row['p99']:.1f} |"
+                )
+    speedups = []
+    for clients in options.clients:
+        off, on = results.get(("off", clients), []), results.get(("on", clients), [])
+        if off and on:
+            ratio = pooled(on)["per_s"] / pooled(off)["per_s"]
+            each = [b["per_s"] / a["per_s"] for a, b in zip(off, on, strict=False)]
+            speedups.append(f"{clients}: {ratio:.2f}x ({min(each):.2f}-{max(each):.2f})")
+    print("batching on / off, requests/s, by clients (rounds' range): " + ", ".join(speedups))
     if time.monotonic() >= deadline:
         sys.exit(f"error: stopped at --time_limit {options.time_limit:g} s, before the end")
+
+
+def pooled(rounds: list[dict]) -> dict:
+    """The rounds of one setting as one measurement: all requests over all their time."""
+    latencies = [latency for row in rounds for latency in row["latencies"]]
+    cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    return {
+        "requests": len(latencies),
+        "per_s": len(latencies) / sum(row["wall"] for row in rounds),
+        "p50": 1000 * statistics.median(latencies),
+        "p99": 1000 * cuts[98],
+    }
 
 
 if __name__ == "__main__":
