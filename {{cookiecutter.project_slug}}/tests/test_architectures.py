@@ -133,3 +133,13 @@ def test_a_timm_model_that_runs_itself_while_built_is_checked_too() -> None:
     refused = r"vit_tiny_r_s16_p8_224 does not run at --data.image_size 128 \(.+\); use .* 224 "
     with pytest.raises(DataError, match=refused):
         check_runs("vit_tiny_r_s16_p8_224", 3, 128)
+
+
+def test_a_timm_model_that_is_no_classifier_is_refused_in_one_line() -> None:
+    """Encoders of multimodal models: one takes no classifier options at all, another returns
+    its features, not logits."""
+    pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
+    with pytest.raises(DataError, match="gemma4_vit_167m_enc: timm does not build it as a class"):
+        check_runs("gemma4_vit_167m_enc", 3, 768)
+    with pytest.raises(DataError, match="it returns Tensor, not logits per class"):
+        check_runs("qwen3_vit_88m_enc", 3, 768)

@@ -48,7 +48,13 @@ def timm_network(
     weights when `pretrained` (timm then leaves the old classifier out)."""
     timm, name = _timm(architecture)
     if not pretrained:
-        return timm.create_model(name, num_classes=num_classes, drop_rate=dropout)
+        try:
+            return timm.create_model(name, num_classes=num_classes, drop_rate=dropout)
+        except TypeError as err:  # the encoders of multimodal models take no classifier options
+            raise DataError(
+                f"--model.architecture {architecture}: timm does not build it as a classifier "
+                f"({one_line(err)}); use another architecture"
+            ) from err
     cached = _hub_cached(timm, name)
     # From the cache file itself: no network call at all when the weights are already here.
     overlay = {"file": cached, "source": ""} if cached else None
