@@ -169,9 +169,9 @@ def test_the_docs_bench_commands_parse() -> None:
     text = (project / "docs" / "training.md").read_text(encoding="utf-8").replace("\\\n", " ")
     lines = text.splitlines()
     commands = [shlex.split(line) for line in lines if line.startswith(f"python {SCRIPT}")]
-    assert len(commands) == 3
+    assert len(commands) == 4
     named = [bench.arguments(words[2:]).only for words in commands]
-    assert named[0] and "scratch.yaml" in named[0] and named[2] is None  # 10 epochs; ...; all
+    assert named[0] and "scratch.yaml" in named[0] and named[3] is None  # 10 epochs; ...; all
     with pytest.raises(SystemExit):
         bench.arguments(["--only", "no such row"])
 
