@@ -214,7 +214,7 @@ def speed(bake_package: str, rounds: int) -> None:
 
     def before(path: str) -> torch.Tensor:
         data = bytearray(Path(path).read_bytes())
-        images._check_header(data, path)
+        images.image_header(data, path)
         encoded = torch.frombuffer(data, dtype=torch.uint8)
         return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
 

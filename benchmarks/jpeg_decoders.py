@@ -40,6 +40,10 @@ def main() -> None:
     def fast(data, size=0):
         return images._as_tensor(images._decode_jpeg(data, True, size))
 
+    def pil(data):
+        with images._open(data) as image:
+            return images._pil_pixels(image)
+
     torch.set_num_threads(1)  # as in a DataLoader worker
     files = sorted(args.folder.rglob("*.jpg"))[: args.count]
     if not files:
@@ -49,7 +53,7 @@ def main() -> None:
         size = args.min_size
         decoders = {
             f"PIL draft to >= {size} (exact)": lambda d: images._decode_jpeg_reduced(
-                d, min(images._check_header(d, "")[:2]) / size
+                d, min(images.image_header(d, "")[:2]) / size
             ),
             f"simplejpeg n/8 to >= {size} (training)": lambda d: fast(d, size),
         }
@@ -57,7 +61,7 @@ def main() -> None:
         decoders = {
             "simplejpeg exact (validation, the bake's exact path)": exact,
             "simplejpeg fastdct+fastupsample (training)": fast,
-            "PIL (exact, the fallback)": images._decode_with_pil,
+            "PIL (exact, the fallback)": pil,
         }
     times: dict[str, list[float]] = {name: [] for name in decoders}
     for _ in range(args.rounds):  # decoders interleaved, so that a slow minute hits them all

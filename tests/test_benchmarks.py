@@ -53,6 +53,8 @@ def test_every_benchmark_script_runs(cookies, tmp_path: Path) -> None:
     assert "training vs exact pixels" in run(
         "jpeg_decoders.py", package, str(photos), "--count", "6", "--rounds", "1"
     )
+    reduced = run("jpeg_decoders.py", package, str(photos), "--count", "6", "--min-size", "40")
+    assert "PIL draft to >= 40" in reduced
     cache = ["--cache-dir", str(tmp_path / "cache")]
     out = run("cpu_normalise.py", package, str(photos), *cache, "--rounds", "1")
     assert all(f"{form:8s} images/s median" in out for form in ("ours", "plain"))
@@ -71,6 +73,9 @@ def test_every_benchmark_script_runs(cookies, tmp_path: Path) -> None:
     assert "every 10 minutes:" in out
     out = run("fuzz_decoders.py", str(project), "--per-kind", "1")
     assert "simplejpeg" in out and "crashed" in out
+    assert "before: decode_image" in run(
+        "fuzz_decoders.py", str(project), "--speed", "--rounds", "2"
+    )
 
 
 def test_gpu_benchmark_dry_run_on_the_cpu(tmp_path: Path) -> None:
