@@ -600,8 +600,18 @@ def answers_across_sigterm(
         return [job.result(timeout=120) for job in jobs]
 
 
-def assert_all_gone(process: subprocess.Popen, started: set[int], cwd: Path) -> None:
-    """`process` exits 0 and leaves none of the processes it `started` running."""
+def assert_sigterm_answers_them(
+    process: subprocess.Popen, port: int, data: bytes, expected: dict, cwd: Path, **sigterm
+) -> None:
+    """`answers_across_sigterm`: every upload is answered `expected`, as `infer` answers; then
+    the server exits 0 and leaves none of its processes running."""
+    started = descendants(process.pid)
+    assert len(started) >= 3  # LitServe's manager, inference worker and HTTP server
+    answers = answers_across_sigterm(process, port, data, **sigterm)
+    uploads = 4 + sigterm.get("sent_whole", 0)
+    assert [status for status, _ in answers] == [200] * uploads, answers
+    for _, answer in answers:
+        assert_infers_answer(answer, expected)
     assert process.wait(timeout=120) == 0, server_log(cwd)
     time.sleep(1)
     assert [pid for pid in started if running(pid)] == [], server_log(cwd)
@@ -616,8 +626,6 @@ def test_a_sigterm_to_the_process_group_finishes_the_requests_in_flight(
     options = ["--batch_timeout", "1.5", "--max_batch_size", "8"]  # uploads wait for a batch
     process, port = start_server(model_pt2, *options, cwd=tmp_path)
     try:
-        started = descendants(process.pid)
-        assert len(started) >= 3  # LitServe's manager, inference worker and HTTP server
         data = images[0].read_bytes()
         expected = infer_answers(model_pt2, [images[0]])[images[0]]
         status, answer = post(port, data, "image/jpeg")
@@ -625,11 +633,9 @@ def test_a_sigterm_to_the_process_group_finishes_the_requests_in_flight(
         assert_infers_answer(answer, expected)
         status, answer = post(port, b"not an image", "image/png")
         assert status == 422 and answer["detail"].endswith("not a known image format"), answer
-        answers = answers_across_sigterm(process, port, data, group=True, sent_whole=4)
-        assert [status for status, _ in answers] == [200] * 8, answers
-        for _, answer in answers:
-            assert_infers_answer(answer, expected)
-        assert_all_gone(process, started, tmp_path)
+        assert_sigterm_answers_them(
+            process, port, data, expected, tmp_path, group=True, sent_whole=4
+        )
     finally:
         kill_group(process)
 
@@ -674,14 +680,9 @@ def test_readme_serving_runs_and_sigterm_finishes_the_requests_in_flight(
         assert_infers_answer(answer, expected[tmp_path / "photo.jpg"])
 
         # uploads half sent when SIGTERM comes are still answered, then every process ends
-        started = descendants(process.pid)
-        assert len(started) >= 3  # LitServe's manager, inference worker and HTTP server
-        answers = answers_across_sigterm(process, port, images[1].read_bytes(), group=False)
         expected = infer_answers(tmp_path / "model.pt2", [images[1]])[images[1]]
-        assert [status for status, _ in answers] == [200] * 4, answers
-        for _, answer in answers:
-            assert_infers_answer(answer, expected)
-        assert_all_gone(process, started, tmp_path)
+        data = images[1].read_bytes()
+        assert_sigterm_answers_them(process, port, data, expected, tmp_path, group=False)
     finally:
         kill_group(process)
 
