@@ -65,11 +65,14 @@ def test_every_source_option_has_its_short_spelling() -> None:
     assert SOURCE_OPTIONS | {name for _, name in SOURCE_CHOOSING.values()} == options
 
 
-def test_fit_has_at_most_12_flat_data_options(capsys) -> None:
+def test_fit_has_at_most_12_flat_data_options_and_offers_the_three_sources(capsys) -> None:
     """A source's options are its own (`--data.source.*`); the DataModule keeps few."""
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
-    listed = re.findall(r"^ +--data\.(\w+)\b(?![.\w])", capsys.readouterr().out, re.MULTILINE)
+    out = capsys.readouterr().out
+    offered = set(re.findall(r"{{ cookiecutter.package_name }}\.data\.sources\.(\w+)", out))
+    assert offered == {"ClassFolders", "LabelsCsv", "Shards"}
+    listed = re.findall(r"^ +--data\.(\w+)\b(?![.\w])", out, re.MULTILINE)
     flat = set(listed)
     assert "source" in flat and "batch_size" in flat and "root" not in flat
     assert len(flat) <= 12, sorted(flat)

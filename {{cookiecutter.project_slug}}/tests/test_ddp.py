@@ -258,7 +258,7 @@ def counted(name, function):
         return function(*args, **kwargs)
     return call
 
-sources.ImageFiles.split = counted("split", sources.ImageFiles.split)
+sources._ImageFiles.split = counted("split", sources._ImageFiles.split)
 scan.find_unreadable = counted("scan", scan.find_unreadable)
 slow = len(sys.argv) > 3  # a scan that outlasts the collective timeout: sys.argv[3] seconds
 if slow:

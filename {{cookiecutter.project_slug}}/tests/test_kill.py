@@ -45,14 +45,14 @@ def test_killed_at_random_moments_a_run_always_resumes(tmp_path: Path) -> None:
     rng = random.Random(20261203)
     resume: list[str] = []
     kills = []
-    # Five kills at random moments. The first lands in start-up or the cache build; each of the
+    # Three kills at random moments. The first lands in start-up or the cache build; each of the
     # others once its run has written a checkpoint, a random time later: in a training step,
     # validation, or the next checkpoint write, whichever it meets (the time is random, not the
     # place: a loaded machine moves the place). Each restart uses the resume path printed by the
     # last run that wrote a checkpoint, as a user would.
     run = None
     try:
-        for attempt in range(5):
+        for attempt in range(3):
             started = time.time()
             run = fit(*options, *resume, cwd=tmp_path)
             output = ""

@@ -20,7 +20,7 @@ from {{ cookiecutter.package_name }}.data.datamodule import (
     add_data_arguments,
 )
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
-from {{ cookiecutter.package_name }}.data.sources import ImageFiles, source_from_config
+from {{ cookiecutter.package_name }}.data.sources import _ImageFiles, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 
 PROG = "python -m {{ cookiecutter.package_name }} scan"
@@ -38,7 +38,7 @@ def main(args: list[str] | None = None) -> int:
     config = parser.parse_args(args)
     try:
         source = source_from_config(config.data.source)
-        if not isinstance(source, ImageFiles):
+        if not isinstance(source, _ImageFiles):
             raise DataError("scan reads image files: --data.source ClassFolders or LabelsCsv")
         source.skip_bad_images = False  # what scan is for: every unreadable file listed
         datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 SPLIT_FILE = "val_files.csv"
 
 
-class ImageFiles(Source):
+class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as a --data.source
     """Images on a file system, indexed in `setup`: what `ClassFolders` and `LabelsCsv` share."""
 
     csv: Path | None = None
@@ -189,7 +189,7 @@ class ImageFiles(Source):
         return make_loader(dataset, data.batch_size, workers, **placement(data), **options)
 
 
-class ClassFolders(ImageFiles):
+class ClassFolders(_ImageFiles):
     """Images in class folders, `root/<class>/<image>`; unset `root`: the generated demo set.
 
     Args:
@@ -212,7 +212,7 @@ class ClassFolders(ImageFiles):
     """
 
 
-class LabelsCsv(ImageFiles):
+class LabelsCsv(_ImageFiles):
     """Images named by a CSV with a header row, `filename,label`; other options as `ClassFolders`.
 
     Args:
