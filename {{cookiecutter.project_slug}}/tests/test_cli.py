@@ -26,7 +26,10 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: Path) -> None:
+def test_fit_then_validate_from_the_best_checkpoint(
+    image_root: Path, tmp_path: Path, run_main
+) -> None:
+    """`python -m` in a process of its own, then `validate` through the same `main` in this one."""
     common = tiny_run_options(image_root)
     fit = run_cli(
         "fit",
@@ -44,7 +47,7 @@ def test_fit_then_validate_from_the_best_checkpoint(image_root: Path, tmp_path: 
     best = list(tmp_path.glob("lightning_logs/version_0/checkpoints/best.ckpt"))
     assert best and (best[0].parent / "last.ckpt").exists()
     # As the README shows it: the checkpoint brings the data options (root, size, split)
-    validate = run_cli("validate", "--ckpt_path", str(best[0]), cwd=tmp_path)
+    validate = run_main("validate", "--ckpt_path", str(best[0]), cwd=tmp_path)
     assert validate.returncode == 0, validate.stderr
     assert "val_acc" in validate.stdout
     assert re.search(r"^bee\s+\d+\s+\d+", validate.stdout, re.MULTILINE)  # our classes

@@ -5,7 +5,6 @@ Each source image (PIL writes one or two per format) is mutated in seeded, repro
 a worker process: this file run as a script. A decoder that kills its process then fails the test
 naming the file and the read, instead of killing the test run. Every read must give a uint8
 (3, H, W) tensor or raise DataError naming the file, and print nothing to stderr.
-benchmarks/fuzz_decoders.py in the template repo fuzzes the bare decoders with the same mutants.
 """
 
 from __future__ import annotations
