@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_error
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.commands.cli import main
@@ -96,3 +97,16 @@ def test_a_source_s_options_are_its_own(capsys: pytest.CaptureFixture) -> None:
         main(["fit", "--data.source", f"{__name__}.SolidColours", "--data.source.root", "x"])
     assert stop.value.code == 2
     assert "root" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["scan", "shard", "bench"])
+def test_the_commands_that_read_image_files_refuse_another_source(
+    command: str, tmp_path: Path, run_main
+) -> None:
+    options = ["--data.source", "Shards", "--data.source.path", str(tmp_path / "shards")]
+    if command == "shard":
+        options += ["--output", str(tmp_path / "out")]
+    refused = run_main(command, *options, cwd=tmp_path)
+    error = one_error(refused.returncode, refused.stderr)
+    assert f"{command} reads image files: --data.source ClassFolders or LabelsCsv" in error
+    assert list(tmp_path.iterdir()) == []  # refused before anything is written

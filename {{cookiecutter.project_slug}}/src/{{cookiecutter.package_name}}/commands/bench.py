@@ -26,7 +26,7 @@ from torchvision import transforms
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
-from {{ cookiecutter.package_name }}.data.sources import _ImageFiles, source_from_config
+from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import check_output
 
@@ -142,9 +142,7 @@ def run(
     `data` holds `ImageDataModule` arguments, as `--data.*` gives them to `fit`; its source is
     a file source (class folders or a labels CSV).
     """
-    source = source_from_config(data["source"])
-    if not isinstance(source, _ImageFiles):
-        raise DataError("bench times image files: give --data.source ClassFolders or LabelsCsv")
+    source = source_from_config(data["source"], files_for="bench")
     config = source.config()
     uncached = {**config, "init_args": {**config["init_args"], "cache": "none"}}
     pipelines = [("naive", None), ("decode", uncached)]

@@ -20,7 +20,7 @@ from {{ cookiecutter.package_name }}.data.datamodule import (
     add_data_arguments,
 )
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
-from {{ cookiecutter.package_name }}.data.sources import _ImageFiles, source_from_config
+from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 
 PROG = "python -m {{ cookiecutter.package_name }} scan"
@@ -37,9 +37,7 @@ def main(args: list[str] | None = None) -> int:
         return 2
     config = parser.parse_args(args)
     try:
-        source = source_from_config(config.data.source)
-        if not isinstance(source, _ImageFiles):
-            raise DataError("scan reads image files: --data.source ClassFolders or LabelsCsv")
+        source = source_from_config(config.data.source, files_for="scan")
         source.skip_bad_images = False  # what scan is for: every unreadable file listed
         datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
         datamodule.setup("fit")

@@ -40,7 +40,7 @@ from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOut
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import decode_image
-from {{ cookiecutter.package_name }}.data.sources import _ImageFiles, require_shards, source_from_config
+from {{ cookiecutter.package_name }}.data.sources import require_shards, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
@@ -64,9 +64,7 @@ def main(args: list[str] | None = None) -> int:
     if config.resize is not None and config.resize < 8:
         raise DataError(f"--resize must be at least 8 pixels, got {config.resize}")
     # before the data is read (or anything written): never among the images, `--overwrite` or not
-    source = source_from_config(config.data.source)
-    if not isinstance(source, _ImageFiles):
-        raise DataError("shard reads image files: --data.source ClassFolders or LabelsCsv")
+    source = source_from_config(config.data.source, files_for="shard")
     source.cache = "none"  # shards hold the files' own bytes: no pixel cache to build
     datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
     way_out = "choose an output folder outside the data (shard never writes among its inputs)"

@@ -297,8 +297,7 @@ class Shards(Source):
             return super().loader(data, dataset, train)
         # LitData splits each epoch between the processes itself.
         processes = data.trainer.world_size if data.trainer is not None else 1
-        on_cuda = placement(data)["pin_memory"]
-        workers = data.resolve_num_workers()
+        on_cuda, workers = placement(data)["pin_memory"], data.resolve_num_workers()
         shards = require_shards()
         return shards.streaming_loader(dataset, data.batch_size, workers, on_cuda, processes)
 
@@ -316,13 +315,14 @@ def require_shards(needed_by: str = "--data.source Shards"):
     return shards
 
 
-def source_from_config(value) -> Source:
-    """A source from its `class_path`/`init_args` (dict or Namespace), as LightningCLI builds it."""
-    if isinstance(value, Source):
-        return value
-    if hasattr(value, "as_dict"):
-        value = value.as_dict()
-    return source_class(value["class_path"])(**(value.get("init_args") or {}))
+def source_from_config(value, files_for: str | None = None) -> Source:
+    """A source from `class_path`/`init_args` (dict or Namespace); with `files_for`, files only."""
+    if not isinstance(value, Source):
+        value = value.as_dict() if hasattr(value, "as_dict") else value
+        value = source_class(value["class_path"])(**(value.get("init_args") or {}))
+    if files_for is not None and not isinstance(value, _ImageFiles):
+        raise DataError(f"{files_for} reads image files: --data.source ClassFolders or LabelsCsv")
+    return value
 
 
 def source_class(class_path: str) -> type[Source]:
