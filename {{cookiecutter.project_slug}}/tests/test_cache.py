@@ -169,6 +169,27 @@ def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
     assert same.float().mean() > 0.97
 
 
+def test_cache_on_and_off_give_the_same_validation_tensors(tmp_path: Path) -> None:
+    # Validation must see the inputs that predict sees: the cache stores images at the training
+    # crop's short side (48 here), and a second resize from there changes the pixels.
+    root = tmp_path / "images"
+    for label, name in enumerate(CLASSES):
+        colour = tuple(220 if c == label else 40 for c in range(3))
+        for i in range(4):
+            write_image(root / name / f"{i}.jpg", colour, size=(90, 60))
+            write_image(root / name / f"{i}.png", colour, size=(70, 100))
+    loaded = {}
+    for cache in ("none", "memmap"):
+        source = ClassFolders(root, val_fraction=0.5, cache=cache)
+        dm = ImageDataModule(source, image_size=32, num_workers=0, cache_dir=tmp_path / "c")
+        dm.setup("fit")
+        loaded[cache] = [dm.val_dataset[i] for i in range(len(dm.val_dataset))]
+    assert len(loaded["none"]) == 12
+    for (image, label), (cached_image, cached_label) in zip(*loaded.values(), strict=True):
+        assert image.shape == (3, 32, 32) and label == cached_label
+        assert torch.equal(image, cached_image)
+
+
 def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path) -> None:
     options = dict(image_size=16, num_workers=0, cache_dir=tmp_path / "c")
     first = ImageDataModule(
@@ -183,11 +204,14 @@ def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path
     second.setup("fit")
     assert [p for p in (tmp_path / "c").iterdir() if p.is_dir()] == [folder]
     assert (folder / "pixels.npy").stat().st_mtime_ns == built
-    splits = (first.train_dataset, first.val_dataset)
-    before = {d.path(i): stored(d, i) for d in splits for i in range(len(d))}
-    for dataset in (second.train_dataset, second.val_dataset):  # each item, its own pixels
-        for i in range(len(dataset)):
-            assert torch.equal(stored(dataset, i), before[dataset.path(i)])
+    assert len(second.train_dataset.cache) == 24  # every file, validation's too
+    first_train = first.train_dataset
+    before = {first_train.path(i): stored(first_train, i) for i in range(len(first_train))}
+    dataset = second.train_dataset
+    shared = [i for i in range(len(dataset)) if dataset.path(i) in before]
+    assert 0 < len(shared) < len(dataset)  # the second split trains on some first-split val
+    for i in shared:  # each item, its own pixels
+        assert torch.equal(stored(dataset, i), before[dataset.path(i)])
 
 
 @pytest.mark.slow
@@ -318,11 +342,12 @@ def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) 
         cache_dir=tmp_path / "cache",
     )
     dm.setup("fit")
-    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1  # train and val
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1
+    assert isinstance(dm.train_dataset, MemmapImageDataset)
+    assert not isinstance(dm.val_dataset, MemmapImageDataset)  # validation reads the files
     images, targets = next(iter(dm.train_dataloader()))
     assert images.dtype == torch.uint8 and images.shape == (4, 3, 32, 32)
     assert targets.dtype == torch.int64
-    # Validation keeps its own transform; these small images are stored exactly as decoded.
     val_images, _ = next(iter(dm.val_dataloader()))
     expected = eval_transform(32)(read_image(dm.val_dataset.path(0)))
     assert torch.equal(val_images[0], expected)

@@ -2,8 +2,8 @@
 
 One cache per dataset folder covers every file of the index (before the split and the skip),
 each stored (H, W, 3) at the short side the training crop needs (never enlarged), one after another
-in a flat uint8 `.npy`; `index.npy` holds offset, height and width in sorted-name order. Each
-dataset's own transform runs on the stored pixels: only where pixels come from changes.
+in a flat uint8 `.npy`; `index.npy` holds offset, height and width in sorted-name order. Only the
+training set reads it: its random crops are drawn as from the files (validation reads files).
 
 The folder's name hashes the stored size and the file list with each file's size, inode, mtime
 and ctime (`key="stat"`): `st_ctime` cannot be set back, so even a rewrite that `cp -p` or

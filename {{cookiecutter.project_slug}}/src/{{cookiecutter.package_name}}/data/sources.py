@@ -151,10 +151,10 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         everything = (train, val)  # what the pixel cache covers: before the skip
         if self.skip_bad_images:
             train, val = skip_unreadable(data, train, val)
-        if self.cache == "memmap":
+        if self.cache == "memmap":  # training only: validation resizes from the files, as predict
             progress = data.trainer is None or data.trainer.local_rank == 0
-            train, val = cached(
-                (train, val),
+            [train] = cached(
+                [train],
                 max(data.image_size, augment.min_source_size()),
                 data.cache_dir,
                 progress=progress,
@@ -206,7 +206,7 @@ class ClassFolders(_ImageFiles):
         skip_bad_images: decode every image at setup and leave out, with a warning, those that
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
         cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
-            later epochs and runs read instead: a speed switch only (docs/performance.md).
+            training reads in later epochs and runs: a speed switch only (docs/performance.md).
         cache_keep: how many caches of this dataset to keep, newest first; 0 keeps them all.
         cache_key: "stat" sees any rewrite; "mtime" suits datasets copied to scratch at each job.
     """

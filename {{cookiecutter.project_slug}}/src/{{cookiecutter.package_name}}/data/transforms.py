@@ -1,5 +1,5 @@
 """The uint8 transforms run in the Dataset: random resized crops (and any `Augment`) for training,
-resize and centre crop for evaluation; the same whether pixels come from files or the cache."""
+on files or the pixel cache alike; resize and centre crop of the files for evaluation."""
 
 from __future__ import annotations
 
