@@ -234,6 +234,20 @@ def test_layer_decay_scales_timm_layer_groups_and_is_refused_elsewhere() -> None
         tiny_model(layer_decay=0.75)
 
 
+@pytest.mark.parametrize("options", [{}, {"backbone_lr_scale": 0.1}, {"layer_decay": 0.75}])
+def test_what_a_timm_model_lists_in_no_weight_decay_takes_none(options: dict) -> None:
+    """As in timm's optimizer factory: a ViT's position embedding and class token, which its
+    `no_weight_decay()` lists, are not decayed, with or without layer decay."""
+    pytest.importorskip("timm")
+    model = ImageClassifier(list(CLASSES), image_size=160, architecture="test_vit", **options)
+    model.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
+    groups = model.configure_optimizers()["optimizer"].param_groups
+    decay = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    net = model.net
+    assert decay[id(net.pos_embed)] == decay[id(net.cls_token)] == 0.0
+    assert decay[id(net.patch_embed.proj.weight)] == 0.05  # weights still are
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -5,6 +5,8 @@ run, and the learning-rate schedule."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -23,16 +25,19 @@ def param_groups(
 ) -> list[dict]:
     """AdamW's parameter groups over every parameter, frozen or not, each with its peak `lr`.
 
-    Norm layers and biases get no weight decay. With the backbone's learning rate scaled or
+    Norm layers, biases and what a timm model lists in `no_weight_decay()` (a ViT's position
+    embedding and class token) get no weight decay. With the backbone's learning rate scaled or
     `layer_decay`, the classifier's groups come first (the run history logs the first group's
     rate), then the backbone's, named for the learning-rate monitor; otherwise there are just
     the two groups, with and without decay.
     """
+    no_decay = _no_decay(network)
     if backbone_lr_scale == 1.0 and layer_decay is None:
-        params = list(network.parameters())
+        decayed = [p for p in network.parameters() if id(p) not in no_decay]
+        plain = [p for p in network.parameters() if id(p) in no_decay]
         return [
-            {"params": [p for p in params if p.ndim > 1], "weight_decay": weight_decay, "lr": lr},
-            {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0, "lr": lr},
+            {"params": decayed, "weight_decay": weight_decay, "lr": lr},
+            {"params": plain, "weight_decay": 0.0, "lr": lr},
         ]
     if layer_decay is None:
         layered = [{"params": list(network.parameters()), "lr_scale": 1.0}]
@@ -47,7 +52,7 @@ def param_groups(
                 chosen = [
                     p
                     for p in layer["params"]
-                    if (p.ndim > 1) == decay and (id(p) in head) == in_head
+                    if (id(p) not in no_decay) == decay and (id(p) in head) == in_head
                 ]
                 if not chosen:
                     continue
@@ -64,21 +69,45 @@ def param_groups(
     return heads + backbones
 
 
+def _no_decay(network: nn.Module) -> set[int]:
+    """The ids of the parameters without weight decay: those of one dimension (norm layers,
+    biases) and, in a timm model, those its `no_weight_decay()` names, matched by timm's own
+    `param_groups_weight_decay` as its optimizer factory matches them."""
+    if not _is_timm(network):
+        return {id(p) for p in network.parameters() if p.ndim <= 1}
+    from timm.optim import param_groups_weight_decay
+
+    names = getattr(network, "no_weight_decay", set)()
+    with _all_trainable(network):
+        groups = param_groups_weight_decay(network, 1.0, no_weight_decay_list=names)
+    return {id(p) for group in groups if group["weight_decay"] == 0.0 for p in group["params"]}
+
+
 def _timm_layers(network: nn.Module, layer_decay: float) -> list[dict]:
     """timm's layer groups (`param_groups_layer_decay`, from the model's `group_matcher`), each
     with its `lr_scale`; every parameter is included, frozen or not."""
     from timm.optim import param_groups_layer_decay
 
-    params = list(network.parameters())
-    flags = [p.requires_grad for p in params]
-    for p in params:  # timm leaves out what does not take gradients now
+    with _all_trainable(network):
+        return param_groups_layer_decay(network, weight_decay=0.0, layer_decay=layer_decay)
+
+
+@contextmanager
+def _all_trainable(network: nn.Module) -> Iterator[None]:
+    """Every parameter takes gradients inside: timm's group helpers leave out those that do not
+    now, where the groups must hold a frozen backbone too."""
+    flags = [(p, p.requires_grad) for p in network.parameters()]
+    for p, _ in flags:
         p.requires_grad_(True)
     try:
-        groups = param_groups_layer_decay(network, weight_decay=0.0, layer_decay=layer_decay)
+        yield
     finally:
-        for p, flag in zip(params, flags, strict=True):
+        for p, flag in flags:
             p.requires_grad_(flag)
-    return groups
+
+
+def _is_timm(network: nn.Module) -> bool:
+    return type(network).__module__.startswith("timm.")
 
 
 def check_layer_decay(network: nn.Module, architecture: str, layer_decay: float | None) -> None:
@@ -87,7 +116,7 @@ def check_layer_decay(network: nn.Module, architecture: str, layer_decay: float 
         return
     if not 0.0 < layer_decay <= 1.0:
         raise DataError(f"--model.layer_decay must be in (0, 1], got {layer_decay}")
-    if not (type(network).__module__.startswith("timm.") and hasattr(network, "group_matcher")):
+    if not (_is_timm(network) and hasattr(network, "group_matcher")):
         raise DataError(
             f"--model.layer_decay needs a timm architecture (its layer groups); "
             f"--model.architecture {architecture} is not one"
