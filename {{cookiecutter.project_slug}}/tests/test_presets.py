@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
-from conftest import tiny_run_options
+from conftest import tiny_run_options, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import load_for_export
@@ -195,3 +196,77 @@ def test_the_recipe_benchmark_runs(tmp_path: Path) -> None:
         row = rf"^\| {name} \| [01]\.\d\d\d ± 0\.000 \| \d+ s \|$"
         assert re.search(row, done.stdout, re.M), done.stdout
     assert list(tmp_path.iterdir()) == []  # it works in a temporary folder
+
+
+def _ema(trainer) -> object:
+    return next(c for c in trainer.callbacks if type(c).__name__ == "EMAWeights")
+
+
+class AverageDevice(L.Callback):
+    """Notes where the model and EMA's average are once training starts."""
+
+    seen: dict = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        average = next(_ema(trainer)._average_model.parameters())
+        AverageDevice.seen = {"model": pl_module.device, "average": average.device}
+
+
+@pytest.mark.parametrize(
+    "accelerator",
+    [
+        "cpu",
+        pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+    ],
+)  # fmt: skip
+def test_the_ema_average_lives_on_the_training_device(
+    image_root: Path, tmp_path: Path, run_main, accelerator: str
+) -> None:
+    """On a GPU, an average left on the CPU would copy every weight there at every step."""
+    probe = ["--trainer.callbacks+=test_presets.AverageDevice", f"--trainer.callbacks+={EMA}"]
+    device = ["--trainer.accelerator", accelerator, "--trainer.devices", "1"]
+    fit = run_main("fit", *short_run(image_root, *probe, *device), cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert AverageDevice.seen["average"] == AverageDevice.seen["model"]
+    assert AverageDevice.seen["model"].type == ("cuda" if accelerator == "gpu" else "cpu")
+
+
+class WeightsBeforeValidation(L.Callback):
+    """Keeps the raw weights and EMA's average as they are when validation starts (listed
+    before EMAWeights: before it swaps the average in)."""
+
+    kept: dict = {}
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        average = _ema(trainer)._average_model.module.state_dict()
+        WeightsBeforeValidation.kept = {
+            "raw": {k: v.clone() for k, v in pl_module.state_dict().items()},
+            "average": {k: v.clone() for k, v in average.items()},
+        }
+
+
+def test_a_failure_inside_validation_saves_the_weights_unswapped(
+    image_root: Path, tmp_path: Path, run_main
+) -> None:
+    """EMA swaps its average into the model for validation; an unreadable validation image
+    stops the run there, and `last.ckpt` must still hold the average as the model's weights and
+    the raw ones as `current_model_state`, as every other save does."""
+    val_root = tmp_path / "val"
+    for name in ("ant", "bee", "cat"):
+        write_image(val_root / name / "fine.jpg", (200, 100, 50))
+    write_corrupt(val_root / "cat" / "cut.jpg")
+    callbacks = [
+        "--trainer.callbacks+=test_presets.WeightsBeforeValidation",
+        f"--trainer.callbacks+={EMA}", "--trainer.callbacks.decay", "0.5",
+        "--data.source.val_root", str(val_root), "--trainer.num_sanity_val_steps", "0",
+    ]  # fmt: skip
+    fit = run_main("fit", *short_run(image_root, *callbacks), cwd=tmp_path)
+    assert fit.returncode == 2 and "cut.jpg" in fit.stderr, fit.stderr[-3000:]
+    saved = torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)
+    kept = WeightsBeforeValidation.kept
+    assert any(not torch.equal(kept["raw"][k], v) for k, v in kept["average"].items())
+    for key, value in kept["average"].items():
+        assert torch.equal(saved["state_dict"][key], value), key
+    for key, value in kept["raw"].items():
+        assert torch.equal(saved["current_model_state"][key], value), key

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import lightning as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch import Tensor
@@ -29,6 +30,27 @@ class EMAWeights(WeightAveraging):
             raise DataError(f"EMAWeights decay must be in [0, 1), got {decay}")
         super().__init__(use_buffers=True, avg_fn=partial(warmed_up_ema, decay))
         self.decay = decay
+        self._validating = False  # the average is in the model, the raw weights aside
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning builds the average where the module is, here before the strategy moves it:
+        # on the CPU, where every step of a GPU run would then copy and average all weights.
+        pl_module.to(trainer.strategy.root_device)
+        super().setup(trainer, pl_module, stage)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_epoch_start(trainer, pl_module)
+        self._validating = True
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_epoch_end(trainer, pl_module)
+        self._validating = False
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
+        """A failure inside validation: the raw weights back first, since `LastCheckpoint`
+        (a checkpoint callback, so run after this one) saves the model as the raw weights."""
+        if self._validating:
+            self.on_validation_epoch_end(trainer, pl_module)
 
 
 @torch.no_grad()
