@@ -15,6 +15,7 @@ import torch
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import export_checkpoint, git_commit
+from {{ cookiecutter.package_name }}.commands.infer import load_exported
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
@@ -103,6 +104,33 @@ def test_onnx_takes_uint8_any_batch_and_gives_the_checkpoint_logits(
     text = session.get_modelmeta().custom_metadata_map["metadata.json"]  # metadata_props
     metadata = json.loads(text)
     assert metadata == json.loads(sidecar.read_text()) and metadata["format"] == "onnx"
+
+
+@pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
+def test_a_flip_tta_checkpoint_exports_the_flip_average_that_predict_gives(
+    trained_checkpoint: Path, tmp_path: Path, fmt: str
+) -> None:
+    """With `--model.tta_flip`, the exported model averages each image and its mirror as
+    validation and `predict` do, so `infer` and `serve` (`load_exported`) predict as `predict`."""
+    if fmt == "onnx":
+        pytest.importorskip("onnxscript")
+        pytest.importorskip("onnxruntime")
+    checkpoint = torch.load(trained_checkpoint, weights_only=True)
+    checkpoint["hyper_parameters"]["tta_flip"] = True  # as `fit --model.tta_flip true` saves it
+    ckpt = tmp_path / "tta.ckpt"
+    torch.save(checkpoint, ckpt)
+    path, _ = export_checkpoint(ckpt, tmp_path / f"model.{fmt}", fmt)
+    seeded = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (5, 3, 16, 16), dtype=torch.uint8, generator=seeded)
+    probs = load_exported(path).probabilities(images)
+    model = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
+    data = ImageDataModule(None, image_size=16, mean=model.hparams.mean, std=model.hparams.std)
+    with torch.no_grad():
+        batch = (data.on_after_batch_transfer((images, None), 0)[0], torch.arange(5))
+        expected = model.predict_step(batch, 0)["probs"]
+    plain = checkpoint_logits(trained_checkpoint, images).softmax(dim=1)
+    assert (expected - plain).abs().max() > 1e-3  # so the check below could fail
+    torch.testing.assert_close(probs, expected, atol=1e-5, rtol=0)
 
 
 def test_torchscript_only_on_request_with_a_deprecation_note(

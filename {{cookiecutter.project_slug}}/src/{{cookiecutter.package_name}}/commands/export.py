@@ -7,9 +7,10 @@
 - `torchscript` (`model.pt`): `torch.jit`, deprecated since PyTorch 2.11, on request only.
 
 The model takes a uint8 RGB batch `(N, 3, image_size, image_size)` of any `N`, normalises it as
-training did and returns logits. What a server needs to know besides (class names, the
-preprocessing rule, where the model came from) is inside the file, as `metadata.json` (extra files
-for pt2 and TorchScript, `metadata_props` for ONNX), and beside it in `model.json`.
+training did and returns logits: with `--model.tta_flip`, those of each image and its mirror
+averaged as validation and `predict` average them. What a server needs to know besides (class
+names, the preprocessing rule, where the model came from) is inside the file, as `metadata.json`
+(extra files for pt2 and TorchScript, `metadata_props` for ONNX), and beside it in `model.json`.
 
 An existing output is replaced only when it is an earlier export's (a model with `metadata.json`
 inside, export's `.json` beside it), or with `--overwrite`; an output that is the checkpoint read
@@ -34,6 +35,7 @@ from {{ cookiecutter.package_name }}.commands.infer import METADATA_FILE
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
+from {{ cookiecutter.package_name }}.model.classifier import flip_average
 from {{ cookiecutter.package_name }}.training.outputs import check_output
 
 # --format -> (what metadata["format"] says, the suffix of the default --output)
@@ -49,18 +51,27 @@ TORCHSCRIPT_NOTE = (
 
 
 class ExportedClassifier(nn.Module):
-    """The trained network behind the training normalisation: uint8 `(N, 3, H, W)` -> logits."""
+    """The trained network behind the training normalisation: uint8 `(N, 3, H, W)` -> logits,
+    with `tta_flip` their `flip_average`."""
 
-    def __init__(self, net: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    def __init__(
+        self,
+        net: nn.Module,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        tta_flip: bool = False,
+    ) -> None:
         super().__init__()
         self.net = net
+        self.tta_flip = tta_flip
         # The DataModule's own constants, so that the network sees the very floats it trained on.
         scale, bias = BatchNormalizer(mean, std).constants(torch.device("cpu"))
         self.register_buffer("scale", scale.clone())
         self.register_buffer("bias", bias.clone())
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net(images.float() * self.scale + self.bias)
+        images = images.float() * self.scale + self.bias
+        return flip_average(self.net, images) if self.tta_flip else self.net(images)
 
 
 def preprocessing_rule(image_size: int) -> dict:
@@ -136,7 +147,7 @@ def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedCl
     }
     # Plain JSON values (paths and tuples as the sidecar will hold them), inside and beside.
     metadata = json.loads(json.dumps(metadata, default=str))
-    return ExportedClassifier(model.net, hp.mean, hp.std).eval(), metadata
+    return ExportedClassifier(model.net, hp.mean, hp.std, hp.tta_flip).eval(), metadata
 
 
 def export_checkpoint(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -242,15 +243,8 @@ class ImageClassifier(L.LightningModule):
         return not off or self.current_epoch < self.trainer.max_epochs - off
 
     def _scores(self, images: Tensor) -> Tensor:
-        """The logits of `images`; with `tta_flip`, the log of the mean class probabilities of
-        each image and its mirror. Probabilities are averaged, as for any ensemble, rather than
-        logits, whose scale differs from view to view; their log is a logit vector like any
-        other, so the loss, the metrics and `predict`'s softmax apply unchanged."""
-        if not self.hparams.tta_flip:
-            return self(images)
-        logits = self(torch.cat([images, images.flip(-1)])).float()
-        views = logits.log_softmax(dim=1).unflatten(0, (2, len(images)))
-        return views.logsumexp(dim=0) - math.log(2)
+        """The logits of `images`; with `tta_flip`, their `flip_average`."""
+        return flip_average(self, images) if self.hparams.tta_flip else self(images)
 
     def _peak_lr(self) -> float:
         """`lr`, or with `lr_reference_batch` scaled by the global batch, said on rank zero."""
@@ -348,6 +342,16 @@ class ImageClassifier(L.LightningModule):
             if "total_steps" in state:  # OneCycleLR: its phases follow from the new total
                 state["total_steps"] = total
                 state.pop("_schedule_phases", None)
+
+
+def flip_average(net: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
+    """The log of the mean class probabilities of each image and its left-right mirror
+    (`tta_flip`; `export` writes it into the exported model too). Probabilities are averaged, as
+    for any ensemble, rather than logits, whose scale differs from view to view; their log is a
+    logit vector like any other, so the loss, the metrics and a softmax apply unchanged."""
+    logits = net(torch.cat([images, images.flip(-1)])).float()
+    views = logits.log_softmax(dim=1).unflatten(0, (2, -1))  # -1: a batch of any size exports
+    return views.logsumexp(dim=0) - math.log(2)
 
 
 def _check_recipe(hp) -> None:
