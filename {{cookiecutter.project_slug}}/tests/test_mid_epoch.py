@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +43,8 @@ class Fingerprints(L.Callback):
 class TermAt(L.Callback):
     """Sends this process SIGTERM (or $TERM_SIGNAL; $TERM_TIMES times, once unless set), as a
     scheduler would, after batch $TERM_BATCH of epoch 1 (on rank $TERM_RANK only, zero unless set:
-    the ranks agree to stop together)."""
+    the ranks agree to stop together). With $TERM_GROUP, to its whole process group instead (every
+    rank and loader worker), as `timeout`, systemd and SLURM do."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         at = int(os.environ["TERM_BATCH"])
@@ -50,7 +52,16 @@ class TermAt(L.Callback):
         if trainer.global_rank == rank and (trainer.current_epoch, batch_idx) == (1, at):
             (Path(os.environ["RECORD_DIR"]) / "signalled_at").write_text(str(time.time()))
             for _ in range(int(os.environ.get("TERM_TIMES", "1"))):
-                os.kill(os.getpid(), signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")])
+                signum = signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")]
+                if os.environ.get("TERM_GROUP"):
+                    # From another process, as `kill -- -PGID` (a loader worker tells a signal
+                    # from its parent apart), in the middle of a step: the others act on it.
+                    group = f"-{os.getpgid(0)}"
+                    sender = ["kill", "-s", signum.name[3:], "--", group]
+                    subprocess.run(sender, check=True, start_new_session=True)
+                    time.sleep(1)
+                else:
+                    os.kill(os.getpid(), signum)
 
 
 class KeepAtEpoch2(L.Callback):
@@ -210,8 +221,24 @@ def test_a_resumed_epoch_sees_each_remaining_image_once(
 def test_a_resumed_epoch_sees_each_remaining_image_once_under_ddp(
     colour_root: Path, tmp_path: Path
 ) -> None:
+    """Stopped as `timeout` or a cluster stops a job: SIGTERM to every process of the group, both
+    ranks and their loader workers."""
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    interrupted_and_resumed(colour_root, tmp_path, [*ddp, "--data.num_workers", "1"], ranks=2)
+    options = [*ddp, "--data.num_workers", "1"]
+    stopped = interrupted_and_resumed(colour_root, tmp_path, options, 2, {"TERM_GROUP": "1"})
+    assert "Traceback" not in stopped.stderr and "worker" not in stopped.stderr
+    assert written_by_the_runs(tmp_path / "parts") == {"lightning_logs/version_0"}
+
+
+def written_by_the_runs(folder: Path) -> set[str]:
+    """What the runs in `folder` wrote there, each run below `lightning_logs/` as one entry (its
+    folder, and the lock beside it that `fit` holds while training it); the recorder's files left
+    out."""
+    ours = {"rank0.jsonl", "rank1.jsonl", "signalled_at"}
+    found = {p.name for p in folder.iterdir() if p.name not in ours and p.name != "lightning_logs"}
+    runs = folder / "lightning_logs"
+    names = {p.name.removeprefix(".").removesuffix(".lock") for p in runs.glob("*")}
+    return found | {f"lightning_logs/{name}" for name in names}
 
 
 @pytest.mark.slow
@@ -264,7 +291,8 @@ def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes(
     colour_root: Path, tmp_path: Path
 ) -> None:
     """A SLURM job (its variables, and a stand-in `scontrol` that notes its arguments) gets the
-    requeue signal mid-epoch: it saves last.ckpt and requeues itself; the job run again with the
+    requeue signal mid-epoch, as SLURM sends it, to every process of the job (its loader worker
+    too): it saves last.ckpt and requeues itself; the job run again with the
     same command (`--ckpt_path last`, as a SLURM batch script gives it) resumes its own run, not
     another run's newer last.ckpt beside it, and ends as an uninterrupted run."""
     whole, parts, bin_dir = tmp_path / "whole", tmp_path / "parts", tmp_path / "bin"
@@ -286,8 +314,9 @@ def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes(
         "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
         "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
         "TERM_SIGNAL": "SIGUSR1",
+        "TERM_GROUP": "1",
     }
-    job = ["--data.num_workers", "0", "--ckpt_path", "last"]
+    job = ["--data.num_workers", "1", "--ckpt_path", "last"]
     done = fit(colour_root, whole, whole, "--data.num_workers", "0")
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -297,7 +326,9 @@ def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes(
     assert f"SIGUSR1: saved {own}" in first.stdout
     assert "requeued SLURM job 4242" in first.stdout
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
-    assert not list(parts.glob("hpc_ckpt_*.ckpt"))  # Lightning's own handler did not run
+    assert "Traceback" not in first.stderr and "worker" not in first.stderr
+    # Lightning's own handler ran nowhere (it writes hpc_ckpt_N.ckpt), not even in the worker.
+    assert written_by_the_runs(parts) == {"lightning_logs/slurm_4242"}
 
     other = parts / "lightning_logs/version_0/checkpoints/last.ckpt"  # another run's, newer
     other.parent.mkdir(parents=True)

@@ -23,6 +23,7 @@ from test_mid_epoch import (
     fit,
     interrupted_and_resumed,
     recorded,
+    written_by_the_runs,
 )
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -124,6 +125,21 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
 @pytest.fixture
 def colour_root(tmp_path: Path) -> Path:
     return colour_images(tmp_path / "colours")
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_the_whole_process_group_saves_once_and_resumes_exactly(
+    colour_root: Path, tmp_path: Path
+) -> None:
+    """`timeout`, systemd and `kill -- -PGID` signal every process of the job, the loader worker
+    too: the worker keeps serving batches, the run saves at a batch end, exits 143 and resumes
+    exactly, with nothing written outside its run folder. (Under DDP, and SLURM's SIGUSR1 to the
+    group: test_mid_epoch.py.)"""
+    options = ["--data.num_workers", "1"]
+    stopped = interrupted_and_resumed(colour_root, tmp_path, options, 1, {"TERM_GROUP": "1"})
+    assert stopped.stdout.count("SIGTERM: saved") == 1
+    assert "Traceback" not in stopped.stderr and "worker" not in stopped.stderr
+    assert written_by_the_runs(tmp_path / "parts") == {"lightning_logs/version_0"}
 
 
 @pytest.mark.slow

@@ -71,10 +71,16 @@ def make_loader(
     )
 
 
+# What `timeout`, systemd, SLURM and a terminal send every process of a job: a worker that died of
+# one would fail the next batch before the training process, which handles them, could save.
+STOP_SIGNALS = [s for s in signal.Signals if s.name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")]
+
+
 def _worker_init(worker_id: int, rank: int) -> None:
-    """Loader workers ignore Ctrl-C (the training process stops at a batch end and saves; a
-    worker ended by it would fail the next batch), then seed as Lightning's would."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Ignore the stop signals (training stops at a batch end, its workers with it), then seed as
+    Lightning's would."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank)
 
