@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from conftest import CSV_LOGGER, one_error, tiny_run_options
@@ -134,6 +135,45 @@ def test_a_resume_applies_the_reading_options_given_and_says_so(
     assert saved["source"]["init_args"]["skip_bad_images"] is False
     assert saved["source"]["init_args"]["cache"] == "none"
     assert progress(last_of("a")) == (1, 8)
+
+
+class RecipeProbe(L.Callback):
+    """Notes, as training starts, the weights the model starts from and the recipe in force."""
+
+    seen: dict = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        ema = [c for c in trainer.callbacks if type(c).__name__ == "EMAWeights"]
+        RecipeProbe.seen = {
+            "weights": {k: v.clone() for k, v in pl_module.state_dict().items()},
+            "ema_decays": [c.decay for c in ema],
+            "gradient_clip_val": trainer.gradient_clip_val,
+        }
+
+
+def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path, capsys) -> None:
+    """`fit --run a --ckpt_path last`, as the README gives it, after a run with EMA and gradient
+    clipping: training goes on from the raw weights (not the average that `state_dict` holds),
+    with EMA and clipping on, and the run's config.yaml is left as the run began. (Callbacks
+    given again replace the run's: test_mid_epoch.py's resumes would record each batch twice.)"""
+    recipe = ["--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights"]
+    recipe += ["--trainer.callbacks.decay", "0.5", "--trainer.gradient_clip_val", "0.25"]
+    recipe += ["--trainer.callbacks+=test_runs.RecipeProbe"]
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "1", *recipe)
+    config = (in_tmp / "lightning_logs/a/config.yaml").read_bytes()
+    saved = torch.load(last_of("a"), weights_only=True)
+    capsys.readouterr()
+    main(["fit", "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2"])
+    assert "resuming run a with --trainer.max_epochs 2 (the run's: 1)" in capsys.readouterr().out
+    seen = RecipeProbe.seen
+    assert seen["ema_decays"] == [0.5] and seen["gradient_clip_val"] == 0.25
+    raw = saved["current_model_state"]
+    assert any(not torch.equal(raw[k], v) for k, v in saved["state_dict"].items())
+    for key, value in raw.items():
+        assert torch.equal(seen["weights"][key], value), key
+    assert (in_tmp / "lightning_logs/a/config.yaml").read_bytes() == config
+    assert progress(last_of("a")) == (1, 8)
+    assert "averaging_state" in torch.load(last_of("a"), weights_only=True)
 
 
 def test_a_fresh_fit_of_an_existing_run_is_refused(image_root: Path, in_tmp: Path, capsys) -> None:

@@ -32,19 +32,22 @@ from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonit
 from {{ cookiecutter.package_name }}.training.precision import default_precision
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
 from {{ cookiecutter.package_name }}.training.processes import close_process_group, end_with_starter
-from {{ cookiecutter.package_name }}.training.resume import ResumeInEpoch
+from {{ cookiecutter.package_name }}.training.resume import (
+    FREE_ON_RESUME,
+    ResumeInEpoch,
+    RunMark,
+    changed_options,
+    changed_trainer_options,
+    finished,
+    resume_base,
+)
 from {{ cookiecutter.package_name }}.training.run_log import (
     RunLogMark,
     continue_metrics_csv,
     resumed_version,
 )
 from {{ cookiecutter.package_name }}.training.runs import (
-    FREE_ON_RESUME,
-    RunMark,
     RunTrainer,
-    apply_limits,
-    changed_options,
-    finished,
     hold_run,
     known_runs,
     name_run,
@@ -88,6 +91,16 @@ class ImageCLI(LightningCLI):
             ckpt_path = config.ckpt_path = _run_last(config, subcommand)
         if ckpt_path:
             self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
+            saved = resume_base(self.ckpt_contents, typed)
+            if subcommand == "fit" and saved and not isinstance(args, dict):
+                # The run's whole configuration (trainer options, callbacks: EMA, clipping) is
+                # the base, and what was typed now goes over it, as a second config file would.
+                argv = list(sys.argv[1:] if args is None else args)
+                at = argv.index(subcommand) + 1
+                self.config = parser.parse_args([*argv[:at], "--config", saved, *argv[at:]])
+                config = self.config[subcommand]
+                name_run(config, typed, subcommand)
+                config.ckpt_path = ckpt_path
             if subcommand == "fit":  # the classes first: the plainest reason not to resume
                 _check_resumed_classes(config, typed, self.ckpt_contents)
                 _resume_run(config, typed, self.ckpt_contents)
@@ -156,7 +169,10 @@ class ImageCLI(LightningCLI):
             if self.subcommand != "fit":  # no run folder: config.yaml would go to the working one
                 self.save_config_callback = None
         # No options: parts of resuming, never turned off.
-        callbacks += [ResumeInEpoch(), RunLogMark(), RunMark()]
+        recipe = self._parser(self.subcommand).dump(self.config[self.subcommand], skip_none=False)
+        callbacks += [ResumeInEpoch(), RunLogMark(), RunMark(recipe)]
+        if self.subcommand == "fit" and self.ckpt_contents is not None:
+            self.save_config_callback = None  # the run's config.yaml stays as the run began
         trainer = self._instantiate_trainer(config, callbacks)
         if self.subcommand == "fit" and self.config.fit.get("run") is not None:
             trainer.run_folder = str(runs_folder(self.config.fit) / self.config.fit.run)
@@ -279,7 +295,7 @@ def _resume_run(config, typed, checkpoint: dict) -> None:
             "or with another --run)"
         )
     applied = changed_options(typed, checkpoint, applied=True)
-    applied += apply_limits(config.trainer, typed, checkpoint)
+    applied += changed_trainer_options(typed, checkpoint)
     done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
     if rank_zero_only.rank == 0 and applied and not done:
         print(f"resuming run {run} with {', '.join(applied)}", flush=True)

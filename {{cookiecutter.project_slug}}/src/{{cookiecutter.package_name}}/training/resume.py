@@ -1,10 +1,13 @@
-"""Resuming part-way through an epoch: the loader continues with the images not yet trained on."""
+"""Resuming a run: its whole configuration as the base, the options a resume may change, and the
+loader continuing part-way through an epoch with the images not yet trained on."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import lightning as L
+import yaml
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
@@ -12,6 +15,63 @@ from {{ cookiecutter.package_name }}.data.loaders import EpochShuffle
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _KEY = "resume_in_epoch"  # in the checkpoint: what the loader's order depended on
+RUN_KEY = "run"  # in every checkpoint: the run's configuration
+# Options that say how the data is read or the model run, not what is trained: free on resume.
+# (`weights` and `pretrained` are not used on resume: the checkpoint holds the weights.)
+FREE_ON_RESUME = frozenset(
+    {
+        "num_workers",
+        "predict_root",
+        "cache_dir",
+        "source.test_root",
+        "source.test_csv",
+        "source.skip_bad_images",
+        "source.cache",
+        "source.cache_keep",
+        "source.cache_key",
+        "source.cache_limit",
+        "weights",
+        "pretrained",
+        "compile",
+        "channels_last",
+        "tta_flip",
+    }
+)
+# Where the data lives, not what it is: it may move between jobs (a cluster job staging it to a
+# node-local disk each time). A resume applies a new place and says so; the classes found there
+# are checked against the run's before anything else.
+MOVABLE = frozenset(
+    {"source.root", "source.csv", "source.val_root", "source.val_csv", "source.path"}
+)
+
+
+class RunMark(Callback):
+    """Keep the run's whole configuration (YAML, as `config.yaml`) in every checkpoint: a resume
+    takes it as its base, so that it trains on with the same recipe (trainer options, callbacks
+    such as EMA) to the same limits, whatever was typed to resume it."""
+
+    def __init__(self, config: str) -> None:
+        self.config = config
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[RUN_KEY] = {"config": self.config}
+
+
+def run_config(checkpoint: dict) -> str | None:
+    """The configuration `RunMark` kept in `checkpoint`, if any."""
+    return (checkpoint.get(RUN_KEY) or {}).get("config")
+
+
+def resume_base(checkpoint: dict, typed) -> str | None:
+    """The run's configuration, as the base of a resume. Callbacks given now replace the run's
+    rather than add to them: a requeued job runs its first command again, and EMA given twice
+    would average twice."""
+    saved = run_config(checkpoint)
+    if saved is None or typed.get("trainer.callbacks") is None:
+        return saved
+    config = yaml.safe_load(saved)
+    config.get("trainer", {}).pop("callbacks", None)
+    return yaml.safe_dump(config)
 
 
 class ResumeInEpoch(Callback):
@@ -135,3 +195,100 @@ def _changed(trainer: L.Trainer, done: int, saved: dict, now: dict) -> str:
         "same --trainer.devices/--trainer.num_nodes, --data.batch_size and data to finish the "
         "epoch exactly, or from a checkpoint saved at the end of an epoch"
     )
+
+
+def changed_options(typed, checkpoint: dict, applied: bool = False) -> list[str]:
+    """`--model.*`/`--data.*` options given that differ from the run's, as
+    `--model.lr 0.5 (the run's: 0.003)`. With `applied`, those a resume applies (FREE_ON_RESUME,
+    MOVABLE); without, all others, which it refuses. The weights options are not compared."""
+    hparams = checkpoint.get("hyper_parameters", {})
+    data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
+    changes = []
+    for group in ("model", "data"):
+        given = typed.get(group)
+        given = _flat(given.as_dict()) if given is not None else {}
+        saved_group = _flat(data_hparams) if group == "data" else {}
+        for key, value in given.items():
+            # The linked options (classes, image size, normalisation) are the model's first.
+            saved = hparams.get(key, saved_group.get(key, _MISSING))
+            if key in ("weights", "pretrained") or saved is _MISSING or _same(value, saved):
+                continue
+            if (key in FREE_ON_RESUME or (group == "data" and key in MOVABLE)) == applied:
+                changes.append(f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})")
+    return changes
+
+
+def changed_trainer_options(typed, checkpoint: dict) -> list[str]:
+    """`--trainer.*` values given that differ from the run's, as
+    `--trainer.max_epochs 5 (the run's: 3)`: a resume applies them (a change that would break
+    an exact resume, of processes or gradient accumulation mid-epoch, is refused later)."""
+    saved = (yaml.safe_load(run_config(checkpoint) or "{}") or {}).get("trainer") or {}
+    given = typed.get("trainer")
+    given = given.as_dict() if given is not None else {}
+    if "callbacks" in given:  # by class, as `--trainer.callbacks+=` names them
+        given["callbacks"], saved["callbacks"] = (
+            [c["class_path"].rpartition(".")[2] for c in callbacks or []]
+            for callbacks in (given["callbacks"], saved.get("callbacks"))
+        )
+    return [
+        f"--trainer.{name} {_shown(value)} (the run's: {_shown(saved[name])})"
+        for name, value in given.items()
+        if name in saved and not isinstance(value, dict) and not _same(value, saved[name])
+    ]
+
+
+def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | None:
+    """Why a `fit` resumed from `checkpoint` to these limits would train nothing, or None.
+
+    As Lightning's fit loop decides: epochs completed (`epoch_progress.current.processed`) against
+    `max_epochs`, the global step against `max_steps`; or an EarlyStopping callback had stopped it.
+    """
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs = loops.get("epoch_progress", {}).get("current", {}).get("processed", 0)
+    step = checkpoint.get("global_step", 0)
+    if max_epochs is not None and max_epochs != -1 and epochs >= max_epochs:
+        return f"at epoch {epochs} of --trainer.max_epochs {max_epochs}"
+    if max_steps is not None and max_steps != -1 and step >= max_steps:
+        return f"at step {step} of --trainer.max_steps {max_steps}"
+    for key, state in checkpoint.get("callbacks", {}).items():
+        if key.startswith("EarlyStopping") and state.get("stopped_epoch"):
+            return f"stopped early by {key} at epoch {state['stopped_epoch']}"
+    return None
+
+
+_MISSING = object()
+
+
+def _flat(options: dict) -> dict:
+    """Options of options one by one: `augment.policy`; the `source` as `source` (its class, by
+    name) and `source.<option>` for each of its own options. Only those given are compared."""
+    flat = {}
+    for key, value in options.items():
+        if isinstance(value, dict) and "class_path" in value:
+            flat[key] = value["class_path"].rpartition(".")[2]
+            value = value.get("init_args") or {}
+        elif not isinstance(value, dict):
+            flat[key] = value
+            continue
+        flat.update({f"{key}.{name}": option for name, option in value.items()})
+    return flat
+
+
+def _same(given: object, saved: object) -> bool:
+    given, saved = _plain(given), _plain(saved)
+    if given == saved:
+        return True
+    if not (isinstance(given, str) and isinstance(saved, str)):
+        return False
+    return os.path.exists(given) and os.path.exists(saved) and os.path.samefile(given, saved)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return str(value) if isinstance(value, os.PathLike) else value
+
+
+def _shown(value: object) -> str:
+    """A value as the command line spells it (`true`, not Python's `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(_plain(value))

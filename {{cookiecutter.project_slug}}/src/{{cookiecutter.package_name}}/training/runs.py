@@ -3,9 +3,8 @@
 A run is named by `--run NAME`; unnamed, each `fit` is a new run (Lightning's next `version_N`),
 and under SLURM the job is the run (`slurm_<job id>`, `slurm_<array job>_<task>`), so that a
 requeued job finds its own. `--ckpt_path last` is the named run's `last.ckpt`: never another run's,
-whatever is newest beside it. Resuming keeps the run's model and data options (a typed one that
-differs is refused) and its `max_epochs`/`max_steps` unless given (then applied, and said).
-A named run is trained by one `fit` at a time (`hold_run`).
+whatever is newest beside it; what a resume keeps and may change: `training/resume.py`. A named
+run is trained by one `fit` at a time (`hold_run`).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import socket
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
@@ -31,45 +29,8 @@ from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
 # A no-logger fit's name, for the DDP processes that Lightning starts.
 _RUN_VARIABLE = "{{ cookiecutter.package_name.upper() }}_RUN"
-RUN_KEY = "run"  # in every checkpoint: the limits the run was trained to
-LIMITS = ("max_epochs", "max_steps")
 # The logger argument that names its run folder: `<save_dir>/<name or project>/<run>/`.
 _VERSIONED = {"CSVLogger": "version", "TensorBoardLogger": "version", "WandbLogger": "id"}
-# Options that say how the data is read or the model run, not what is trained: free on resume.
-# (`weights` and `pretrained` are not used on resume: the checkpoint holds the weights.)
-FREE_ON_RESUME = frozenset(
-    {
-        "num_workers",
-        "predict_root",
-        "cache_dir",
-        "source.test_root",
-        "source.test_csv",
-        "source.skip_bad_images",
-        "source.cache",
-        "source.cache_keep",
-        "source.cache_key",
-        "source.cache_limit",
-        "weights",
-        "pretrained",
-        "compile",
-        "channels_last",
-        "tta_flip",
-    }
-)
-# Where the data lives, not what it is: it may move between jobs (a cluster job staging it to a
-# node-local disk each time). A resume applies a new place and says so; the classes found there
-# are checked against the run's before anything else.
-MOVABLE = frozenset(
-    {"source.root", "source.csv", "source.val_root", "source.val_csv", "source.path"}
-)
-
-
-class RunMark(Callback):
-    """Note in every checkpoint the `max_epochs` and `max_steps` the run trains to, so that a
-    resume without those options ends where the run would have."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[RUN_KEY] = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
 
 
 def slurm_run_name() -> str | None:
@@ -289,79 +250,6 @@ def known_runs(config) -> list[str]:
     return sorted(path.parent.parent.name for path in found)
 
 
-def changed_options(typed, checkpoint: dict, applied: bool = False) -> list[str]:
-    """`--model.*`/`--data.*` options given that differ from the run's, as
-    `--model.lr 0.5 (the run's: 0.003)`. With `applied`, those a resume applies (FREE_ON_RESUME,
-    MOVABLE); without, all others, which it refuses. The weights options are not compared."""
-    hparams = checkpoint.get("hyper_parameters", {})
-    data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
-    changes = []
-    for group in ("model", "data"):
-        given = typed.get(group)
-        given = _flat(given.as_dict()) if given is not None else {}
-        saved_group = _flat(data_hparams) if group == "data" else {}
-        for key, value in given.items():
-            # The linked options (classes, image size, normalisation) are the model's first.
-            saved = hparams.get(key, saved_group.get(key, _MISSING))
-            if key in ("weights", "pretrained") or saved is _MISSING or _same(value, saved):
-                continue
-            if (key in FREE_ON_RESUME or (group == "data" and key in MOVABLE)) == applied:
-                changes.append(f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})")
-    return changes
-
-
-def apply_limits(trainer_config, typed, checkpoint: dict) -> list[str]:
-    """The run's `max_epochs`/`max_steps` where not given; those given and different are kept,
-    and returned as `--trainer.max_epochs 5 (the run's: 3)`."""
-    saved = checkpoint.get(RUN_KEY) or {}
-    applied = []
-    for name in LIMITS:
-        if name not in saved:
-            continue
-        if typed.get(f"trainer.{name}") is None:
-            trainer_config[name] = saved[name]
-        elif trainer_config[name] != saved[name]:
-            applied.append(f"--trainer.{name} {trainer_config[name]} (the run's: {saved[name]})")
-    return applied
-
-
-def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | None:
-    """Why a `fit` resumed from `checkpoint` to these limits would train nothing, or None.
-
-    As Lightning's fit loop decides: epochs completed (`epoch_progress.current.processed`) against
-    `max_epochs`, the global step against `max_steps`; or an EarlyStopping callback had stopped it.
-    """
-    loops = checkpoint.get("loops", {}).get("fit_loop", {})
-    epochs = loops.get("epoch_progress", {}).get("current", {}).get("processed", 0)
-    step = checkpoint.get("global_step", 0)
-    if max_epochs is not None and max_epochs != -1 and epochs >= max_epochs:
-        return f"at epoch {epochs} of --trainer.max_epochs {max_epochs}"
-    if max_steps is not None and max_steps != -1 and step >= max_steps:
-        return f"at step {step} of --trainer.max_steps {max_steps}"
-    for key, state in checkpoint.get("callbacks", {}).items():
-        if key.startswith("EarlyStopping") and state.get("stopped_epoch"):
-            return f"stopped early by {key} at epoch {state['stopped_epoch']}"
-    return None
-
-
-_MISSING = object()
-
-
-def _flat(options: dict) -> dict:
-    """Options of options one by one: `augment.policy`; the `source` as `source` (its class, by
-    name) and `source.<option>` for each of its own options. Only those given are compared."""
-    flat = {}
-    for key, value in options.items():
-        if isinstance(value, dict) and "class_path" in value:
-            flat[key] = value["class_path"].rpartition(".")[2]
-            value = value.get("init_args") or {}
-        elif not isinstance(value, dict):
-            flat[key] = value
-            continue
-        flat.update({f"{key}.{name}": option for name, option in value.items()})
-    return flat
-
-
 def _logger(config) -> tuple[str | None, object]:
     """The configured logger's class name and its `init_args` (None, None: none, or several)."""
     logger = config.trainer.get("logger")
@@ -375,23 +263,3 @@ def _mlflow_store(kind: str | None, init_args) -> Path | None:
     """The file of an MLflow logger's local SQLite store (`sqlite:///PATH`), else None."""
     uri = str(init_args.get("tracking_uri") or "") if kind == "MLFlowLogger" else ""
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
-
-
-def _same(given: object, saved: object) -> bool:
-    given, saved = _plain(given), _plain(saved)
-    if given == saved:
-        return True
-    if not (isinstance(given, str) and isinstance(saved, str)):
-        return False
-    return os.path.exists(given) and os.path.exists(saved) and os.path.samefile(given, saved)
-
-
-def _plain(value: object) -> object:
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    return str(value) if isinstance(value, os.PathLike) else value
-
-
-def _shown(value: object) -> str:
-    """A value as the command line spells it (`true`, not Python's `True`)."""
-    return str(value).lower() if isinstance(value, bool) else str(_plain(value))
