@@ -1,6 +1,6 @@
 """The user's dataset folders are never written to: caches live in the per-user cache folder, a
-cache folder among the images is refused, run folders are never classes, and pruning and the
-skipped-image list touch only what the project made."""
+cache folder among the images is refused, run folders of the working folder are no classes, and
+pruning and the skipped-image list touch only what the project made."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.cache import cached
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
-from {{ cookiecutter.package_name }}.data.demo import ensure_demo_data
 from {{ cookiecutter.package_name }}.data.index import find_classes, make_dataset
 from {{ cookiecutter.package_name }}.data.scan import SKIPPED_FILE, drop_unreadable
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -147,24 +146,26 @@ def test_fit_from_inside_the_dataset_writes_its_runs_where_it_is_told(
         assert saved["hyper_parameters"]["class_names"] == list(CLASSES)
 
 
-def test_a_run_folder_is_a_class_only_when_it_holds_images_itself(tmp_path: Path) -> None:
-    root = write_classes(tmp_path / "data")
+def test_run_folder_names_are_classes_except_in_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class folder named as a folder `fit` writes (`data`, `lightning_logs`, ...) is a class,
+    its images in subfolders included; only in the working folder, where `fit` writes them, are
+    such folders left out unless they hold images themselves. A warning names them either way."""
+    root = write_classes(tmp_path / "images")
+    write_image(root / "data" / "2019" / "a.png", (0, 0, 0))  # the user's class "data", nested
     write_image(root / "lightning_logs" / "version_0" / "confusion_matrix.png", (0, 0, 0))
-    write_image(root / "checkpoints" / "x.png", (0, 0, 0))  # the user's class of that name
-    (root / "wandb" / "run-1").mkdir(parents=True)
-    assert find_classes(root) == sorted([*CLASSES, "checkpoints"])
-
-
-def test_the_demo_set_beside_the_users_classes_is_no_class(tmp_path: Path) -> None:
-    """`fit` without --data.source.root writes the demo set to ./data/demo: with the user's
-    classes in ./data, neither `--data.source.root data` nor `--data.source.root .` takes it (or
-    ./data) for a class."""
-    root = write_classes(tmp_path / "a" / "data")  # the user's classes in ./data
-    ensure_demo_data(root / "demo", images_per_class=2)
-    assert find_classes(root) == sorted(CLASSES)
-    here = write_classes(tmp_path / "b")  # the user's classes in the working folder itself
-    ensure_demo_data(here / "data" / "demo", images_per_class=2)
-    assert find_classes(here) == sorted(CLASSES)
+    write_image(root / "checkpoints" / "x.png", (0, 0, 0))  # images of its own: a class anywhere
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match=r"data, lightning_logs hold no .* read as classes"):
+        module = ImageDataModule(ClassFolders(root), num_workers=0)
+        module.setup("fit")
+    assert module.class_names == sorted([*CLASSES, "checkpoints", "data", "lightning_logs"])
+    indexed = {os.fsdecode(p) for p in (*module.train_dataset.paths, *module.val_dataset.paths)}
+    assert os.path.join("data", "2019", "a.png") in indexed
+    monkeypatch.chdir(root)  # the same folder as the working folder: its run folders are no class
+    with pytest.warns(UserWarning, match=r"data, lightning_logs hold no .* left out: this is"):
+        assert find_classes(Path(".")) == sorted([*CLASSES, "checkpoints"])
 
 
 def test_a_users_folder_where_the_demo_set_goes_is_kept(tmp_path: Path, run_main) -> None:

@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }}.errors import DataError
 # Folders that archivers and operating systems leave beside the data; never classes.
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
 # Folders training writes in the working folder, beside the class folders when the root is `.`:
-# one is a class only when it holds images directly, as a user's class folder would.
+# there, one is a class only when it holds images directly, as a user's class folder would.
 OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints", "data", "demo")
 
 
@@ -53,12 +53,8 @@ class FolderLabels:
         class_to_idx = {name: i for i, name in enumerate(class_names)}
         folders = find_classes(self.root, self.option)
         if self.role == "training":
-            ignored = sorted(set(folders) - set(class_to_idx))
-            if ignored:
-                # Imported here: `infer` lists images with this module and imports no Lightning.
-                from lightning.pytorch.utilities import rank_zero_warn
-
-                rank_zero_warn(
+            if ignored := sorted(set(folders) - set(class_to_idx)):
+                _warn(
                     f"--data.class_names leaves out {len(ignored)} class folders of {self.root}, "
                     f"which are not used: {', '.join(ignored)}"
                 )
@@ -66,13 +62,16 @@ class FolderLabels:
         return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders))
 
 
-def _is_class_folder(entry: os.DirEntry) -> bool:
-    if not entry.is_dir() or not _is_data_folder(entry.name):
-        return False
-    if entry.name not in OUTPUT_FOLDERS:
-        return True
+def _warn(message: str) -> None:
+    # Imported here: `infer` lists images with this module and imports no Lightning.
+    from lightning.pytorch.utilities import rank_zero_warn
+
+    rank_zero_warn(message)
+
+
+def _holds_images(folder: Path) -> bool:
     try:
-        with os.scandir(entry.path) as inside:
+        with os.scandir(folder) as inside:
             return any(e.name.lower().endswith(IMG_EXTENSIONS) and e.is_file() for e in inside)
     except OSError:  # a run folder that cannot be read holds no class
         return False
@@ -83,10 +82,18 @@ def _is_data_folder(name: str) -> bool:
 
 
 def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
-    """Sorted names of the class folders under `root`: no hidden, junk or `OUTPUT_FOLDERS` ones."""
+    """Sorted names of the class folders under `root`, hidden and junk ones left out; in the working
+    folder, where `fit` writes them, so are `OUTPUT_FOLDERS` without images of their own."""
     check_dir(root, option)
     with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if _is_class_folder(e))
+        folders = sorted(e.name for e in entries if e.is_dir() and _is_data_folder(e.name))
+    runs = [name for name in folders if name in OUTPUT_FOLDERS and not _holds_images(root / name)]
+    here = root.resolve() == Path.cwd().resolve()
+    if runs:
+        how = "left out: this is the working folder, where `fit` writes them"
+        how = how if here else "read as classes: `fit` writes run folders in the working folder"
+        _warn(f"--{option} {root}: folders {', '.join(runs)} hold no images of their own; {how}")
+    classes = [name for name in folders if not (here and name in runs)]
     if not classes:
         raise DataError(f"--{option} {root} has no class folders: expected {root}/<class>/<image>")
     return classes
@@ -128,8 +135,7 @@ def make_dataset(
                 f"class folder {root / name} is not one of the training classes: "
                 + preview(list(class_to_idx))
             )
-        files = list_files(root / name, images_only=True, prefix=name + os.sep)
-        if not files:
+        if not (files := list_files(root / name, images_only=True, prefix=name + os.sep)):
             raise DataError(
                 f"class folder {root / name} has no images; accepted extensions: "
                 + " ".join(IMG_EXTENSIONS)
@@ -143,8 +149,7 @@ def make_dataset(
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:
     """Every image below `folder` (nested folders included), for `predict`."""
     check_dir(folder, option)
-    files = list_images(folder)
-    if not files:
+    if not (files := list_images(folder)):
         raise DataError(
             f"--{option} {folder} holds no images; accepted extensions: " + " ".join(IMG_EXTENSIONS)
         )
@@ -183,14 +188,12 @@ def preview(names: list[str], limit: int = 10) -> str:
 
 
 def check_dir(path: Path, option: str) -> None:
-    if not path.exists():
-        raise DataError(f"--{option} {path} does not exist")
     if not path.is_dir():
-        raise DataError(f"--{option} {path} is not a directory")
+        fault = "is not a directory" if path.exists() else "does not exist"
+        raise DataError(f"--{option} {path} {fault}")
 
 
 def check_file(path: Path, option: str) -> None:
-    if not path.exists():
-        raise DataError(f"--{option} {path} does not exist")
     if not path.is_file():
-        raise DataError(f"--{option} {path} is not a file")
+        fault = "is not a file" if path.exists() else "does not exist"
+        raise DataError(f"--{option} {path} {fault}")
