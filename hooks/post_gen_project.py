@@ -20,6 +20,9 @@ OPTIONAL = {
     f"src/{PACKAGE}/commands/mlflow_outputs.py": CONTEXT["logger"] == "mlflow",
     "tests/test_mlflow.py": CONTEXT["logger"] == "mlflow",
     "tests/test_wandb.py": CONTEXT["logger"] == "wandb",
+    f"src/{PACKAGE}/commands/serve.py": CONTEXT["serve"] == "yes",
+    "tests/test_serve.py": CONTEXT["serve"] == "yes",
+    "scripts/serve_bench.py": CONTEXT["serve"] == "yes",
 }
 
 # The answers, in cookiecutter's replay format, so that `cookiecutter --replay-file` (or cruft)

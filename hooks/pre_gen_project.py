@@ -26,6 +26,7 @@ CHOICES = {
     "logger": ("csv", "tensorboard", "mlflow", "wandb"),
     "ci": ("github", "none"),
     "slurm": ("yes", "no"),
+    "serve": ("no", "yes"),
 }
 
 # Free text that lands inside quoted TOML strings and the LICENSE.

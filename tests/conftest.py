@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from itertools import product
 from pathlib import Path
 
 import pytest
@@ -45,10 +44,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = ordered + quick
 
 
-def all_combinations() -> list[dict[str, str]]:
-    """Every combination of the choice options in cookiecutter.json."""
-    names = list(CHOICE_OPTIONS)
-    return [dict(zip(names, values, strict=True)) for values in product(*CHOICE_OPTIONS.values())]
+def option_combinations() -> list[dict[str, str]]:
+    """The bakes that cover the choice options without their full product (which doubles with
+    every yes/no option): the defaults; each other value of each option, the rest at their
+    defaults; and every option at its last value, where those that share files (the README, the
+    Makefile and the CI workflow's extras) meet."""
+    defaults = {name: values[0] for name, values in CHOICE_OPTIONS.items()}
+    bakes = [defaults]
+    bakes += [
+        {**defaults, name: value} for name, values in CHOICE_OPTIONS.items() for value in values[1:]
+    ]
+    bakes.append({name: values[-1] for name, values in CHOICE_OPTIONS.items()})
+    return bakes
 
 
 def bake(cookies, **context) -> Path:
@@ -81,15 +88,18 @@ def run(*cmd: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess
     return done
 
 
-def cookiecutter_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The real `cookiecutter` command on this template, with replays kept inside `cwd`."""
+def cookiecutter_cli(*args: str, cwd: Path, answers: str = "") -> subprocess.CompletedProcess:
+    """The real `cookiecutter` command on this template, with replays kept inside `cwd`; `answers`
+    is what is typed at its questions."""
     config = cwd / "cookiecutter-config.yaml"
     config.write_text(
         f"cookiecutters_dir: {json.dumps(str(cwd / 'cookiecutters'))}\n"
         f"replay_dir: {json.dumps(str(cwd / 'replay'))}\n"
     )
     cmd = [sys.executable, "-m", "cookiecutter", "--config-file", str(config), str(TEMPLATE)]
-    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*cmd, *args], cwd=cwd, input=answers, capture_output=True, text=True, timeout=120
+    )
 
 
 PTH = "shared-packages.pth"

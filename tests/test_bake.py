@@ -16,9 +16,9 @@ from conftest import (
     CHOICE_OPTIONS,
     PROJECT_TEMPLATE,
     TEMPLATE,
-    all_combinations,
     bake,
     files_of,
+    option_combinations,
     run,
 )
 from test_docs_paths import missing_paths
@@ -38,6 +38,11 @@ OPTION_FILES = {
         "tests/test_mlflow.py",
     },
     ("logger", "wandb"): {"tests/test_wandb.py"},
+    ("serve", "yes"): {
+        "src/{{cookiecutter.package_name}}/commands/serve.py",
+        "tests/test_serve.py",
+        "scripts/serve_bench.py",
+    },
 }
 # Files that exist for any of several values of an option.
 SHARED_OPTION_FILES = {
@@ -69,7 +74,7 @@ CORE_FILES = {
 # Jinja left behind: `{{` (GitHub's `${{ }}` is meant to survive), `{%`, `{#`, or a context lookup.
 UNRENDERED = re.compile(r"(?<!\$)\{\{|\{%|\{#|cookiecutter\.(?!json)\w")
 
-COMBINATIONS = all_combinations()
+COMBINATIONS = option_combinations()
 
 
 def combination_id(options: dict[str, str]) -> str:
@@ -259,7 +264,7 @@ def test_every_package_the_code_and_tests_import_is_declared(cookies, logger: st
     """The bakes' suites run in venvs that see the template's own (torch once for all): a package
     that only the template installs (or that only another package depends on) would pass them
     unnoticed, and fail in a user's fresh environment."""
-    project = bake(cookies, project_name="Dep Check", logger=logger)
+    project = bake(cookies, project_name="Dep Check", logger=logger, serve="yes")
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     declared = {
         re.match(r"[A-Za-z0-9_.-]+", spec).group().lower().replace("_", "-")
@@ -361,6 +366,21 @@ def test_ci_none_and_slurm_no_leave_no_trace(cookies) -> None:
     assert not (project / "scripts/slurm.sbatch").exists()
     docs = documentation(project)
     assert "ci.yml" not in docs and "sbatch" not in docs
+
+
+def test_serve_no_leaves_no_trace(cookies) -> None:
+    """The default: no serve command, module, extra, test, script or doc line (the exact file
+    set is checked for every bake above)."""
+    project = bake(cookies)
+    everything = "\n".join(
+        (project / name).read_text(encoding="utf-8")
+        for name in sorted(files_of(project) - {".cookiecutter.json"})
+    )
+    traces = r"litserve|LitServe|serve_bench|`serve`|\"serve\"|,serve\b|serve --|[/_]serve\b"
+    assert re.findall(traces, everything) == []
+    served = bake(cookies, serve="yes")
+    assert "serve" in (served / "src/image_classifier/commands/__init__.py").read_text()
+    assert '"litserve' in (served / "pyproject.toml").read_text()
 
 
 def test_slurm_script_runs_this_package_under_srun(cookies) -> None:

@@ -33,7 +33,12 @@ OTHERS = {
         "logger": "wandb",
     },
     "mlflow": {"project_name": "Mind Map", "logger": "mlflow", "license": "BSD-3-Clause"},
+    # The bake-time capabilities: the fast tier, then every test of the files they add.
+    "serve": {"project_name": "Wide Net", "serve": "yes"},
 }
+# The test files each capability adds, run whole (slow tests included) in its bake, with the
+# extras they need so that none is skipped.
+OPTION_TESTS = {"serve": (["tests/test_serve.py"], "serve,onnx")}
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +84,6 @@ FIRST_HALF = (
     "test_mid_epoch.py",
     "test_shards.py",
     "test_stream_eval.py",
-    "test_serve.py",
     "test_presets.py",
     "test_hostile.py",
 )
@@ -94,11 +98,10 @@ HALVES = {
 def test_default_bake_passes_all_its_tests_and_lint(
     cookies, tmp_path: Path, dependencies: Path, half: list[str]
 ) -> None:
-    """`make test-all`: its whole suite, with every extra (onnx, stream, timm, serve), so that
-    ONNX export and inference, shards (LitData, a local S3 server), timm models and serving are
-    tested."""
+    """`make test-all`: its whole suite, with every extra (onnx, stream, timm), so that ONNX
+    export and inference, shards (LitData, a local S3 server) and timm models are tested."""
     project = bake(cookies, **DEFAULT)
-    python = install(project, tmp_path / "venv", dependencies, "dev,onnx,stream,timm,serve")
+    python = install(project, tmp_path / "venv", dependencies, "dev,onnx,stream,timm")
     if half == HALVES["the-rest"]:
         run("make", "lint", f"PYTHON={python}", cwd=project)
     args = f"PYTEST_ARGS={' '.join(half)}"
@@ -117,12 +120,19 @@ def test_bake_passes_its_fast_tests_and_lint(
     cookies, tmp_path: Path, dependencies: Path, answers: dict[str, str]
 ) -> None:
     """`make test`, the fast tier: what the options change is in-process code and config. These
-    bakes go without the extras, so that the messages for a missing extra are tested."""
+    bakes go without the extras, so that the messages for a missing extra are tested, but for
+    the bake-time capabilities, whose own test files then run whole."""
     project = bake(cookies, **answers)
-    python = install(project, tmp_path / "venv", dependencies, "dev")
+    added = [name for name in OPTION_TESTS if answers.get(name) == "yes"]
+    extras = ["dev", *(OPTION_TESTS[name][1] for name in added)]
+    python = install(project, tmp_path / "venv", dependencies, ",".join(extras))
     run("make", "lint", f"PYTHON={python}", cwd=project)
     result = run("make", "test", f"PYTHON={python}", cwd=project, timeout=900)
     assert " passed" in result.stdout and "failed" not in result.stdout
+    for name in added:
+        files = f"PYTEST_ARGS={' '.join(OPTION_TESTS[name][0])}"
+        result = run("make", "test-all", f"PYTHON={python}", files, cwd=project, timeout=900)
+        assert " passed" in result.stdout and "skipped" not in result.stdout
     if answers.get("dataset_layout") == "csv":
         # Its README's commands differ (a labels CSV): they run as shown, as the default's do.
         # (A logger's README differs in a run folder's name only, and its bake's test-all runs

@@ -42,7 +42,7 @@ def python_text(path: Path) -> str:
     return comments_and_docstrings(path.read_text(encoding="utf-8"))
 
 
-@functools.cache  # by source: most files are alike in all 128 bakes; parsing was most of the time
+@functools.cache  # by source: most files are alike in all bakes; parsing was most of the time
 def comments_and_docstrings(source: str) -> str:
     parts = [
         token.string

@@ -113,8 +113,8 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
-    commands = ["fit", "validate", "test", "predict", "export", "infer", "serve", "scan"]
-    commands += ["shard", "bench", "report"]
+    commands = ["fit", "validate", "test", "predict", "export", "infer"]
+    commands += [{{ '"serve", ' if cookiecutter.serve == "yes" else "" }}"scan", "shard", "bench", "report"]
     assert listed == commands
 
 
@@ -125,7 +125,9 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
         ("predict", "--data.predict_root"),
         ("export", "--ckpt_path"),
         ("infer", "--model"),
+{%- if cookiecutter.serve == "yes" %}
         ("serve", "--max_upload_mb"),
+{%- endif %}
         ("scan", "--data.source.root"),
         ("shard", "--output"),
         ("bench", "--workers"),

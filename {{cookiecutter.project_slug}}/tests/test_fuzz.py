@@ -276,7 +276,7 @@ def serve(handle: Callable[[list], list]) -> None:
 
 
 def run_isolated(jobs: list[list], command: list[str], processes: int = 2) -> list[Outcome]:
-    """Run `jobs` in workers started with `command` (which `serve`), spread over `processes`.
+    """Run `jobs` in workers started with `command` (which calls serve()), spread over `processes`.
 
     A worker that dies is replaced, and the jobs after the one it died on go to the new one.
     """

@@ -12,7 +12,9 @@ COMMANDS = {
     "predict": ("cli", "write the predicted class of every image of a folder to CSV"),
     "export": ("export", "write a checkpoint as one file to serve: .pt2, ONNX or TorchScript"),
     "infer": ("infer", "classify images with an exported model, without Lightning"),
+{%- if cookiecutter.serve == "yes" %}
     "serve": ("serve", "serve an exported model over HTTP (LitServe): POST images, get classes"),
+{%- endif %}
     "scan": ("scan", "list the images of a dataset that cannot be read"),
     "shard": (
         "shard",

@@ -180,7 +180,7 @@ _STDERR = threading.Lock()  # one thread at a time sends stderr elsewhere and pu
 def _libtiff_quiet(data: bytes, path: str) -> Iterator[None]:
     """Keep what libtiff prints to stderr (naming no file) off the terminal: told in the DataError
     if the file cannot be read, else dropped. stderr is the process's: TIFFs decode one at a time
-    (serve decodes in threads), and another thread's line printed meanwhile is kept too."""
+    (a caller may decode in threads), and another thread's line printed meanwhile is kept too."""
     if not data.startswith(_TIFF_SIGNATURES):
         yield
         return
