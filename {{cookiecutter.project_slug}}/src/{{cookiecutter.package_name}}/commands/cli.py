@@ -26,7 +26,8 @@ from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import check_classes_present, read_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 from {{ cookiecutter.package_name }}.model.pretrained import pretrained_inputs
-from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
+from {{ cookiecutter.package_name }}.training import console
+from {{ cookiecutter.package_name }}.training.checkpoints import BestCheckpoint, LastCheckpoint
 from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.precision import default_precision
@@ -128,7 +129,7 @@ class ImageCLI(LightningCLI):
         parser.set_defaults({"data.source": DEFAULT_SOURCE})
         for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(BestCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val_acc",
@@ -146,16 +147,18 @@ class ImageCLI(LightningCLI):
         parser.add_lightning_class_args(DataStarvationMonitor, "data_monitor")
         # After the monitor: RunHistory reads the monitor's numbers of the epoch just ended.
         parser.add_lightning_class_args(RunHistory, "history")
+        parser.add_lightning_class_args(console.ProgressLines, "progress")  # stdout not a terminal
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
         parser.add_lightning_class_args(RunIdCheckpoint, "run_id_checkpoint")
 {%- endif %}
 
     def instantiate_trainer(self, **kwargs):
-        """The Trainer, with the checkpoint callbacks left out under `enable_checkpointing false`.
+        """The Trainer, with `console.callbacks`, less the checkpoint callbacks under
+        `enable_checkpointing false`.
 
         They are parser-level callbacks (`--checkpoint.*`, `--last_checkpoint.*`), always built;
         Lightning refuses a ModelCheckpoint beside `enable_checkpointing=False`. As
-        `LightningCLI.instantiate_trainer`, with that one filter.
+        `LightningCLI.instantiate_trainer`, with that filter.
         """
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         keys = self._parser(self.subcommand).callback_keys
@@ -163,6 +166,7 @@ class ImageCLI(LightningCLI):
         if config.get("enable_checkpointing") is False:
             kinds = (ModelCheckpoint, LastCheckpoint)
             callbacks = [c for c in callbacks if not isinstance(c, kinds)]
+        callbacks = console.callbacks(callbacks, config)
         if config.get("logger") is False or config.get("logger") == []:
             # Lightning refuses a LearningRateMonitor without a logger: no logger, nothing to log.
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
@@ -393,6 +397,7 @@ def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
 {%- endif %}
     end_with_starter()  # a DDP rank started by this command ends with it
+    console.quiet_lightning()
     try:
         ImageCLI(
             ImageClassifier,
@@ -400,6 +405,7 @@ def main(args: list[str] | None = None) -> None:
             seed_everything_default=0,
             trainer_defaults={
                 "max_epochs": 10,
+                "log_every_n_steps": 10,  # Lightning's 50 outlasts the demo's epoch: it warns
 {%- if cookiecutter.logger == "mlflow" %}
                 "logger": {
                     "class_path": "lightning.pytorch.loggers.MLFlowLogger",

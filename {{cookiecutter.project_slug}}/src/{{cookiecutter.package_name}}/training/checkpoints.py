@@ -1,4 +1,5 @@
-"""Training callbacks: `last.ckpt` every few minutes, after every epoch and on interruption."""
+"""Checkpoint callbacks: the best one, and `last.ckpt` every few minutes, after every epoch and on
+interruption."""
 
 from __future__ import annotations
 
@@ -19,6 +20,22 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 _DDP_CHECK_BATCHES = 16  # under DDP, how often the ranks agree on whether a save is due
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, whose state only `fit` restores: `validate`, `test` and
+    `predict` read a checkpoint's weights, and Lightning would warn that the run's record of
+    its best checkpoints (kept for a resumed fit) now lies in another folder, theirs."""
+
+    fitting = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self.fitting = stage == TrainerFn.FITTING
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if self.fitting:
+            super().load_state_dict(state_dict)
 
 
 class LastCheckpoint(Checkpoint):

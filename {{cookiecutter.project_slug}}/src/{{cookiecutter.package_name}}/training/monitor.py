@@ -82,6 +82,10 @@ class DataStarvationMonitor(L.Callback):
             self.warned = True
             rank_zero_warn(starvation_advice(self.measurement))
 
+    def epoch_so_far(self) -> tuple[int, float, float]:
+        """This epoch's timed steps so far: images, seconds, and seconds of those spent waiting."""
+        return self._images, self._wait + self._step, self._wait
+
     def measure(self, trainer: L.Trainer) -> dict:
         """This epoch's numbers and the loader's setup: all that `starvation_advice` reads.
 
