@@ -80,13 +80,14 @@ class ProgressLines(_RunName):
         batch = getattr(trainer.train_dataloader, "batch_size", None) or 0
         step_images = batch * trainer.accumulate_grad_batches * trainer.world_size
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        total = trainer.estimated_stepping_batches
-        epochs = total / per_epoch
+        total, epochs = trainer.estimated_stepping_batches, trainer.max_epochs
+        length = f"{total:,} steps: {total * step_images:,} images"
+        if not math.isfinite(total):
+            length = "until stopped"
+        elif total == epochs * per_epoch:
+            length = f"{epochs} epoch{'s' * (epochs != 1)}: {total * step_images:,} images"
         run = f"fit {self.run}" if self.run else "fit"
-        self._print(
-            f"{run}: {_count(per_epoch)} steps an epoch of {step_images} images, {epochs:.3g} "
-            f"epoch{'s' * (epochs != 1)}: {_count(total * step_images)} images"
-        )
+        self._print(f"{run}: {per_epoch:,} steps an epoch of {step_images} images, {length}")
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._measured = (0, 0.0, 0.0)  # the monitor counts each epoch afresh
@@ -95,11 +96,13 @@ class ProgressLines(_RunName):
         now, step = time.monotonic(), trainer.global_step
         since, last_step = self._last
         n = self.every_n_steps
-        if not (step - last_step >= n if n else now - since >= self.every_n_seconds):
+        due = step - last_step >= n if n else now - since >= self.every_n_seconds
+        if not (self.enabled and due):
             return
         self._last = (now, step)
         total = trainer.estimated_stepping_batches
-        line = [f"epoch {trainer.current_epoch}", f"step {step:,}/{_count(total)}"]
+        of = f"/{total:,}" if math.isfinite(total) else ""
+        line = [f"epoch {trainer.current_epoch}", f"step {step:,}{of}"]
         if self._monitor is not None:
             measured = self._monitor.epoch_so_far()
             images, seconds, waited = (a - b for a, b in zip(measured, self._measured, strict=True))
@@ -126,10 +129,6 @@ class ProgressLines(_RunName):
     def _print(self, line: str) -> None:
         if self.enabled:
             print(line, flush=True)
-
-
-def _count(number: float) -> str:
-    return f"{number:,}" if math.isfinite(number) else "unbounded"
 
 
 class ModelSummaryNoFlops(ModelSummary):
