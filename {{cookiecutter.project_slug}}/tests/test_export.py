@@ -111,7 +111,7 @@ def test_a_flip_tta_checkpoint_exports_the_flip_average_that_predict_gives(
     trained_checkpoint: Path, tmp_path: Path, fmt: str
 ) -> None:
     """With `--model.tta_flip`, the exported model averages each image and its mirror as
-    validation and `predict` do, so what loads it (`load_exported`: `infer`) predicts as `predict`."""
+    validation and `predict` do, so what loads it (`load_exported`) predicts as `predict`."""
     if fmt == "onnx":
         pytest.importorskip("onnxscript")
         pytest.importorskip("onnxruntime")
