@@ -5,8 +5,9 @@
 
 Iterates the bake's training loader (`ImageDataModule.train_dataloader`, uint8 batches, no
 normalisation, no model) for a few epochs over the class folders PHOTOS and, with --stream, over
-shards written from them by `shard` (which needs the stream extra, LitData). Prints for each epoch
-its images/s, the time to its first batch, and the time from the first batch to the end: the
+shards written from them by `shard` (a bake with shards=yes, and its stream extra, LitData).
+Prints for each epoch its images/s, the time to its first batch, and the time from the first
+batch to the end: the
 folder loader keeps its workers between epochs, LitData's starts new ones at every epoch, so the
 difference shows in the first.
 """

@@ -22,7 +22,7 @@ PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo "$PWD/.venv/bin/python" || 
 if [ -n "${PROJECT:-}" ]; then
     PROJECT="$(cd "$PROJECT" && pwd)"
 else
-    "$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Gpu Proj"
+    "$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Gpu Proj" shards=yes
     PROJECT="$OUT/gpu-proj"
 fi
 PACKAGE="$(basename "$(dirname "$(ls "$PROJECT"/src/*/__main__.py)")")"

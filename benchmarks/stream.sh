@@ -16,7 +16,7 @@ PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo "$PWD/.venv/bin/python" || 
 SET="$OUT/photos-500x375"
 
 [ -d "$SET" ] || "$PYTHON" benchmarks/make_images.py "$SET" --count "${COUNT:-2000}" --size 500x375
-"$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Bench Proj"
+"$PYTHON" -m cookiecutter . --no-input -f -o "$OUT" project_name="Bench Proj" shards=yes
 cd "$OUT/bench-proj"
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf "$OUT/shards" "$OUT/shards-256"

@@ -23,6 +23,12 @@ OPTIONAL = {
     f"src/{PACKAGE}/commands/serve.py": CONTEXT["serve"] == "yes",
     "tests/test_serve.py": CONTEXT["serve"] == "yes",
     "scripts/serve_bench.py": CONTEXT["serve"] == "yes",
+    f"src/{PACKAGE}/commands/shard.py": CONTEXT["shards"] == "yes",
+    f"src/{PACKAGE}/commands/shard_output.py": CONTEXT["shards"] == "yes",
+    f"src/{PACKAGE}/data/shards.py": CONTEXT["shards"] == "yes",
+    "tests/test_shards.py": CONTEXT["shards"] == "yes",
+    "tests/test_shard_safety.py": CONTEXT["shards"] == "yes",
+    "tests/test_stream_eval.py": CONTEXT["shards"] == "yes",
 }
 
 # The answers, in cookiecutter's replay format, so that `cookiecutter --replay-file` (or cruft)

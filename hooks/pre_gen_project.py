@@ -27,6 +27,7 @@ CHOICES = {
     "ci": ("github", "none"),
     "slurm": ("yes", "no"),
     "serve": ("no", "yes"),
+    "shards": ("no", "yes"),
 }
 
 # Free text that lands inside quoted TOML strings and the LICENSE.

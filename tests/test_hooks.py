@@ -155,10 +155,12 @@ def test_replay_with_an_answer_outside_the_choices_is_refused(tmp_path: Path) ->
     assert baked_folders(fresh) == []
 
 
-def test_an_update_from_answers_recorded_before_serve_asks_for_it(tmp_path: Path) -> None:
-    """A project baked before the `serve` option has the serve command: replaying its answers
-    asks the new question (with no answer the update stops, rather than drop it quietly), and
-    answering yes, as the README says, keeps the command."""
+def test_an_update_from_answers_recorded_before_serve_and_shards_asks_for_them(
+    tmp_path: Path,
+) -> None:
+    """A project baked before the `serve` and `shards` options has both capabilities: replaying
+    its answers asks the new questions (with no answer the update stops, rather than drop them
+    quietly), and answering yes, as the README says, keeps their commands."""
     output = tmp_path / "out"
     name = "project_name=Moth Finder"
     done = cookiecutter_cli("--no-input", "-o", str(output), name, cwd=tmp_path)
@@ -166,13 +168,16 @@ def test_an_update_from_answers_recorded_before_serve_asks_for_it(tmp_path: Path
     project = output / "moth-finder"
     answers_file = project / ".cookiecutter.json"
     answers = json.loads(answers_file.read_text())
-    del answers["cookiecutter"]["serve"]
+    for name in ("serve", "shards"):
+        del answers["cookiecutter"][name]
     answers_file.write_text(json.dumps(answers))
     update = ["--replay-file", str(answers_file), "-o", str(output), "--overwrite-if-exists"]
     done = cookiecutter_cli(*update, cwd=tmp_path)
     assert done.returncode != 0 and "Serve exported models over HTTP" in done.stdout
     assert not (project / "src/moth_finder/commands/serve.py").exists()
-    done = cookiecutter_cli(*update, cwd=tmp_path, answers="2\n")  # yes
+    done = cookiecutter_cli(*update, cwd=tmp_path, answers="2\n2\n")  # yes, yes
     assert done.returncode == 0, done.stderr
-    assert (project / "src/moth_finder/commands/serve.py").is_file()
-    assert json.loads(answers_file.read_text())["cookiecutter"]["serve"] == "yes"
+    for module in ("serve", "shard"):
+        assert (project / f"src/moth_finder/commands/{module}.py").is_file()
+    recorded = json.loads(answers_file.read_text())["cookiecutter"]
+    assert (recorded["serve"], recorded["shards"]) == ("yes", "yes")

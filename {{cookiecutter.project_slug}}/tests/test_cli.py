@@ -114,7 +114,7 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
     commands = ["fit", "validate", "test", "predict", "export", "infer"]
-    commands += [{{ '"serve", ' if cookiecutter.serve == "yes" else "" }}"scan", "shard", "bench", "report"]
+    commands += [{{ '"serve", ' if cookiecutter.serve == "yes" else "" }}"scan", {{ '"shard", ' if cookiecutter.shards == "yes" else "" }}"bench", "report"]
     assert listed == commands
 
 
@@ -129,7 +129,9 @@ def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
         ("serve", "--max_upload_mb"),
 {%- endif %}
         ("scan", "--data.source.root"),
+{%- if cookiecutter.shards == "yes" %}
         ("shard", "--output"),
+{%- endif %}
         ("bench", "--workers"),
         ("report", "run_dir"),
     ],

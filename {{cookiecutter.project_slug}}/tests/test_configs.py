@@ -10,7 +10,11 @@ import pytest
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands import SOURCE_CHOOSING, SOURCE_OPTIONS
+{%- if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, LabelsCsv, Shards
+{%- else %}
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders, LabelsCsv
+{%- endif %}
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
 
@@ -43,13 +47,15 @@ def test_print_config_output_reloads_unchanged(config: Path, tmp_path: Path, cap
             ["--data.source", "LabelsCsv", "--data.source.root", "D",
              "--data.source.csv", "l.csv", "--data.source.label_kind", "name"],
         ),
+{%- if cookiecutter.shards == "yes" %}
         (
             ["--data.stream", "s3://b/p", "--data.stream_cache_limit", "1GB"],
             ["--data.source", "Shards", "--data.source.path", "s3://b/p",
              "--data.source.cache_limit", "1GB"],
         ),
+{%- endif %}
     ],
-    ids=["folders", "csv", "shards"],
+    ids=["folders", "csv"{{ ', "shards"' if cookiecutter.shards == "yes" else "" }}],
 )  # fmt: skip
 def test_flat_source_options_are_short_for_the_full_ones(short, full, capsys) -> None:
     """`--data.root DIR` (README) is `--data.source.root DIR`, through the real entry point."""
@@ -60,18 +66,18 @@ def test_flat_source_options_are_short_for_the_full_ones(short, full, capsys) ->
 def test_every_source_option_has_its_short_spelling() -> None:
     """README: each source option has a flat short form; the list follows the sources."""
     options = set()
-    for source in (ClassFolders, LabelsCsv, Shards):
+    for source in (ClassFolders, LabelsCsv{{ ", Shards" if cookiecutter.shards == "yes" else "" }}):
         options |= set(inspect.signature(source).parameters)
     assert SOURCE_OPTIONS | {name for _, name in SOURCE_CHOOSING.values()} == options
 
 
-def test_fit_has_at_most_12_flat_data_options_and_offers_the_three_sources(capsys) -> None:
+def test_fit_has_at_most_12_flat_data_options_and_offers_the_sources(capsys) -> None:
     """A source's options are its own (`--data.source.*`); the DataModule keeps few."""
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     out = capsys.readouterr().out
     offered = set(re.findall(r"{{ cookiecutter.package_name }}\.data\.sources\.(\w+)", out))
-    assert offered == {"ClassFolders", "LabelsCsv", "Shards"}
+    assert offered == {"ClassFolders", "LabelsCsv"{{ ', "Shards"' if cookiecutter.shards == "yes" else "" }}}
     listed = re.findall(r"^ +--data\.(\w+)\b(?![.\w])", out, re.MULTILINE)
     flat = set(listed)
     assert "source" in flat and "batch_size" in flat and "root" not in flat

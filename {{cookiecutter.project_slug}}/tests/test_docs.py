@@ -61,6 +61,6 @@ def test_a_docs_command_parses(page: str, words: list[str], parse_only) -> None:
 
 def test_a_wrong_option_does_not_parse(parse_only, capsys) -> None:
     """What the test above relies on: an option that no command has stops the parse."""
-    for command in ("fit", "export", "infer", "scan", "shard", "bench", "report"):
+    for command in ("fit", "export", "infer", "scan", {{ '"shard", ' if cookiecutter.shards == "yes" else "" }}"bench", "report"):
         with pytest.raises(SystemExit):
             main([command, "--data.no_such_option", "1"])

@@ -1,5 +1,5 @@
 """On one CUDA GPU: training through the CLI gets pinned uint8 batches normalised on the device,
-and the model it saves predicts there as on the CPU; the same from shards. Marked `gpu` and skipped
+and the model it saves predicts there as on the CPU{{ "; the same from shards" if cookiecutter.shards == "yes" else "" }}. Marked `gpu` and skipped
 where no CUDA device is found (CI has none): run them with `pytest -m gpu` on a GPU machine."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+{%- if cookiecutter.shards == "yes" %}
 from importlib.util import find_spec
+{%- endif %}
 from pathlib import Path
 
 import lightning as L
@@ -119,6 +121,7 @@ def test_the_normaliser_gives_on_the_gpu_what_it_gives_on_the_cpu() -> None:
     images = torch.randint(0, 256, (8, 3, 64, 48), dtype=torch.uint8)
     on_gpu = normalise(images.cuda()).cpu()
     assert torch.allclose(on_gpu, normalise(images), atol=1e-5)
+{%- if cookiecutter.shards == "yes" %}
 
 
 needs_litdata = pytest.mark.skipif(find_spec("litdata") is None, reason="the stream extra")
@@ -133,3 +136,4 @@ def test_shards_train_on_the_gpu(image_root: Path, tmp_path: Path) -> None:
     seen = fit_on_gpu(data, tmp_path)
     assert seen["loader"] == "StreamingDataLoader" and seen["pin_memory"]
     assert seen["device"] == "cuda" and seen["dtype"] == "torch.float32"
+{%- endif %}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+{%- if cookiecutter.shards == "yes" %}
 from importlib.util import find_spec
+{%- endif %}
 from pathlib import Path
 
 import lightning as L
@@ -13,16 +15,23 @@ import pytest
 import torch
 from conftest import CSV_LOGGER, tiny_run_options, write_image
 from torch.utils.data import Dataset
-
+{% if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.commands.shard import write_shards
+{%- endif %}
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
+{%- if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Shards, require_shards
+{%- else %}
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders
+{%- endif %}
 from {{ cookiecutter.package_name }}.errors import DataError
+{%- if cookiecutter.shards == "yes" %}
 
 needs_litdata = pytest.mark.skipif(
     find_spec("litdata") is None, reason='the stream extra: pip install ".[stream]"'
 )
+{%- endif %}
 
 
 class Numbers(Dataset):
@@ -121,6 +130,7 @@ def test_datamodule_loaders_use_the_trainers_world_size(image_root: Path) -> Non
         dm.val_dataloader()
 
 
+{% if cookiecutter.shards == "yes" -%}
 @needs_litdata
 def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Path) -> None:
     """LitData deals whole batches to each process: a batch is at most a process's share."""
@@ -140,6 +150,7 @@ def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Pat
         shards.streaming_loader(val, 64, 0, False, 8)
 
 
+{% endif -%}
 @pytest.mark.slow
 def test_two_cpu_processes_train_when_a_share_is_under_one_batch(tmp_path: Path) -> None:
     """100 images, 80 for training: 40 per process, under a batch of 64; one step an epoch."""

@@ -99,13 +99,15 @@ def test_a_source_s_options_are_its_own(capsys: pytest.CaptureFixture) -> None:
     assert "root" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["scan", "shard", "bench"])
+@pytest.mark.parametrize("command", ["scan", {{ '"shard", ' if cookiecutter.shards == "yes" else "" }}"bench"])
 def test_the_commands_that_read_image_files_refuse_another_source(
     command: str, tmp_path: Path, run_main
 ) -> None:
-    options = ["--data.source", "Shards", "--data.source.path", str(tmp_path / "shards")]
+    options = ["--data.source", f"{__name__}.SolidColours"]  # a source without files
+{%- if cookiecutter.shards == "yes" %}
     if command == "shard":
         options += ["--output", str(tmp_path / "out")]
+{%- endif %}
     refused = run_main(command, *options, cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
     assert f"{command} reads image files: --data.source ClassFolders or LabelsCsv" in error

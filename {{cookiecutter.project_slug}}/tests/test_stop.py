@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+{%- if cookiecutter.shards == "yes" %}
 from importlib.util import find_spec
+{%- endif %}
 from pathlib import Path
 
 import pytest
@@ -57,15 +59,18 @@ def _children(pid: int) -> list[int]:
     tasks = Path(f"/proc/{pid}/task")
     found = [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
     return sorted(set(found))
+{%- if cookiecutter.shards == "yes" %}
 
 
 needs_litdata = pytest.mark.skipif(
     find_spec("litdata") is None, reason='the stream extra: pip install ".[stream]"'
 )
+{%- endif %}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc")
+{%- if cookiecutter.shards == "yes" %}
 @pytest.mark.parametrize("source", ["folders", pytest.param("shards", marks=needs_litdata)])
 def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
     image_root: Path, tmp_path: Path, source: str
@@ -73,8 +78,16 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
     """A terminal's Ctrl-C reaches the loader workers too; only the training process acts on it.
     Here it reaches a worker alone, once training runs: the run must go on to its end. With
     shards, LitData's loader workers too."""
+{%- else %}
+def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """A terminal's Ctrl-C reaches the loader workers too; only the training process acts on it.
+    Here it reaches a worker alone, once training runs: the run must go on to its end."""
+{%- endif %}
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
     data = tiny_run_options(image_root)
+{%- if cookiecutter.shards == "yes" %}
     if source == "shards":
         shards = tmp_path / "shards"
         made = subprocess.run(
@@ -87,6 +100,7 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
         assert made.returncode == 0, made.stderr[-3000:]
         data = ["--data.source", "Shards", "--data.source.path", str(shards)]
         data += ["--data.image_size", "16", "--data.batch_size", "4"]
+{%- endif %}
     command.append("fit")
     options = data + ["--data.num_workers", "1", *CSV_LOGGER]
     options += ["--trainer.max_epochs", "6", "--trainer.enable_progress_bar", "false"]

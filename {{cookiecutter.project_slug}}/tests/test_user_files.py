@@ -185,7 +185,11 @@ def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
     monkeypatch.chdir(tmp_path)
     data = write_classes(tmp_path / "data")
     module = ImageDataModule(ClassFolders("data"))
+{%- if cookiecutter.shards == "yes" %}
     for folder in (module.cache_dir, module.cache_dir / "stream"):  # pixels; streamed chunks
+{%- else %}
+    for folder in (module.cache_dir,):  # pixels
+{%- endif %}
         resolved = folder.resolve()
         assert resolved.is_absolute()
         assert tmp_path.resolve() not in resolved.parents and data.resolve() not in resolved.parents
@@ -201,7 +205,7 @@ def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
         ("data/cache", "--data.source.root data"),  # inside
         ("data", "--data.source.root data"),  # is
         (".", "--data.source.root data"),  # contains
-        ("val/cache", "--data.source.val_root val"),  # streamed chunks go in its stream/ too
+        ("val/cache", "--data.source.val_root val"),  # inside another dataset folder
         ("csvs/cache", "--data.source.val_csv "),  # the folder of a labels CSV
     ],
 )

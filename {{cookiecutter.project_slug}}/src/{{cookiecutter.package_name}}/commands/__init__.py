@@ -16,10 +16,12 @@ COMMANDS = {
     "serve": ("serve", "serve an exported model over HTTP (LitServe): POST images, get classes"),
 {%- endif %}
     "scan": ("scan", "list the images of a dataset that cannot be read"),
+{%- if cookiecutter.shards == "yes" %}
     "shard": (
         "shard",
         "write a dataset as LitData shards (a folder or s3://) for --data.source Shards",
     ),
+{%- endif %}
     "bench": ("bench", "time the data loader against a naive baseline, per num_workers"),
     "report": ("report", "write a run's HTML report: curves, confusion matrix, mistakes"),
 }
@@ -35,15 +37,17 @@ SOURCE_OPTIONS = {
 # flat name -> (the source it chooses, or None; its name under --data.source)
 SOURCE_CHOOSING = {
     "labels_csv": ("LabelsCsv", "csv"),
+{%- if cookiecutter.shards == "yes" %}
     "stream": ("Shards", "path"),
     "stream_cache_limit": (None, "cache_limit"),
+{%- endif %}
 }
 
 
 def short_spellings(argv: list[str]) -> list[str]:
     """`argv` with each flat source option (`--data.root DIR`, `--data.labels_csv FILE`, also
-    with `=`) in its full spelling; a flat option that names a kind of source (`labels_csv`,
-    `stream`) puts `--data.source KIND` before the first source option, which jsonargparse needs
+    with `=`) in its full spelling; a flat option that names a kind of source (as `labels_csv`
+    does) puts `--data.source KIND` before the first source option, which jsonargparse needs
     first."""
     out: list[str] = []
     chosen, first = None, None

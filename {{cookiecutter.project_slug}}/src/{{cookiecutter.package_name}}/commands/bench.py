@@ -107,8 +107,8 @@ def _workers_memory_mib(iterator) -> dict[str, float | None]:
     that sum RSS (SLURM's accounting, dashboards) count that file once per worker.
     """
     totals = dict.fromkeys(("Private_Dirty", "Pss", "Rss"), 0)
-    # torch's iterator lists its workers; LitData's loader wraps it in a generator that does not,
-    # and its workers are then this process's children (the bench starts no others).
+    # torch's iterator lists its workers; failing that (a loader that wraps it in a generator),
+    # they are this process's children: the bench starts no others.
     workers = getattr(iterator, "_workers", None) or multiprocessing.active_children()
     for worker in workers:
         try:
@@ -131,6 +131,7 @@ def default_workers() -> list[int]:
         counts.add(n)
         n *= 2
     return sorted(counts)
+{%- if cookiecutter.shards == "yes" %}
 
 
 def run(
@@ -138,6 +139,13 @@ def run(
 ) -> list[Result]:
     """The naive baseline, the loader without the cache and, as configured, with the pixel cache
     (`--data.source.cache memmap`) and from `shards` (made from the same images).
+{%- else %}
+
+
+def run(data: dict, workers: list[int], epochs: int, device: torch.device) -> list[Result]:
+    """The naive baseline, the loader without the cache and, as configured, with the pixel cache
+    (`--data.source.cache memmap`).
+{%- endif %}
 
     `data` holds `ImageDataModule` arguments, as `--data.*` gives them to `fit`; its source is
     a file source (class folders or a labels CSV).
@@ -148,8 +156,10 @@ def run(
     pipelines = [("naive", None), ("decode", uncached)]
     if source.cache == "memmap":
         pipelines.append(("memmap", config))
+{%- if cookiecutter.shards == "yes" %}
     if shards:
         pipelines.append(("stream", {"class_path": "Shards", "init_args": {"path": shards}}))
+{%- endif %}
     modules = {}
     for name, options in pipelines:
         if options is None:
@@ -248,12 +258,14 @@ def _is_bench_json(path: Path) -> bool:
 def main(args: list[str] | None = None) -> None:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_data_arguments(parser)
+{%- if cookiecutter.shards == "yes" %}
     parser.add_argument(
         "--shards",
         type=str | None,
         default=None,
         help="also time these shards (written by `shard` from the same images): a folder or s3://",
     )
+{%- endif %}
     parser.add_argument(
         "--workers",
         type=list[int] | None,
@@ -284,7 +296,7 @@ def main(args: list[str] | None = None) -> None:
             device_name = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device_name)
         workers = cfg.workers or default_workers()
-        results = run(data, workers, max(1, cfg.epochs), device, cfg.shards)
+        results = run(data, workers, max(1, cfg.epochs), device{{ ", cfg.shards" if cookiecutter.shards == "yes" else "" }})
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

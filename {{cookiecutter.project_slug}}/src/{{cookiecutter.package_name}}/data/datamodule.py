@@ -27,12 +27,12 @@ class ImageDataModule(L.LightningDataModule):
 
     Args:
         source: `ClassFolders` (the default: `--data.source.root DIR`, or `--data.root DIR`),
-            `LabelsCsv` or `Shards`, each with its own options (`--data.source.help LabelsCsv`).
+            `LabelsCsv`{{ " or `Shards`" if cookiecutter.shards == "yes" else "" }}, each with its own options (`--data.source.help LabelsCsv`).
         num_workers: loader processes per training process; "auto": the usable CPUs shared among
             the local processes, less one for each (`cpus.auto_num_workers`).
         seed: draws the validation split and the order and augmentation of training images.
-        predict_root: folder of unlabeled images (nested folders allowed) for `predict`; unset
-            with `Shards`: the shards' predict images.
+        predict_root: folder of unlabeled images (nested folders allowed) for `predict`{{ "; unset
+            with `Shards`: the shards' predict images" if cookiecutter.shards == "yes" else "" }}.
         class_names: the classes, in label order; by default the source's (sorted, or "0".."K-1").
         cache_dir: where the project keeps its caches, never inside a dataset; unset: the per-user
             cache folder (`data/cache_dirs.py`), on Linux `~/.cache/{{ cookiecutter.package_name }}`.

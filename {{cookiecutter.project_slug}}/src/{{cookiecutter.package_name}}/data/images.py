@@ -65,7 +65,7 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
 def decode_image(
     data: bytes, path: str, min_size: int | None = None, approximate: bool = False
 ) -> torch.Tensor:
-    """`read_image` for the bytes of a file already read (a shard's), `path` naming it in errors."""
+    """`read_image` for the bytes of a file already read, `path` naming it in errors."""
     with warnings.catch_warnings():
         # PIL's warnings about damaged metadata (Exif, TIFF tags) name no file, and the pixels
         # decode regardless; one that matters is an exception, which DataError reports.

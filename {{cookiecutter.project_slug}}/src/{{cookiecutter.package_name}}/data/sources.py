@@ -34,10 +34,14 @@ from {{ cookiecutter.package_name }}.data.source_base import (
     placement,
     skip_unreadable,
 )
+{%- if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
+{%- else %}
+from {{ cookiecutter.package_name }}.data.transforms import train_transform
+{%- endif %}
 from {{ cookiecutter.package_name }}.errors import DataError
 
-__all__ = ["ClassFolders", "LabelsCsv", "Shards", "Source"]
+__all__ = ["ClassFolders", "LabelsCsv"{{ ', "Shards"' if cookiecutter.shards == "yes" else "" }}, "Source"]
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +260,7 @@ class LabelsCsv(_ImageFiles):
         super().__init__(root, *shared, skip_bad_images, cache, cache_keep, cache_key)
 
 
+{% if cookiecutter.shards == "yes" -%}
 class Shards(Source):
     """LitData shards written by the `shard` command; needs the `stream` extra (LitData).
 
@@ -315,6 +320,7 @@ def require_shards(needed_by: str = "--data.source Shards"):
     return shards
 
 
+{% endif -%}
 def source_from_config(value, files_for: str | None = None) -> Source:
     """A source from `class_path`/`init_args` (dict or Namespace); with `files_for`, files only."""
     if not isinstance(value, Source):

@@ -288,12 +288,18 @@ class ImageClassifier(L.LightningModule):
             )
 
     def predict_step(self, batch: tuple, batch_idx: int) -> dict:
+{%- if cookiecutter.shards == "yes" %}
         """Class probabilities of `(images, indices)`, or `(images, indices, paths)` (shards)."""
         images, indices, *paths = batch
         out = {"index": indices, "probs": self._scores(images).float().softmax(dim=1)}
         if paths:
             out["path"] = paths[0]
         return out
+{%- else %}
+        """Class probabilities of `(images, indices)`."""
+        images, indices = batch
+        return {"index": indices, "probs": self._scores(images).float().softmax(dim=1)}
+{%- endif %}
 
     def configure_optimizers(self):
         hp = self.hparams

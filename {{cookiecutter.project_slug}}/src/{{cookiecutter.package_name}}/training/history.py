@@ -141,9 +141,13 @@ class RunHistory(Callback):
             # The n-th image this process validated is the n-th its sampler gave: sequential
             # alone, every world-size-th under DDP (data/loaders.py, EvalShardSampler).
             dataset = loader.dataset
+{%- if cookiecutter.shards == "yes" %}
             # Shards come through an IterableDataset: no sampler, no file path.
             streamed = isinstance(dataset, torch.utils.data.IterableDataset)
             order = None if streamed else list(loader.sampler)
+{%- else %}
+            order = list(loader.sampler)
+{%- endif %}
             for position in top.tolist():
                 index = position if order is None else int(order[position])
                 path = dataset.path(index) if hasattr(dataset, "path") else None

@@ -21,7 +21,7 @@ PART_MARK = ",".join(["index", *HEADER])
 class PredictionWriter(BasePredictionWriter):
     """Write `predict` results to a CSV file, batch by batch, and print where it is.
 
-    Columns: `path` (from shards, `--data.source Shards`: the path relative to the folder sharded),
+    Columns: `path`{{ " (from shards, `--data.source Shards`: the path relative to the folder sharded)" if cookiecutter.shards == "yes" else "" }},
     `label` (the predicted class name), `probability` (of that class) and
     `top_k` (the `top_k` most likely classes as `name:probability` joined by spaces).
 
@@ -76,7 +76,11 @@ class PredictionWriter(BasePredictionWriter):
         k = min(self.top_k, len(names))
         top_probs, top_labels = prediction["probs"].topk(k, dim=1)
         indices = prediction["index"].tolist()
+{%- if cookiecutter.shards == "yes" %}
         paths = prediction.get("path") or [dataset.path(index) for index in indices]
+{%- else %}
+        paths = [dataset.path(index) for index in indices]
+{%- endif %}
         for index, path, probs, labels in zip(
             indices, paths, top_probs.tolist(), top_labels.tolist(), strict=True
         ):

@@ -91,15 +91,19 @@ class ResumeInEpoch(Callback):
     `StatefulDataLoader`, the library answer, is not used: Lightning 2.6 drops its restored state
     whenever the learning-rate schedule asks for `estimated_stepping_batches` (Lightning #20550),
     as ours does.
+{%- if cookiecutter.shards == "yes" %}
 
     From shards (`--data.source Shards`), LitData's `StreamingDataLoader` keeps the position itself;
     Lightning saves its state in every checkpoint, and this callback restores it, for the same
     reason, and LitData continues the epoch (also with another process or worker count).
+{%- endif %}
     """
 
     def __init__(self) -> None:
         self._saved: dict | None = None
+{%- if cookiecutter.shards == "yes" %}
         self._loader_states: list = []
+{%- endif %}
         self._first_batch: int | None = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
@@ -109,8 +113,10 @@ class ResumeInEpoch(Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         self._saved = checkpoint.get(_KEY)
+{%- if cookiecutter.shards == "yes" %}
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         self._loader_states = fit_loop.get("combined_loader") or []  # LitData's, from shards
+{%- endif %}
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         if trainer.ckpt_path is None:
@@ -136,11 +142,13 @@ class ResumeInEpoch(Callback):
                 raise DataError(_changed(trainer, done, self._saved, now))
             sampler.set_epoch(trainer.current_epoch)
             sampler.resume_at(done * loader.batch_size)
+{%- if cookiecutter.shards == "yes" %}
         elif hasattr(loader, "load_state_dict"):  # LitData's StreamingDataLoader (shards)
             if done and self._loader_states:
                 loader.load_state_dict(self._loader_states[0])  # the epoch's position, saved
             else:  # its next pass is this epoch, as in an uninterrupted run (epoch 0 is its 1)
                 loader.current_epoch = trainer.current_epoch
+{%- endif %}
         else:
             return
         iter(trainer.fit_loop._data_fetcher)  # a new iterator, from the position as now set
@@ -149,6 +157,7 @@ class ResumeInEpoch(Callback):
         warnings.filterwarnings(
             "ignore", "You're resuming from a checkpoint that ended before", PossibleUserWarning
         )
+{%- if cookiecutter.shards == "yes" %}
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module) -> None:
         loader = trainer.train_dataloader
@@ -156,6 +165,7 @@ class ResumeInEpoch(Callback):
             # LitData ends a restored pass when asked for a batch past its last; Lightning, which
             # knows the epoch's length, never asks, and the next epoch would continue this one.
             loader.restore = False
+{%- endif %}
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         # A check that costs nothing: should Lightning count the resumed epoch's batches from
