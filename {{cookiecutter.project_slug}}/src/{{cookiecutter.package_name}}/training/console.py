@@ -174,8 +174,8 @@ def quiet_lightning() -> None:
     """Leave out what Lightning prints on every run that no option turns off."""
     # Lightning 2.6 advertises its LitLogger on every Trainer without one (`configure_logger`).
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
-    # Lightning 2.6's own `utilities/_pytree.py` makes torch's deprecated `LeafSpec()` for each
-    # loader (Lightning #21326): nothing a run can change.
+    # Lightning 2.6 itself (`lightning.pytorch.utilities._pytree`) makes torch's deprecated
+    # `LeafSpec()` for each loader (Lightning #21326): nothing a run can change.
     warnings.filterwarnings(
         "ignore",
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
