@@ -5,16 +5,19 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, tiny_run_options, write_image
+from conftest import CLASSES, CSV_LOGGER, tiny_run_options, write_image
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.__main__ import main
@@ -256,6 +259,30 @@ def test_a_folder_without_history_is_one_error_line(tmp_path: Path, capsys) -> N
         main(["report", str(tmp_path)])
     assert "cannot be read as a run history" in capsys.readouterr().err
     assert not (tmp_path / "report.html").exists()
+
+
+class TermAfterFirstStep(L.Callback):
+    """SIGTERM to this process after the first training step, as a scheduler's time limit."""
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM: POSIX signals")
+def test_a_run_stopped_in_its_first_epoch_has_nothing_to_report_yet(
+    image_root: Path, tmp_path: Path, run_main
+) -> None:
+    stop = f"--trainer.callbacks+={__name__}.TermAfterFirstStep"
+    fit = run_main("fit", *tiny_run_options(image_root), *CSV_LOGGER, stop, cwd=tmp_path)
+    assert fit.returncode == 143, fit.stderr[-3000:]
+    run_dir = tmp_path / "lightning_logs" / "version_0"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert not (run_dir / "history.json").exists()
+    done = run_main("report", run_dir, cwd=tmp_path)
+    stopped = "the run stopped before its first epoch ended: nothing to report yet"
+    assert (done.returncode, done.stderr) == (1, f"report: {run_dir}: {stopped}\n")
+    assert not (run_dir / "report.html").exists()
 
 
 def test_precision_and_recall_read_columns_and_rows() -> None:

@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from {{ cookiecutter.package_name }}.training.report import write_report
+from {{ cookiecutter.package_name }}.training.report import NothingToReport, write_report
 
 PROG = "python -m {{ cookiecutter.package_name }} report"
 
@@ -24,7 +24,8 @@ def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__.splitlines()[0],
-        epilog="Exits with code 2, saying why, when the folder holds no readable history.json.",
+        epilog="Exits with code 1 when the run stopped before its first epoch ended (nothing to "
+        "report yet); 2, saying why, when the folder is not a fit's or its history is unreadable.",
     )
     parser.add_argument("run_dir", help="the run folder of a fit: lightning_logs/version_N")
     parser.add_argument(
@@ -34,7 +35,10 @@ def main(args: list[str] | None = None) -> int:
     )
     config = parser.parse_args(sys.argv[1:] if args is None else list(args))
     started = time.perf_counter()
-    # a DataError becomes one `error:` line in __main__
-    path = write_report(config.run_dir, config.overwrite)
+    try:  # any other DataError becomes one `error:` line in __main__
+        path = write_report(config.run_dir, config.overwrite)
+    except NothingToReport as stopped:
+        print(f"report: {stopped}", file=sys.stderr)
+        return 1
     print(f"report: {path} (written in {time.perf_counter() - started:.1f} s)")
     return 0

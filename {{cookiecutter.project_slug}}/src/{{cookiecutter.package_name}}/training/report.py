@@ -25,11 +25,18 @@ GENERATOR = '<meta name="generator" content="{{ cookiecutter.package_name }} rep
 THUMBNAIL = 96  # pixels, the long side of each image in the grid of mistakes
 
 
+class NothingToReport(DataError):
+    """A fit's run folder without a finished epoch: the run stopped before its first ended."""
+
+
 def read_history(folder: str | Path) -> dict:
     """The `history.json` of a run folder, or a DataError saying what is wrong with it."""
     path = Path(folder) / HISTORY_FILE
     if not Path(folder).is_dir():
         raise DataError(f"run folder {folder} does not exist")
+    stopped = f"{folder}: the run stopped before its first epoch ended: nothing to report yet"
+    if not path.is_file() and (Path(folder) / "config.yaml").is_file():  # fit writes it first
+        raise NothingToReport(stopped)
     if not path.is_file():
         raise DataError(
             f"{folder} has no {HISTORY_FILE}: give the run folder of a `fit` "
@@ -39,8 +46,10 @@ def read_history(folder: str | Path) -> dict:
         history = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DataError(f"{path} cannot be read as a run history: {err}") from None
-    if not isinstance(history, dict) or not history.get("epochs"):
-        raise DataError(f"{path} records no finished epoch")
+    if not isinstance(history, dict):
+        raise DataError(f"{path} cannot be read as a run history: not a JSON object")
+    if not history.get("epochs"):
+        raise NothingToReport(stopped)
     return history
 
 
