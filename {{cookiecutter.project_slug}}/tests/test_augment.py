@@ -63,3 +63,18 @@ def test_torch_random_state_is_left_as_it_was(image: torch.Tensor) -> None:
 def test_bad_values_are_refused_naming_the_option(options: dict, message: str) -> None:
     with pytest.raises(DataError, match=message):
         Augment(**options)
+
+
+def test_flips_are_on_by_default_and_off_on_request(image: torch.Tensor) -> None:
+    """Photo recipes flip; digits and text turn it off. Whole-image crops (square, scale 1), so
+    each draw is the image or its mirror."""
+    square = image[:, :40]
+
+    def draws(**options) -> list[torch.Tensor]:
+        augment = Augment(crop_scale=(1.0, 1.0), **options)
+        return [augmented(augment, square, Draw(0, seed=s)) for s in range(16)]
+
+    plain = draws(hflip=False)
+    assert all(torch.equal(plain[0], other) for other in plain)
+    flipped = [torch.equal(out, plain[0].flip(-1)) for out in draws()]
+    assert any(flipped) and not all(flipped)

@@ -143,7 +143,7 @@ def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
     where_image(root / "ant" / "a.png")
     for name in CLASSES[1:]:
         write_image(root / name / "x.png", (30, 30, 200), size=(60, 40))
-    options = dict(image_size=32, augment=Augment((0.3, 1.0), hflip=True), num_workers=0)
+    options = dict(image_size=32, augment=Augment((0.3, 1.0)), num_workers=0)
     off = ImageDataModule(ClassFolders(root, val_fraction=0, cache="none"), **options)
     on = ImageDataModule(
         ClassFolders(root, val_fraction=0, cache="memmap"), **options, cache_dir=tmp_path / "cache"

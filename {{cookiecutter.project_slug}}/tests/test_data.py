@@ -113,7 +113,6 @@ def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root:
             ClassFolders(image_root), image_size=16, batch_size=4, num_workers=workers, seed=seed
         )
         dm.setup("fit")
-        dm.train_dataset.transform.hflip = True
         return dm
 
     in_process, workers = data(0), data(2)

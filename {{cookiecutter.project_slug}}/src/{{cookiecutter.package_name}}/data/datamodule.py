@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.data.source_base import predict_folder
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Source
-from {{ cookiecutter.package_name }}.data.transforms import CROP_ONLY, Augment
+from {{ cookiecutter.package_name }}.data.transforms import CROPS_AND_FLIPS, Augment
 from {{ cookiecutter.package_name }}.errors import DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -51,7 +51,7 @@ class ImageDataModule(L.LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         cache_dir: str | Path | None = None,
-        augment: Augment = CROP_ONLY,
+        augment: Augment = CROPS_AND_FLIPS,
     ) -> None:
         super().__init__()
         if image_size < 8:

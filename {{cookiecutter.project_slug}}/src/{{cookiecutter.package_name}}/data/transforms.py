@@ -44,13 +44,13 @@ class Augment:
 
     Args:
         crop_scale: area share range of random crops; 0.08-1 (torchvision's) for large photo sets.
-        hflip: flip left-right at random; off as a mirror image is not always the same class.
+        hflip: flip left-right at random; off where a mirror image is another class (digits, text).
         policy: "trivial" (TrivialAugmentWide) or "rand" (RandAugment) after the crop; unset: none.
         erasing: probability that a random rectangle of each image is blanked (RandomErasing).
     """
 
     crop_scale: tuple[float, float] = (0.6, 1.0)
-    hflip: bool = False
+    hflip: bool = True
     policy: Literal["trivial", "rand"] | None = None
     erasing: float = 0.0
 
@@ -64,11 +64,11 @@ class Augment:
             raise DataError(f"--data.augment.erasing is a probability, got {self.erasing}")
 
 
-CROP_ONLY = Augment()  # the default: the random resized crop alone
+CROPS_AND_FLIPS = Augment()  # the default
 
 
 def train_transform(image_size: int, augment: Augment | None = None) -> RandomResizedCropFlip:
-    """The training transform that `augment` describes (default: crop only)."""
+    """The training transform that `augment` describes (default: crops and flips)."""
     augment = augment or Augment()
     extra = []
     if augment.policy == "trivial":
