@@ -57,3 +57,14 @@ def test_bench_refuses_a_missing_root(tmp_path: Path, capsys) -> None:
         main([f"--data.source.root={tmp_path / 'nowhere'}", "--workers=[0]"])
     assert done.value.code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_bench_reads_at_most_max_images(image_root: Path, tmp_path: Path, capsys) -> None:
+    """A sample of the training images (18 here), the same for every loader, said at the start."""
+    out = tmp_path / "results.json"
+    options = ["--data.image_size=16", "--data.batch_size=4", "--workers=[0]", "--epochs=1"]
+    main([f"--data.source.root={image_root}", *options, "--max_images=8", f"--json={out}"])
+    assert "bench: 8 of 18 training images (--max_images 8), 2 runs of --epochs 1" in (
+        capsys.readouterr().err
+    )
+    assert [r["images"] for r in json.loads(out.read_text())] == [8, 8]
