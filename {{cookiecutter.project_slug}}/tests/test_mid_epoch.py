@@ -105,7 +105,9 @@ def fit(
         "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]),
     }
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-    data = ["--data.source.root", str(root), "--data.image_size", "16", "--data.batch_size", "2"]
+    data = ["--data.image_size", "16", "--data.batch_size", "2"]
+    if "--data.source" not in options:  # the colour folders, unless the options choose a source
+        data = ["--data.source.root", str(root), *data]
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     args = [*command, *data, *quiet, *CSV_LOGGER, "--trainer.max_epochs", "3", *callbacks]
     return run_group([*args, *options], cwd=cwd, env=env)
