@@ -161,8 +161,8 @@ class ImageCLI(LightningCLI):
         `LightningCLI.instantiate_trainer`, with that filter.
         """
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        keys = self._parser(self.subcommand).callback_keys
-        callbacks = [self._get(self.config_init, key) for key in keys]
+        parser = self._parser(self.subcommand)
+        callbacks = [self._get(self.config_init, key) for key in parser.callback_keys]
         if config.get("enable_checkpointing") is False:
             kinds = (ModelCheckpoint, LastCheckpoint)
             callbacks = [c for c in callbacks if not isinstance(c, kinds)]
@@ -173,7 +173,7 @@ class ImageCLI(LightningCLI):
             if self.subcommand != "fit":  # no run folder: config.yaml would go to the working one
                 self.save_config_callback = None
         # No options: parts of resuming, never turned off.
-        recipe = self._parser(self.subcommand).dump(self.config[self.subcommand], skip_none=False)
+        recipe = parser.dump(self.config[self.subcommand], skip_none=False)  # as config.yaml
         callbacks += [ResumeInEpoch(), RunLogMark(), RunMark(recipe)]
         if self.subcommand == "fit" and self.ckpt_contents is not None:
             self.save_config_callback = None  # the run's config.yaml stays as the run began
