@@ -36,6 +36,7 @@ OTHERS = {
     # The bake-time capabilities: the fast tier, then every test of the files they add.
     "serve-shards": {"project_name": "Wide Net", "serve": "yes", "shards": "yes"},
 }
+OPTION_BAKES = ("serve-shards",)
 # The test files each capability adds, and its tests in shared files, run whole (slow tests
 # included) in its bake, with the extras they need so that none is skipped.
 OPTION_TESTS = {
@@ -127,8 +128,14 @@ def assert_no_package_skipped(stdout: str) -> None:
     assert all(any(reason in line for reason in ALLOWED_SKIPS) for line in skipped), skipped
 
 
-@pytest.mark.minutes(3)
-@pytest.mark.parametrize("answers", OTHERS.values(), ids=OTHERS.keys())
+@pytest.mark.parametrize(
+    "answers",
+    [
+        # the capabilities' own test files run whole there: about as long as a default half
+        pytest.param(answers, id=name, marks=pytest.mark.minutes(10 if name in OPTION_BAKES else 3))
+        for name, answers in OTHERS.items()
+    ],
+)
 def test_bake_passes_its_fast_tests_and_lint(
     cookies, tmp_path: Path, dependencies: Path, answers: dict[str, str]
 ) -> None:
