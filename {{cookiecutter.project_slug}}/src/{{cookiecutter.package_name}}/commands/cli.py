@@ -153,8 +153,7 @@ class ImageCLI(LightningCLI):
 {%- endif %}
 
     def instantiate_trainer(self, **kwargs):
-        """The Trainer, with `console.callbacks`, less the checkpoint callbacks under
-        `enable_checkpointing false`.
+        """The Trainer with `console.callbacks`; no checkpoints under `enable_checkpointing false`.
 
         They are parser-level callbacks (`--checkpoint.*`, `--last_checkpoint.*`), always built;
         Lightning refuses a ModelCheckpoint beside `enable_checkpointing=False`. As
