@@ -37,9 +37,7 @@ from {{ cookiecutter.package_name }}.training.resume import (
     FREE_ON_RESUME,
     ResumeInEpoch,
     RunMark,
-    changed_options,
-    changed_trainer_options,
-    finished,
+    check_resume,
     resume_base,
 )
 from {{ cookiecutter.package_name }}.training.run_log import (
@@ -104,7 +102,7 @@ class ImageCLI(LightningCLI):
                 config.ckpt_path = ckpt_path
             if subcommand == "fit":  # the classes first: the plainest reason not to resume
                 _check_resumed_classes(config, typed, self.ckpt_contents)
-                _resume_run(config, typed, self.ckpt_contents)
+                check_resume(config, typed, self.ckpt_contents)
         elif subcommand == "fit":
             _follow_pretrained_inputs(config, typed)
 
@@ -283,33 +281,6 @@ def _run_last(config, subcommand: str) -> str | None:
     if rank_zero_only.rank == 0:
         print(f"--ckpt_path last: {notice}", flush=True)
     return None
-
-
-def _resume_run(config, typed, checkpoint: dict) -> None:
-    """Resume with the run's options: refuse typed `--model.*`/`--data.*` values that differ
-    from the checkpoint's, apply typed training limits (and say so), and end a run that has
-    nothing left to train with one line and exit status 0."""
-    run = config.run or config.ckpt_path
-    changes = changed_options(typed, checkpoint)
-    if changes:
-        raise DataError(
-            f"--ckpt_path {config.ckpt_path}: resuming run {run} keeps its options, and these "
-            f"differ: {', '.join(changes)}; drop them, or start a new run (without --ckpt_path, "
-            "or with another --run)"
-        )
-    applied = changed_options(typed, checkpoint, applied=True)
-    applied += changed_trainer_options(typed, checkpoint)
-    done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
-    if rank_zero_only.rank == 0 and applied and not done:
-        print(f"resuming run {run} with {', '.join(applied)}", flush=True)
-    if done:
-        if rank_zero_only.rank == 0:
-            print(
-                f"run {run} already finished {done}: nothing to train (to train on, resume with "
-                "a larger --trainer.max_epochs)",
-                flush=True,
-            )
-        sys.exit(0)
 
 
 def _restore_data_options(config, typed, checkpoint: dict, subcommand: str) -> None:

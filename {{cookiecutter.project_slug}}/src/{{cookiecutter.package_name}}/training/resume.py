@@ -4,11 +4,13 @@ loader continuing part-way through an epoch with the images not yet trained on."
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import lightning as L
 import yaml
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from {{ cookiecutter.package_name }}.data.loaders import EpochShuffle
@@ -205,6 +207,33 @@ def _changed(trainer: L.Trainer, done: int, saved: dict, now: dict) -> str:
         "same --trainer.devices/--trainer.num_nodes, --data.batch_size and data to finish the "
         "epoch exactly, or from a checkpoint saved at the end of an epoch"
     )
+
+
+def check_resume(config, typed, checkpoint: dict) -> None:
+    """Resume with the run's options: refuse typed `--model.*`/`--data.*` values that differ
+    from the checkpoint's, apply typed training limits (and say so), and end a run that has
+    nothing left to train with one line and exit status 0."""
+    run = config.run or config.ckpt_path
+    changes = changed_options(typed, checkpoint)
+    if changes:
+        raise DataError(
+            f"--ckpt_path {config.ckpt_path}: resuming run {run} keeps its options, and these "
+            f"differ: {', '.join(changes)}; drop them, or start a new run (without --ckpt_path, "
+            "or with another --run)"
+        )
+    applied = changed_options(typed, checkpoint, applied=True)
+    applied += changed_trainer_options(typed, checkpoint)
+    done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
+    if rank_zero_only.rank == 0 and applied and not done:
+        print(f"resuming run {run} with {', '.join(applied)}", flush=True)
+    if done:
+        if rank_zero_only.rank == 0:
+            print(
+                f"run {run} already finished {done}: nothing to train (to train on, resume with "
+                "a larger --trainer.max_epochs)",
+                flush=True,
+            )
+        sys.exit(0)
 
 
 def changed_options(typed, checkpoint: dict, applied: bool = False) -> list[str]:
