@@ -27,7 +27,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_fit_then_validate_from_the_best_checkpoint(
-    image_root: Path, tmp_path: Path, run_main
+    image_root: Path, tmp_path: Path, user_cache: Path, run_main
 ) -> None:
     """`python -m` in a process of its own, then `validate` through the same `main` in this one."""
     common = tiny_run_options(image_root)
@@ -51,7 +51,7 @@ def test_fit_then_validate_from_the_best_checkpoint(
     assert validate.returncode == 0, validate.stderr
     assert "val_acc" in validate.stdout
     assert re.search(r"^bee\s+\d+\s+\d+", validate.stdout, re.MULTILINE)  # our classes
-    assert not (tmp_path / "data" / "demo").exists()  # not the demo set
+    assert not (user_cache / "demo").exists()  # not the demo set
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from conftest import write_image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, ensure_demo_data
 from {{ cookiecutter.package_name }}.data.labels_csv import (
     classes_from_labels,
     encode_labels,
@@ -171,6 +172,23 @@ def test_validation_class_missing_from_training(flat_root: Path, tmp_path: Path)
     dm = ImageDataModule(LabelsCsv(train, root=flat_root, val_csv=val), num_workers=0)
     with pytest.raises(DataError, match=r"val\.csv line 3: validation label 'cat' is not a"):
         dm.setup("fit")
+
+
+def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
+    user_cache: Path, tmp_path: Path
+) -> None:
+    """`configs/labels_csv.yaml` as baked: `csv` unset reads the labels.csv of the demo set, in the
+    per-user cache folder; a `root` without a `csv` is refused."""
+    ensure_demo_data(user_cache / "demo", images_per_class=2)  # `prepare_data` keeps it
+    module = ImageDataModule(LabelsCsv(), num_workers=0)
+    module.prepare_data()
+    module.setup("fit")
+    assert module.class_names == list(DEMO_CLASSES)
+    assert module.train_dataset.root == user_cache / "demo"
+    assert module.source.labelled.csv_file == user_cache / "demo" / "labels.csv"
+    assert len(module.train_dataset) + len(module.val_dataset) == 8
+    with pytest.raises(DataError, match=r"--data\.source\.root .* needs --data\.source\.csv"):
+        LabelsCsv(root=tmp_path)
 
 
 def test_missing_csv_option_is_named(flat_root: Path) -> None:

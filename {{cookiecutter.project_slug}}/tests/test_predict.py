@@ -19,7 +19,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_predict_needs_only_the_checkpoint(trained_checkpoint: Path, tmp_path: Path) -> None:
+def test_predict_needs_only_the_checkpoint(
+    trained_checkpoint: Path, tmp_path: Path, user_cache: Path
+) -> None:
     image_root = trained_checkpoint.parent / "images"
     workdir = tmp_path / "elsewhere"
     workdir.mkdir()
@@ -56,7 +58,7 @@ def test_predict_needs_only_the_checkpoint(trained_checkpoint: Path, tmp_path: P
         assert [name for name, _ in top][0] == row["label"] and len(top) == 3
         assert float(top[0][1]) == pytest.approx(float(row["probability"]))
         assert sum(float(p) for _, p in top) == pytest.approx(1.0, abs=1e-3)
-    assert not (workdir / "data").exists()  # no demo data generated for predict
+    assert not (user_cache / "demo").exists()  # no demo data generated for predict
 
 
 def test_predict_output_option_and_top_k(

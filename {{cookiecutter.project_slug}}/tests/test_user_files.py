@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, one_error, write_corrupt, write_image
+from conftest import CLASSES, CSV_LOGGER, one_error, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.cache import cached
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
+from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES
 from {{ cookiecutter.package_name }}.data.index import find_classes, make_dataset
 from {{ cookiecutter.package_name }}.data.scan import SKIPPED_FILE, drop_unreadable
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -149,29 +150,54 @@ def test_fit_from_inside_the_dataset_writes_its_runs_where_it_is_told(
 def test_run_folder_names_are_classes_except_in_the_working_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A class folder named as a folder `fit` writes (`data`, `lightning_logs`, ...) is a class,
-    its images in subfolders included; only in the working folder, where `fit` writes them, are
-    such folders left out unless they hold images themselves. A warning names them either way."""
+    """A class folder named as a folder `fit` writes (`lightning_logs`, ...) is a class, its images
+    in subfolders included; only in the working folder, where `fit` writes them, are such folders
+    left out unless they hold images themselves. A warning names them either way. `data` and
+    `demo` are no run folders: `fit` writes the demo set to the per-user cache folder."""
     root = write_classes(tmp_path / "images")
     write_image(root / "data" / "2019" / "a.png", (0, 0, 0))  # the user's class "data", nested
+    write_image(root / "mlruns" / "2019" / "a.png", (0, 0, 0))  # the user's class "mlruns"
     write_image(root / "lightning_logs" / "version_0" / "confusion_matrix.png", (0, 0, 0))
     write_image(root / "checkpoints" / "x.png", (0, 0, 0))  # images of its own: a class anywhere
     monkeypatch.chdir(tmp_path)
-    with pytest.warns(UserWarning, match=r"data, lightning_logs hold no .* read as classes"):
+    with pytest.warns(UserWarning, match=r"folders lightning_logs, mlruns hold no .* read as"):
         module = ImageDataModule(ClassFolders(root), num_workers=0)
         module.setup("fit")
-    assert module.class_names == sorted([*CLASSES, "checkpoints", "data", "lightning_logs"])
+    assert module.class_names == sorted(
+        [*CLASSES, "checkpoints", "data", "lightning_logs", "mlruns"]
+    )
     indexed = {os.fsdecode(p) for p in (*module.train_dataset.paths, *module.val_dataset.paths)}
-    assert os.path.join("data", "2019", "a.png") in indexed
+    assert {os.path.join(name, "2019", "a.png") for name in ("data", "mlruns")} <= indexed
     monkeypatch.chdir(root)  # the same folder as the working folder: its run folders are no class
-    with pytest.warns(UserWarning, match=r"data, lightning_logs hold no .* left out: this is"):
-        assert find_classes(Path(".")) == sorted([*CLASSES, "checkpoints"])
+    with pytest.warns(UserWarning, match=r"folders lightning_logs, mlruns hold no .* left out"):
+        assert find_classes(Path(".")) == sorted([*CLASSES, "checkpoints", "data"])
 
 
-def test_a_users_folder_where_the_demo_set_goes_is_kept(tmp_path: Path, run_main) -> None:
-    """`fit` with no data option writes the demo set to ./data/demo: a folder of the user's there
-    stops it in one line, untouched."""
-    theirs = write_classes(tmp_path / "data" / "demo")
+def test_fit_without_data_makes_the_demo_set_in_the_cache_folder_not_in_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_main
+) -> None:
+    """`fit` with no data option generates the demo set in the per-user cache folder and trains on
+    it: the user's ./data of class folders, the commonest layout, gets nothing."""
+    monkeypatch.delenv(CACHE_ENV)
+    for variable in ("XDG_CACHE_HOME", "LOCALAPPDATA"):  # the per-user cache folder's base
+        monkeypatch.setenv(variable, str(tmp_path / "cache"))
+    work = tmp_path / "work"
+    theirs = write_classes(work / "data")
+    before = snapshot(theirs)
+    batches = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    run = run_main("fit", *TINY, *ONE_EPOCH, *batches, *CSV_LOGGER, cwd=work)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert snapshot(theirs) == before
+    assert (tmp_path / "cache" / "{{ cookiecutter.package_name }}" / "demo" / ".complete").is_file()
+    split = (work / "lightning_logs" / "version_0" / "val_files.csv").read_text().splitlines()
+    assert {row.split(",")[1] for row in split[1:]} == set(DEMO_CLASSES)
+
+
+def test_a_folder_of_yours_where_the_demo_set_goes_is_kept(
+    tmp_path: Path, user_cache: Path, run_main
+) -> None:
+    """A folder the demo set did not write where it goes stops `fit` in one line, untouched."""
+    theirs = write_classes(user_cache / "demo")
     before = snapshot(theirs)
     run = run_main("fit", *TINY, *ONE_EPOCH, cwd=tmp_path)
     assert "holds files that are not the demo set" in one_error(run.returncode, run.stderr)

@@ -11,23 +11,28 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from {{ cookiecutter.package_name }}.data.cache_dirs import user_cache_dir
 from {{ cookiecutter.package_name }}.errors import DataError
 
 log = logging.getLogger(__name__)
 
 DEMO_CLASSES = ("confetti", "dots", "plain", "stripes")
-DEMO_DIR = Path("data/demo")
 _IMAGES_PER_CLASS = 250
 _SIZE = (192, 144)  # width, height: a small photo
 
 
-def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_CLASS) -> Path:
-    """Create the demo dataset under `root` unless it is there, in a staging folder renamed into
-    place: processes starting together (DDP ranks) never see half a dataset. Returns `root`."""
-    root = Path(root)
+def demo_dir() -> Path:
+    """`demo/` of the per-user cache folder: generated data, away from the user's own `data/`."""
+    return user_cache_dir() / "demo"
+
+
+def ensure_demo_data(root: Path | None = None, images_per_class: int = _IMAGES_PER_CLASS) -> Path:
+    """Create the demo dataset in `root` (unset: `demo_dir()`) unless it is there, via a staging
+    folder renamed into place: processes starting together (DDP ranks) never see half of it."""
+    root = Path(root) if root is not None else demo_dir()
     if (root / ".complete").exists():
         return root
-    if root.is_dir() and any(root.iterdir()) and not (root / ".complete").exists():  # theirs
+    if root.is_dir() and any(root.iterdir()):  # not ours
         raise DataError(
             f"{root} holds files that are not the demo set: move them, or name your images "
             "with --data.source.root"
@@ -37,17 +42,14 @@ def ensure_demo_data(root: Path = DEMO_DIR, images_per_class: int = _IMAGES_PER_
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".demo-", dir=root.parent))
     try:
-        rng = np.random.default_rng(0)
-        for label, name in enumerate(DEMO_CLASSES):
+        rng, rows = np.random.default_rng(0), ["filename,label\n"]
+        for name in DEMO_CLASSES:
             (staging / name).mkdir()
             for i in range(images_per_class):
-                _draw(label, rng).save(staging / name / f"{name}_{i:04d}.jpg", quality=90)
+                _draw(name, rng).save(staging / name / f"{name}_{i:04d}.jpg", quality=90)
+                rows.append(f"{name}/{name}_{i:04d}.jpg,{name}\n")
         # The same images as one folder plus a labels CSV: the `LabelsCsv` source layout.
-        with open(staging / "labels.csv", "w", encoding="utf-8", newline="") as labels:
-            labels.write("filename,label\n")
-            for name in DEMO_CLASSES:
-                for i in range(images_per_class):
-                    labels.write(f"{name}/{name}_{i:04d}.jpg,{name}\n")
+        (staging / "labels.csv").write_text("".join(rows), encoding="utf-8", newline="")
         (staging / ".complete").touch()
         try:
             os.rename(staging, root)
@@ -69,11 +71,10 @@ def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
     return tuple(int(c) for c in rng.integers(0, 256, size=3))
 
 
-def _draw(label: int, rng: np.random.Generator) -> Image.Image:
+def _draw(name: str, rng: np.random.Generator) -> Image.Image:
     """A scene with one pattern per class (textures survive random crops, unlike single objects)."""
     image = _background(rng)
     width, height = _SIZE
-    name = DEMO_CLASSES[label]
     if name in ("dots", "confetti"):
         # dots: a few round spots; confetti: many tiny sharp flakes.
         draw = ImageDraw.Draw(image)
@@ -82,8 +83,7 @@ def _draw(label: int, rng: np.random.Generator) -> Image.Image:
         for _ in range(count):
             r = rng.uniform(low, high)
             cx, cy = rng.uniform(0, width), rng.uniform(0, height)
-            box = (cx - r, cy - r, cx + r, cy + r)
-            shape(box, fill=_colour(rng))
+            shape((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
     elif name == "stripes":
         period = rng.uniform(14, 28)
         angle = rng.uniform(0, np.pi)

@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }}.errors import DataError
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
 # Folders training writes in the working folder, beside the class folders when the root is `.`:
 # there, one is a class only when it holds images directly, as a user's class folder would.
-OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints", "data", "demo")
+OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.cache import cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
-from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, DEMO_DIR, ensure_demo_data
+from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, demo_dir, ensure_demo_data
 from {{ cookiecutter.package_name }}.data.index import (
     FolderLabels,
     ImageIndex,
@@ -98,8 +98,10 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
 
     @cached_property
     def labelled(self) -> FolderLabels | CsvLabels:
-        """The training images: class folders, or the files the CSV names."""
-        return self._labelled(self.root or DEMO_DIR, self.csv, "training")
+        """The training images: class folders, or the files the CSV names; unset: the demo set."""
+        demo = demo_dir() if self.root is None else None  # `LabelsCsv` reads it by its labels.csv
+        csv = demo / "labels.csv" if demo and isinstance(self, LabelsCsv) else self.csv
+        return self._labelled(self.root or demo, csv, "training")
 
     def _labelled(self, root: Path, csv: Path | None, role: str, follows=None):
         """Class folders under `root`, or the files `csv` names in `root`, for `role`."""
@@ -117,7 +119,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         """Training and validation images: `val_root`/`val_csv`, else `val_fraction` per class."""
         train = self.labelled.index(class_names)
         if self.val_root is not None or self.val_csv is not None:
-            root = self.val_root or self.root or DEMO_DIR
+            root = self.val_root or self.root or demo_dir()
             val = self._labelled(root, self.val_csv, "validation", self.labelled)
             return train, val.index(class_names)
         val_mask = stratified_split(train.targets, self.val_fraction, seed)
@@ -130,7 +132,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
     def prepare(self, predicting: bool) -> None:
         # predict reads only predict_root: no demo data to generate for it
         if self.root is None and not predicting:
-            ensure_demo_data(DEMO_DIR)
+            ensure_demo_data()
 
     def class_names(self) -> list[str]:
         if self.root is None:  # known without generating the demo images
@@ -197,7 +199,8 @@ class ClassFolders(_ImageFiles):
     """Images in class folders, `root/<class>/<image>`; unset `root`: the generated demo set.
 
     Args:
-        root: folder with one sub-folder of images per class; unset: the demo set, in `data/demo`.
+        root: folder with one sub-folder of images per class; unset: the demo set, generated in
+            `demo/` of the per-user cache folder (`data/demo.py`).
         val_root: validation images in class folders (or the image folder of `val_csv`).
         val_csv: validation images named by a CSV, relative to `val_root` when set, else `root`.
         val_fraction: share of each class held out for validation, drawn with `--data.seed`
@@ -221,6 +224,7 @@ class LabelsCsv(_ImageFiles):
 
     Args:
         csv: the labels CSV; a relative path that does not exist is also looked for in `root`.
+            Unset (and `root` too): the demo set's, generated as for `ClassFolders`.
         root: the folder the CSV's file names are relative to; unset: the CSV's folder.
         filename_column: the CSV column with the file names.
         label_column: the CSV column with the labels (class names or indices).
@@ -231,7 +235,7 @@ class LabelsCsv(_ImageFiles):
 
     def __init__(
         self,
-        csv: str | Path,
+        csv: str | Path | None = None,
         root: str | Path | None = None,
         val_root: str | Path | None = None,
         val_csv: str | Path | None = None,
@@ -251,6 +255,8 @@ class LabelsCsv(_ImageFiles):
         if label_kind not in LABEL_KINDS:
             kinds = ", ".join(LABEL_KINDS)
             raise DataError(f"--data.source.label_kind must be one of {kinds}, got {label_kind!r}")
+        if csv is None and root is not None:
+            raise DataError(f"--data.source.root {root} needs --data.source.csv (the labels CSV)")
         self.csv = find_csv(csv, _path(root), "data.source.csv")
         self.filename_column = filename_column
         self.label_column = label_column
