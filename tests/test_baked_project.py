@@ -80,7 +80,7 @@ def dependencies(cookies_session, tmp_path_factory: pytest.TempPathFactory) -> P
             python = str(new_venv(folder / "venv", folder, beside=Path(sys.prefix)))
             run(python, "-m", "pip", "install", "--quiet", "-e", f"{project}[dev]", cwd=folder)
             run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "base-bake", cwd=folder)
-            run(python, "-c", "import torch, lightning, pytest, moto", cwd=folder)
+            run(python, "-c", "import torch, lightning, pytest", cwd=folder)
             (folder / "ready").touch()
     return folder / "venv"
 
