@@ -55,6 +55,21 @@ def test_loader_workers_ignore_ctrl_c() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow
+def test_a_process_that_ends_with_its_loader_workers_running_exits() -> None:
+    """On exit Python's multiprocessing ends the persistent loader workers with SIGTERM and waits
+    for them: from their own process it still ends them (the job's SIGTERM they ignore)."""
+    script = (
+        "import torch\n"
+        "from {{ cookiecutter.package_name }}.data.loaders import make_loader\n"
+        "loader = make_loader(torch.arange(8), batch_size=2, num_workers=1, pin_memory=False)\n"
+        "print(next(iter(loader)).tolist())\n"
+    )
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[0, 1]", done.stderr[-3000:]
+
+
 def _children(pid: int) -> list[int]:
     tasks = Path(f"/proc/{pid}/task")
     found = [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from functools import partial
 
@@ -67,22 +68,34 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
-        worker_init_fn=partial(_worker_init, rank=shard[0] if shard else 0),
+        worker_init_fn=partial(_worker_init, rank=shard[0] if shard else 0, owner=os.getpid()),
     )
 
 
 # What `timeout`, systemd, SLURM and a terminal send every process of a job: a worker that died of
 # one would fail the next batch before the training process, which handles them, could save.
-STOP_SIGNALS = [s for s in signal.Signals if s.name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")]
+STOP_SIGNALS = [s for s in signal.Signals if s.name in ("SIGINT", "SIGUSR1", "SIGUSR2")]
 
 
-def _worker_init(worker_id: int, rank: int) -> None:
+def _worker_init(worker_id: int, rank: int, owner: int) -> None:
     """Ignore the stop signals (training stops at a batch end, its workers with it), then seed as
-    Lightning's would."""
+    Lightning's would. SIGTERM too, but from `owner`, the loader's process, which ends its workers
+    with it (on exit, Python's multiprocessing ends them so and waits); torch's own handler tells
+    the senders apart alike, but a worker dies of the job's SIGTERM. Where no thread can learn
+    the sender (macOS), torch's handler stays."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    if hasattr(signal, "sigwaitinfo"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # left to the thread below
+        threading.Thread(target=_end_on_sigterm_from, args=(owner,), daemon=True).start()
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank)
+
+
+def _end_on_sigterm_from(owner: int) -> None:
+    while signal.sigwaitinfo([signal.SIGTERM]).si_pid != owner:
+        pass
+    os._exit(0)
 
 
 def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:
