@@ -17,7 +17,7 @@ from {{ cookiecutter.package_name }}.data.labels_csv import (
     encode_labels,
     read_labels_csv,
 )
-from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders, LabelsCsv
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -126,7 +126,7 @@ def test_validation_csv(flat_root: Path, tmp_path: Path) -> None:
         ("filename,label\n", r"has a header but no rows"),
         (
             "filename,label\nimg_1.png,ant\nimg_2.png,bee\nimg_1.png,cat\n",
-            r"lists 'img_1\.png' twice, on lines 2 and 4",
+            r"labels\.csv line 2 and labels\.csv line 4 both name 'img_1\.png'",
         ),
     ],
 )
@@ -136,6 +136,53 @@ def test_bad_csv_is_refused_with_line_and_value(
     csv_file = write_csv(tmp_path / "labels.csv", body)
     with pytest.raises(DataError, match=message):
         ImageDataModule(LabelsCsv(csv_file, root=flat_root), num_workers=0).setup("fit")
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "message"),
+    [  # training rows; validation rows (None: no val_csv); the error
+        ("img_1.png,ant\n./img_1.png,bee\n", None, r"labels\.csv line 2 and labels\.csv line 3"),
+        (
+            "img_1.png,ant\nimg_2.png,bee\n",
+            "img_3.png,ant\nimg_2.png,bee\n",
+            r"labels\.csv line 3 and val\.csv line 3 both name 'img_2\.png'",
+        ),
+        (
+            "img_1.png,ant\nsub/../img_2.png,bee\n",
+            "./img_2.png,bee\n",
+            r"labels\.csv line 3 and val\.csv line 2 both name 'img_2\.png'",
+        ),
+        (  # the same file through another root: val.csv names it below val_root
+            "sub/img_0.png,ant\nimg_1.png,bee\n",
+            "img_0.png,ant\n",
+            r"labels\.csv line 2 and val\.csv line 2 both name 'img_0\.png'",
+        ),
+    ],
+)
+def test_a_file_named_twice_or_in_two_splits_is_refused(
+    flat_root: Path, tmp_path: Path, train: str, val: str | None, message: str
+) -> None:
+    """Duplicates are found by the file, not its spelling: a training image is never validated."""
+    labels = write_csv(tmp_path / "labels.csv", "filename,label\n" + train)
+    val_csv = val and write_csv(tmp_path / "val.csv", "filename,label\n" + val)
+    val_root = flat_root / "sub" if "sub/img_0" in train else None  # val.csv's names are below it
+    with pytest.raises(DataError, match=message):
+        source = LabelsCsv(labels, root=flat_root, val_root=val_root, val_csv=val_csv)
+        ImageDataModule(source, num_workers=0).setup("fit")
+
+
+def test_class_folders_that_are_also_the_validation_folders_are_refused(tmp_path: Path) -> None:
+    """A `val_root` that is the training folder (here spelled another way) would validate on it."""
+    root = tmp_path / "images"
+    for name in ("ant", "bee"):
+        for i in range(3):
+            write_image(root / name / f"{name}_{i}.png", (40, 80, 120))
+    (tmp_path / "other").mkdir()
+    val_root = tmp_path / "other" / ".." / "images"
+    data = ImageDataModule(ClassFolders(root, val_root=val_root), num_workers=0)
+    both = r"--data\.source\.root .*images and --data\.source\.val_root .*images both name"
+    with pytest.raises(DataError, match=both + r" 'ant.ant_0\.png'"):
+        data.setup("fit")
 
 
 @pytest.mark.parametrize(

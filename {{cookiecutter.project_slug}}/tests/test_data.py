@@ -223,6 +223,15 @@ def test_explicit_validation_folder(image_root: Path, tmp_path: Path) -> None:
         other.setup("fit")
 
 
+def test_any_prefix_of_the_validation_set_mixes_the_classes(image_root: Path) -> None:
+    """Class-sorted files: `--trainer.limit_val_batches 0.1` would otherwise validate one class."""
+    dm = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), batch_size=3, num_workers=0)
+    dm.setup("fit")
+    assert sorted(dm.val_dataset.targets.tolist()) == [0, 0, 1, 1, 2, 2]
+    _, labels = next(iter(dm.val_dataloader()))
+    assert sorted(labels.tolist()) == [0, 1, 2]
+
+
 def test_split_is_written_beside_the_logs(image_root: Path, tmp_path: Path) -> None:
     dm = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
     dm.trainer = L.Trainer(logger=CSVLogger(tmp_path, name="logs"), accelerator="cpu")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,9 @@ class FolderLabels:
 
     def class_names(self) -> list[str]:
         return find_classes(self.root, self.option)
+
+    def where(self, row: int) -> str:
+        return f"--{self.option} {self.root}"
 
     def index(self, class_names: list[str]) -> ImageIndex:
         class_to_idx = {name: i for i, name in enumerate(class_names)}
@@ -146,6 +150,34 @@ def make_dataset(
     return encode_paths(paths), np.repeat(np.array(targets, dtype=np.int64), counts)
 
 
+def refuse_repeats(*splits: tuple[Callable[[int], str], Path | None, np.ndarray]) -> None:
+    """Refuse a file named twice, in one split or in two (a training image also validated): each
+    `(where(row), root, paths)`, compared normalised (`./a.jpg` is `a.jpg`), below their roots
+    where these differ."""
+    bases = [os.fsencode(os.path.abspath(root)) if root else b"" for _, root, _ in splits]
+    seen: dict[bytes, tuple[int, int]] = {}
+    for at, (where, _, paths) in enumerate(splits):
+        for row, file in enumerate(_normalised(paths, bases[at] if len(set(bases)) > 1 else b"")):
+            if (first := seen.setdefault(file, (at, row))) != (at, row):
+                before, name = splits[first[0]][0](first[1]), os.path.normpath(paths[row])
+                raise DataError(f"{before} and {where(row)} both name {os.fsdecode(name)!r}")
+
+
+# Parts of a path that `os.path.normpath` may rewrite (on Windows, every `/` becomes `\`).
+_UNNORMAL = (b"./", b"/.", b"//") if os.sep == "/" else (b"/", b".\\", b"\\.", b"\\\\")
+
+
+def _normalised(paths: np.ndarray, base: bytes) -> list[bytes]:
+    """`paths` as `os.path.normpath` writes them, joined to `base` if given; else only those where
+    numpy finds a part it may rewrite go through it: a million rows take a fraction of a second."""
+    if base:
+        return [os.path.normpath(os.path.join(base, path)) for path in paths.tolist()]
+    files = paths.tolist()
+    for row in np.flatnonzero(np.any([np.char.find(paths, p) >= 0 for p in _UNNORMAL], 0)):
+        files[row] = os.path.normpath(files[row])
+    return files
+
+
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:
     """Every image below `folder` (nested folders included), for `predict`."""
     check_dir(folder, option)
@@ -172,14 +204,23 @@ def stratified_split(targets: np.ndarray, fraction: float, seed: int) -> np.ndar
     return mask
 
 
+def interleave_classes(index: ImageIndex) -> ImageIndex:
+    """`index` with its classes taking turns, each in proportion to its size and in its own order:
+    any prefix (`--trainer.limit_val_batches 0.1`) holds each class in about its share."""
+    targets = index.targets
+    order = np.argsort(targets, kind="stable")
+    start = np.searchsorted(targets[order], targets[order])  # where each item's class begins
+    place = np.empty(len(targets))
+    place[order] = (np.arange(len(targets)) - start + 0.5) / np.bincount(targets)[targets[order]]
+    return index.subset(np.argsort(place, kind="stable"))  # ties: in the index's order
+
+
 def write_split(path: Path, paths: np.ndarray, targets: np.ndarray, class_names: list[str]) -> Path:
     """Write `filename,label` rows of an index to `path`, so that a split can be audited."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as file:
-        writer = csv.writer(file)
-        writer.writerow(["filename", "label"])
-        for name, label in zip(paths, targets.tolist(), strict=True):
-            writer.writerow([os.fsdecode(name), class_names[label]])
+        rows = zip(map(os.fsdecode, paths), [class_names[t] for t in targets.tolist()], strict=True)
+        csv.writer(file).writerows([("filename", "label"), *rows])
     return path
 
 

@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.data.index import (
     check_file,
     list_files,
     preview,
+    refuse_repeats,
 )
 from {{ cookiecutter.package_name }}.errors import DataError
 
@@ -51,6 +52,9 @@ class CsvLabels:
 
     def class_names(self) -> list[str]:
         return classes_from_labels(self.table, self.reading)
+
+    def where(self, row: int) -> str:
+        return self.table.where(row)
 
     def index(self, class_names: list[str]) -> ImageIndex:
         targets = encode_labels(self.table, class_names, self.reading, self.role)
@@ -133,12 +137,12 @@ def read_labels_csv(
                 raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
             raise
     arrays = np.frombuffer(codes, np.int64), np.frombuffer(lines, np.int64)
-    table = LabelsTable(csv_file, np.array(paths, np.bytes_), list(index), *arrays)
-    return _checked(table)
+    return _checked(LabelsTable(csv_file, np.array(paths, np.bytes_), list(index), *arrays))
 
 
 def _checked(table: LabelsTable) -> LabelsTable:
-    """Refuse a table without rows, with an empty file name or label, or naming a file twice."""
+    """Refuse a table without rows, with an empty file name or label, or naming a file twice
+    (`./a.jpg` and `a.jpg` too)."""
     if not len(table):
         raise DataError(f"{table.source} has a header but no rows")
     empty = np.flatnonzero(table.paths == b"")
@@ -147,13 +151,7 @@ def _checked(table: LabelsTable) -> LabelsTable:
     if "" in table.values:
         row = table.first_row(table.values.index(""))
         raise DataError(f"{table.where(row)} has an empty label")
-    seen: dict[bytes, int] = {}
-    for row, path in enumerate(table.paths.tolist()):
-        if (first := seen.setdefault(path, row)) != row:
-            raise DataError(
-                f"{table.source} lists {os.fsdecode(path)!r} twice, on lines "
-                f"{table.lines[first]} and {table.lines[row]}"
-            )
+    refuse_repeats((table.where, None, table.paths))
     return table
 
 

@@ -20,6 +20,8 @@ from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, demo_dir, en
 from {{ cookiecutter.package_name }}.data.index import (
     FolderLabels,
     ImageIndex,
+    interleave_classes,
+    refuse_repeats,
     stratified_split,
     write_split,
 )
@@ -121,7 +123,9 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         if self.val_root is not None or self.val_csv is not None:
             root = self.val_root or self.root or demo_dir()
             val = self._labelled(root, self.val_csv, "validation", self.labelled)
-            return train, val.index(class_names)
+            sides = ((self.labelled, train), (val, val_index := val.index(class_names)))
+            refuse_repeats(*[(labels.where, index.root, index.paths) for labels, index in sides])
+            return train, val_index
         val_mask = stratified_split(train.targets, self.val_fraction, seed)
         if stage in ("fit", None) and val_mask.all():
             raise DataError(
@@ -153,7 +157,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             augment.min_source_size(),
             approximate_decode=True,
         )
-        val = eval_dataset(data, val_index)
+        val = eval_dataset(data, interleave_classes(val_index))  # any prefix: every class
         everything = (train, val)  # what the pixel cache covers: before the skip
         if self.skip_bad_images:
             train, val = skip_unreadable(data, train, val)
