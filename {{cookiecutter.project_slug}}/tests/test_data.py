@@ -232,6 +232,19 @@ def test_any_prefix_of_the_validation_set_mixes_the_classes(image_root: Path) ->
     assert sorted(labels.tolist()) == [0, 1, 2]
 
 
+def test_mostly_small_training_images_are_named_at_setup(tmp_path: Path, capsys) -> None:
+    for name in CLASSES:
+        for i in range(4):
+            write_image(tmp_path / name / f"{i}.png", (90, 90, 90), size=(32, 24))
+    ImageDataModule(ClassFolders(tmp_path), image_size=128, num_workers=0).setup("fit")
+    assert capsys.readouterr().err == (
+        "warning: 9 of 9 sampled training images are smaller than --data.image_size 128 "
+        "(median 32x24): training upsamples them; consider --data.image_size 24\n"
+    )
+    ImageDataModule(ClassFolders(tmp_path), image_size=24, num_workers=0).setup("fit")
+    assert capsys.readouterr().err == ""
+
+
 def test_split_is_written_beside_the_logs(image_root: Path, tmp_path: Path) -> None:
     dm = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
     dm.trainer = L.Trainer(logger=CSVLogger(tmp_path, name="logs"), accelerator="cpu")

@@ -78,15 +78,8 @@ class MemmapImageDataset(ImageFolderDataset):
     def __init__(
         self, dataset: ImageFolderDataset, cache: PixelCache, positions: np.ndarray
     ) -> None:
-        super().__init__(
-            dataset.root,
-            dataset.paths,
-            dataset.targets,
-            dataset.transform,
-            dataset.classes,
-            dataset.min_size,
-            dataset.approximate_decode,
-        )
+        args = (dataset.root, dataset.paths, dataset.targets, dataset.transform, dataset.classes)
+        super().__init__(*args, dataset.min_size, dataset.approximate_decode)
         if len(positions) != len(dataset):
             raise ValueError(f"{len(positions)} cache positions for {len(dataset)} images")
         self.cache = cache
@@ -128,7 +121,7 @@ def cached(
     for root in sorted({d.root for d in served if len(d)}):
         covered = [np.asarray(d.paths) for d in everything if d.root == root]
         names = np.unique(np.concatenate(covered))
-        index = ImageFolderDataset(root, names, None, _identity)
+        index = ImageFolderDataset(root, names, None, torch.nn.Identity())
         name = partial(cache_key, index, size, key)
         folder = Path(cache_dir) / (name() if run_once is None else run_once(name))
         workers = usable_cpus() if num_workers is None else num_workers
@@ -160,10 +153,6 @@ def _make_dir(cache_dir: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise DataError(f"cannot create --data.cache_dir {cache_dir}: {err.strerror}") from err
-
-
-def _identity(image: torch.Tensor) -> torch.Tensor:
-    return image
 
 
 def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
@@ -303,8 +292,7 @@ def _write(
 
 def _check_space(folder: Path, remaining: float, count: int) -> None:
     """Refuse early, before filling the disk, when the rest of the cache cannot fit."""
-    free = shutil.disk_usage(folder).free
-    if remaining > free:
+    if remaining > (free := shutil.disk_usage(folder).free):
         raise DataError(
             f"cannot build the image cache in {folder.parent}: it needs about {_size(remaining)} "
             f"more for {count} images and {_size(free)} is free. Free some space or set "

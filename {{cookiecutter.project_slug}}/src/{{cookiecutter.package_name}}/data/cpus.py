@@ -26,15 +26,10 @@ def auto_num_workers(local_processes: int) -> int:
     """`num_workers: auto`: usable CPUs shared among the training processes of this machine, minus
     one for each process's own work; at least 1. Not shared where `srun` bound each task to CPUs
     of its own: SLURM_CPUS_PER_TASK equal to this process's CPUs, fewer than the machine's."""
-    cpus = usable_cpus()
-    if not _bound_to_own_cpus(cpus):
+    cpus, per_task = usable_cpus(), os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if not (per_task.isdigit() and int(per_task) == cpus and cpus < (os.cpu_count() or cpus)):
         cpus //= max(1, local_processes)
     return max(1, cpus - 1)
-
-
-def _bound_to_own_cpus(cpus: int) -> bool:
-    per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    return per_task.isdigit() and int(per_task) == cpus and cpus < (os.cpu_count() or cpus)
 
 
 def cgroup_cpu_limit() -> float | None:

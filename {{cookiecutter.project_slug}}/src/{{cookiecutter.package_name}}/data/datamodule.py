@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.data.source_base import predict_folder
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Source
-from {{ cookiecutter.package_name }}.data.transforms import CROPS_AND_FLIPS, Augment
+from {{ cookiecutter.package_name }}.data.transforms import Augment
 from {{ cookiecutter.package_name }}.errors import DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -51,7 +51,7 @@ class ImageDataModule(L.LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         cache_dir: str | Path | None = None,
-        augment: Augment = CROPS_AND_FLIPS,
+        augment: Augment = Augment(),  # noqa: B008 (frozen: one instance can be shared)
     ) -> None:
         super().__init__()
         if image_size < 8:
@@ -115,24 +115,21 @@ class ImageDataModule(L.LightningDataModule):
         return self.trainer.log_dir
 
     def train_dataloader(self) -> DataLoader:
-        if self.train_dataset is None:
-            self.setup("fit")
-        return self.source.loader(self, self.train_dataset, train=True)
+        return self._loader("train", "fit")
 
     def val_dataloader(self) -> DataLoader:
-        if self.val_dataset is None:
-            self.setup("validate")
-        return self.source.loader(self, self.val_dataset, train=False)
+        return self._loader("val", "validate")
 
     def test_dataloader(self) -> DataLoader:
-        if self.test_dataset is None:
-            self.setup("test")
-        return self.source.loader(self, self.test_dataset, train=False)
+        return self._loader("test", "test")
 
     def predict_dataloader(self) -> DataLoader:
-        if self.predict_dataset is None:
-            self.setup("predict")
-        return self.source.loader(self, self.predict_dataset, train=False)
+        return self._loader("predict", "predict")
+
+    def _loader(self, split: str, stage: str) -> DataLoader:
+        if getattr(self, f"{split}_dataset") is None:  # set up here when used without a Trainer
+            self.setup(stage)
+        return self.source.loader(self, getattr(self, f"{split}_dataset"), train=split == "train")
 
     def resolve_num_workers(self) -> int:
         """`num_workers`, with "auto" worked out for the processes of this machine."""

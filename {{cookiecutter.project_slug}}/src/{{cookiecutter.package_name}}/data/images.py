@@ -8,10 +8,11 @@ import logging
 import math
 import os
 import struct
+import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -90,6 +91,22 @@ def decode_image(
             raise DataError(f"cannot read image {path}: {err}") from err
 
 
+def warn_if_small(path: Callable[[int], str], count: int, size: int, seed: int) -> None:
+    """Warn when most of 32 training images drawn with `seed` are under `size`; headers only."""
+    sizes, files = [], [path(i) for i in np.random.default_rng(seed).permutation(count)[:32]]
+    for file in filter(os.path.isfile, files):  # not a named pipe, which would hold the reader
+        with contextlib.suppress(Image.DecompressionBombError, *UNREADABLE), _open(file) as im:
+            sizes.append(im.size)  # an unreadable file: the loader or `scan` names it
+    if len(small := [(w, h) for w, h in sizes if min(w, h) < size]) > len(sizes) / 2:
+        width, height = np.median(small, axis=0).astype(int)
+        print(
+            f"warning: {len(small)} of {len(sizes)} sampled training images are smaller than "
+            f"--data.image_size {size} (median {width}x{height}): training upsamples them; "
+            f"consider --data.image_size {max(8, min(width, height))}",
+            file=sys.stderr,
+        )
+
+
 # What PIL raises on damaged files, found by fuzzing (tests/test_fuzz.py): a TIFF tag, a TypeError.
 UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
 
@@ -130,12 +147,12 @@ _ORIENT = {
 }
 
 
-def _open(data: bytes) -> Image.Image:
-    """A PIL image over `data`, header parsed, pixels not yet decoded; PIL's bomb warning silenced:
-    `image_header` applies our own limit, naming the file (PIL's error still propagates)."""
+def _open(data: bytes | str) -> Image.Image:
+    """A PIL image over `data` or a file, header parsed, pixels not decoded; PIL's bomb warning
+    silenced: `image_header` applies our own limit, naming the file (PIL's error propagates)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        return Image.open(io.BytesIO(data), formats=FORMATS)
+        return Image.open(data if isinstance(data, str) else io.BytesIO(data), formats=FORMATS)
 
 
 def _as_tensor(rgb: np.ndarray) -> torch.Tensor:

@@ -43,7 +43,8 @@ def make_loader(
     sampler, place = None, shard or (0, 1)
     if train and balance_classes is not None:
         targets, num_classes, seed = balance_classes
-        sampler = BalancedSampler(balanced_weights(targets, num_classes), seed, *place, repeats)
+        weights = 1.0 / np.bincount(targets, minlength=num_classes)[targets]  # classes alike
+        sampler = BalancedSampler(torch.from_numpy(weights), seed, *place, repeats)
     elif train:
         # A DataLoader's own shuffle draws its seed from the global random state, which a resumed
         # run reaches in another state; Lightning leaves a DistributedSampler in place under DDP.
@@ -96,12 +97,6 @@ def _end_on_sigterm_from(owner: int) -> None:
     while signal.sigwaitinfo([signal.SIGTERM]).si_pid != owner:
         pass
     os._exit(0)
-
-
-def balanced_weights(targets: np.ndarray, num_classes: int) -> torch.Tensor:
-    """Per-item sampling weights that make every present class equally likely."""
-    counts = np.bincount(targets, minlength=num_classes)
-    return torch.from_numpy(1.0 / counts[targets])
 
 
 class EvalShardSampler(DistributedSampler):

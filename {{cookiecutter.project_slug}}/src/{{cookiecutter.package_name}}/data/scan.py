@@ -189,11 +189,8 @@ def drop_unreadable(
     )
     keep = np.ones(total, dtype=bool)
     keep[[index for index, _ in bad]] = False
-    kept, start = [], 0
-    for dataset in datasets:
-        kept.append(dataset.subset(keep[start : start + len(dataset)]))
-        start += len(dataset)
-    return kept
+    parts = np.split(keep, np.cumsum([len(dataset) for dataset in datasets])[:-1])
+    return [dataset.subset(part) for dataset, part in zip(datasets, parts, strict=True)]
 
 
 def _inside(folder: str, roots: set[str]) -> bool:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from {{ cookiecutter.package_name }}.data.cache import cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, demo_dir, ensure_demo_data
+from {{ cookiecutter.package_name }}.data.images import warn_if_small
 from {{ cookiecutter.package_name }}.data.index import (
     FolderLabels,
     ImageIndex,
@@ -158,6 +159,8 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             approximate_decode=True,
         )
         val = eval_dataset(data, interleave_classes(val_index))  # any prefix: every class
+        if stage in ("fit", None) and (data.trainer is None or data.trainer.is_global_zero):
+            warn_if_small(train.path, len(train), data.image_size, data.seed)
         everything = (train, val)  # what the pixel cache covers: before the skip
         if self.skip_bad_images:
             train, val = skip_unreadable(data, train, val)

@@ -33,8 +33,7 @@ class Draw(int):
 
 def seed_augmentation(index: int) -> None:
     """Seed `random`, which the training transform draws from, for this `Draw`; else leave it."""
-    seed = getattr(index, "seed", None)
-    if seed is not None:
+    if (seed := getattr(index, "seed", None)) is not None:
         random.seed(seed)
 
 
@@ -62,9 +61,6 @@ class Augment:
             )
         if not 0.0 <= self.erasing <= 1.0:
             raise DataError(f"--data.augment.erasing is a probability, got {self.erasing}")
-
-
-CROPS_AND_FLIPS = Augment()  # the default
 
 
 def train_transform(image_size: int, augment: Augment | None = None) -> RandomResizedCropFlip:
