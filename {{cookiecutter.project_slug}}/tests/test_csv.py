@@ -224,8 +224,8 @@ def test_validation_class_missing_from_training(flat_root: Path, tmp_path: Path)
 def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
     user_cache: Path, tmp_path: Path
 ) -> None:
-    """`configs/labels_csv.yaml` as baked: `csv` unset reads the labels.csv of the demo set, in the
-    per-user cache folder; a `root` without a `csv` is refused."""
+    """The csv layout's labels_csv config leaves `csv` unset: that reads the labels.csv of the demo
+    set, in the per-user cache folder; a `root` without a `csv` is refused."""
     ensure_demo_data(user_cache / "demo", images_per_class=2)  # `prepare_data` keeps it
     module = ImageDataModule(LabelsCsv(), num_workers=0)
     module.prepare_data()
