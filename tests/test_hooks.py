@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import cookiecutter_cli, files_of
+from conftest import TEMPLATE, cookiecutter_cli, files_of
 
 
 def baked_folders(output: Path) -> list[str]:
@@ -181,3 +185,44 @@ def test_an_update_from_answers_recorded_before_serve_and_shards_asks_for_them(
         assert (project / f"src/moth_finder/commands/{module}.py").is_file()
     recorded = json.loads(answers_file.read_text())["cookiecutter"]
     assert (recorded["serve"], recorded["shards"]) == ("yes", "yes")
+
+
+def test_the_readmes_cruft_update_keeps_serve_and_shards_of_an_older_bake(tmp_path: Path) -> None:
+    """The README's first `cruft update` of a project cruft baked from the template as it was
+    before the `serve` and `shards` questions: both capabilities stay (without the variables,
+    cruft would take the new questions' default, `no`, and prune them)."""
+    readme = (TEMPLATE / "README.md").read_text()
+    command = shlex.split(re.search(r"`(cruft update --variables-to-update [^`]+)`", readme)[1])
+    template = tmp_path / "template"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C"]
+    subprocess.run(["git", "clone", "-q", str(TEMPLATE), str(template)], check=True)
+    added = subprocess.run(
+        [*git, str(template), "log", "--format=%H", "-S", '"serve":', "--", "cookiecutter.json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[-1]  # the commit that added the question; its parent had neither
+    subprocess.run([*git, str(template), "checkout", "-q", f"{added}^"], check=True)
+    cruft = [sys.executable, "-m", "cruft"]
+    context = json.dumps({"project_name": "Old Owl"})
+    create = [*cruft, "create", str(template), "--no-input", "--extra-context", context]
+    subprocess.run(create, cwd=tmp_path, check=True, capture_output=True)
+    project = tmp_path / "old-owl"
+    commands = project / "src/old_owl/commands"
+    assert {"serve.py", "shard.py"} <= {p.name for p in commands.iterdir()}
+    # The project under git, as cruft wants it; the template moves on to today's version.
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run([*git, str(project), "add", "-A"], check=True)
+    subprocess.run([*git, str(project), "commit", "-qm", "baked"], check=True)
+    subprocess.run([*git, str(template), "checkout", "-q", "-"], check=True)
+    done = subprocess.run(
+        [*cruft, *command[1:], "--skip-apply-ask"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (commands / "serve.py").is_file() and (commands / "shard.py").is_file()
+    answers = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]
+    assert (answers["serve"], answers["shards"]) == ("yes", "yes")
