@@ -1,14 +1,16 @@
-"""Adding a source (ARCHITECTURE.md): a source defined here, chosen by `--data.source` and trained
-on through the real CLI, with no change to the DataModule."""
+"""Sources through the real CLI: one defined here (ARCHITECTURE.md, "Adding a source") trains with
+no change to the DataModule; the file sources' `epoch_images` scales a preset's passes."""
 
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import one_error
+from conftest import CLASSES, one_error, write_image
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.commands.cli import main
@@ -112,3 +114,34 @@ def test_the_commands_that_read_image_files_refuse_another_source(
     error = one_error(refused.returncode, refused.stderr)
     assert f"{command} reads image files: --data.source ClassFolders or LabelsCsv" in error
     assert list(tmp_path.iterdir()) == []  # refused before anything is written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("per_class", "draws"), [(14, 33 * 45), (430, 1032)])
+def test_the_scratch_preset_draws_about_1500_images_per_epoch(
+    tmp_path: Path, per_class: int, draws: int
+) -> None:
+    """42 images, 33 of them training: 45 passes; 1,290 (1,032 training): one pass. Batches of 32
+    rather than the preset's 8: a quarter of the steps, the same images drawn."""
+    for name in CLASSES:
+        for i in range(per_class):
+            write_image(tmp_path / "images" / name / f"{i}.png", (9, 9, 9), size=(8, 8))
+    options = ["--data.source.root", "images", "--data.image_size", "8", "--data.batch_size", "32"]
+    options += ["--data.num_workers", "0", "--trainer.max_epochs", "1"]
+    options += ["--trainer.limit_val_batches", "0", "--trainer.logger", "false"]
+    preset = Path(__file__).parents[1] / "configs" / "recipes" / "scratch.yaml"
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--config", str(preset)]
+    done = subprocess.run(
+        [*command, *options, "--checkpoint.dirpath", "ckpts"], cwd=tmp_path, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_checkpoint(tmp_path / "ckpts" / "last.ckpt")["global_step"] == draws // 32
+
+
+def test_epoch_images_and_epoch_repeats_are_refused_together(tmp_path: Path, run_main) -> None:
+    preset = Path(__file__).parents[1] / "configs" / "recipes" / "scratch.yaml"
+    refused = run_main("fit", "--config", preset, "--data.source.epoch_repeats", "3", cwd=tmp_path)
+    assert one_error(refused.returncode, refused.stderr).endswith(
+        "--data.source.epoch_images 1500 and --data.source.epoch_repeats 3 both set the passes "
+        "per epoch: give one of them"
+    )

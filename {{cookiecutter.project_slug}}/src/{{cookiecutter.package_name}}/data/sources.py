@@ -6,12 +6,16 @@ branch per source. To add one, subclass `Source` (ARCHITECTURE.md, "Adding a sou
 
 from __future__ import annotations
 
+import inspect
 import logging
+from abc import ABC, abstractmethod
 from functools import cached_property, partial
 from importlib import import_module
 from pathlib import Path
 from typing import Literal
 
+import lightning as L
+from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.cache import cached
@@ -24,31 +28,99 @@ from {{ cookiecutter.package_name }}.data.index import (
     interleave_classes,
     refuse_repeats,
     stratified_split,
+    unlabelled_folder,
     write_split,
 )
 from {{ cookiecutter.package_name }}.data.labels_csv import LABEL_KINDS, CsvLabels, find_csv
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
 from {{ cookiecutter.package_name }}.data.once import once
-from {{ cookiecutter.package_name }}.data.source_base import (
-    ImageDataModule,
-    Source,
-    eval_dataset,
-    fields,
-    placement,
-    skip_unreadable,
-)
-{%- if cookiecutter.shards == "yes" %}
+from {{ cookiecutter.package_name }}.data.scan import drop_unreadable
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
-{%- else %}
-from {{ cookiecutter.package_name }}.data.transforms import train_transform
-{%- endif %}
 from {{ cookiecutter.package_name }}.errors import DataError
 
 __all__ = ["ClassFolders", "LabelsCsv"{{ ', "Shards"' if cookiecutter.shards == "yes" else "" }}, "Source"]
 
 log = logging.getLogger(__name__)
+ImageDataModule = L.LightningDataModule  # `datamodule.py`'s, which imports this module
 
 SPLIT_FILE = "val_files.csv"
+
+
+class Source(ABC):
+    """Where the images of a run come from; `data` in each method is the `ImageDataModule`.
+    Each option is kept under its own name: `config()` reads them back."""
+
+    skip_bad_images: bool = False  # also what a `predict_root` folder does with unreadable images
+
+    def config(self) -> dict:
+        """The source as LightningCLI writes it (`class_path`, `init_args`): kept in checkpoints."""
+        kind, plain = type(self), lambda v: str(v) if isinstance(v, Path) else v
+        args = {name: plain(getattr(self, name)) for name in inspect.signature(kind).parameters}
+        return {"class_path": f"{kind.__module__}.{kind.__qualname__}", "init_args": args}
+
+    def inputs(self) -> list[tuple[str, Path | str | None]]:
+        """(option, path) of each file or folder the source reads: outputs must stay out of them."""
+        names = inspect.signature(type(self)).parameters
+        return [(f"--data.source.{name}", getattr(self, name)) for name in names
+                if isinstance(getattr(self, name), Path)]  # fmt: skip
+
+    def prepare(self, predicting: bool) -> None:  # noqa: B027 (optional: most sources need none)
+        """Work done once per machine before `setup` (LightningDataModule.prepare_data)."""
+
+    @abstractmethod
+    def class_names(self) -> list[str]:
+        """The classes, in label order."""
+
+    @abstractmethod
+    def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
+        """The training and validation datasets."""
+
+    @abstractmethod
+    def test_dataset(self, data: ImageDataModule) -> Dataset:
+        """The labelled images `test` reads."""
+
+    def predict_dataset(self, data: ImageDataModule) -> Dataset:
+        """The images `predict` reads when no `--data.predict_root` is given."""
+        raise DataError("predict needs --data.predict_root: a folder of images")
+
+    def loader(self, data: ImageDataModule, dataset: Dataset, train: bool, **options) -> DataLoader:
+        """The DataLoader of `dataset`: each process reads its own share of each epoch."""
+        options |= {"train": train, "seed": data.seed, **placement(data)}
+        return make_loader(dataset, data.batch_size, data.resolve_num_workers(), **options)
+
+
+def predict_folder(data: ImageDataModule, folder: Path) -> ImageFolderDataset:
+    """The images below `folder`, for `predict`; unreadable ones skipped as the source says."""
+    index = once(data.trainer, partial(unlabelled_folder, folder))
+    return _readable(data, eval_dataset(data, index))
+
+
+def eval_dataset(data: ImageDataModule, index: ImageIndex) -> ImageFolderDataset:
+    transform = eval_transform(data.image_size)
+    return ImageFolderDataset(*fields(index), transform, data.class_names, data.image_size)
+
+
+def _readable(data: ImageDataModule, dataset: ImageFolderDataset) -> ImageFolderDataset:
+    return skip_unreadable(data, dataset)[0] if data.source.skip_bad_images else dataset
+
+
+def skip_unreadable(data: ImageDataModule, *datasets: ImageFolderDataset) -> list:
+    writer = data.trainer is None or data.trainer.is_global_zero
+    options = (data.resolve_num_workers(), writer, data.log_dir(), writer)
+    return drop_unreadable(datasets, *options, partial(once, data.trainer))
+
+
+def placement(data: ImageDataModule) -> dict:
+    """Pinned memory on CUDA; each rank's share of the dataset under DDP."""
+    trainer = data.trainer
+    on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
+    if trainer is not None and trainer.world_size > 1:
+        return {"pin_memory": on_cuda, "shard": (trainer.global_rank, trainer.world_size)}
+    return {"pin_memory": on_cuda}
+
+
+def fields(index: ImageIndex) -> tuple:
+    return index.root, index.paths, index.targets
 
 
 class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as a --data.source
@@ -69,6 +141,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         test_csv: str | Path | None = None,
         balance_classes: bool = False,
         epoch_repeats: int = 1,
+        epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_keep: int = 3,
@@ -76,6 +149,13 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
     ) -> None:
         if epoch_repeats < 1:
             raise DataError(f"--data.source.epoch_repeats must be at least 1, got {epoch_repeats}")
+        if epoch_images is not None and epoch_images < 1:
+            raise DataError(f"--data.source.epoch_images must be at least 1, got {epoch_images}")
+        if epoch_images is not None and epoch_repeats > 1:
+            raise DataError(
+                f"--data.source.epoch_images {epoch_images} and --data.source.epoch_repeats "
+                f"{epoch_repeats} both set the passes per epoch: give one of them"
+            )
         if not 0.0 <= val_fraction < 1.0:
             raise DataError(f"--data.source.val_fraction must be in [0, 1), got {val_fraction}")
         if cache not in ("none", "memmap"):
@@ -94,6 +174,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.source.test_csv")
         self.balance_classes = balance_classes
         self.epoch_repeats = epoch_repeats
+        self.epoch_images = epoch_images
         self.skip_bad_images = skip_bad_images
         self.cache = cache
         self.cache_keep = cache_keep
@@ -190,16 +271,21 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             )
         root = self.test_root or self.root or self.test_csv.parent
         source = self._labelled(root, self.test_csv, "test", self.labelled)
-        test = eval_dataset(data, once(data.trainer, partial(source.index, data.class_names)))
-        return skip_unreadable(data, test)[0] if self.skip_bad_images else test
+        index = once(data.trainer, partial(source.index, data.class_names))
+        return _readable(data, eval_dataset(data, index))
+
+    def passes(self, images: int) -> int:
+        """Passes per epoch over `images` training images: `epoch_repeats`, or by `epoch_images`."""
+        if self.epoch_images is None:
+            return self.epoch_repeats
+        return max(1, round(self.epoch_images / max(images, 1)))
 
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
-        balance = None
-        if train and self.balance_classes:
-            balance = (dataset.targets, data.num_classes, data.seed)
-        seed, repeats, workers = data.seed, self.epoch_repeats, data.resolve_num_workers()
-        options = {"train": train, "balance_classes": balance, "seed": seed, "repeats": repeats}
-        return make_loader(dataset, data.batch_size, workers, **placement(data), **options)
+        balance = (dataset.targets, data.num_classes, data.seed) if self.balance_classes else None
+        if not train:
+            return super().loader(data, dataset, train)
+        repeats = self.passes(len(dataset))
+        return super().loader(data, dataset, train, balance_classes=balance, repeats=repeats)
 
 
 class ClassFolders(_ImageFiles):
@@ -217,6 +303,8 @@ class ClassFolders(_ImageFiles):
         balance_classes: draw training images with a weighted sampler, each class equally often.
         epoch_repeats: passes over the training images per epoch, each in an order of its own:
             on a few hundred images, enough optimizer steps in a run of the usual epochs.
+        epoch_images: draw about this many images per epoch: passes = max(1, round(epoch_images
+            / training images)), so that a preset keeps its steps per epoch on more data.
         skip_bad_images: decode every image at setup and leave out, with a warning, those that
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
         cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
@@ -254,6 +342,7 @@ class LabelsCsv(_ImageFiles):
         label_kind: Literal["auto", "index", "name"] = "auto",
         balance_classes: bool = False,
         epoch_repeats: int = 1,
+        epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_keep: int = 3,
@@ -269,8 +358,8 @@ class LabelsCsv(_ImageFiles):
         self.label_column = label_column
         self.label_kind = label_kind
         shared = (val_root, val_csv, val_fraction, test_root, test_csv, balance_classes)
-        shared += (epoch_repeats,)
-        super().__init__(root, *shared, skip_bad_images, cache, cache_keep, cache_key)
+        shared += (epoch_repeats, epoch_images, skip_bad_images, cache, cache_keep, cache_key)
+        super().__init__(root, *shared)
 
 
 {% if cookiecutter.shards == "yes" -%}
