@@ -1,4 +1,5 @@
-"""`num_workers: auto` and the CPUs it counts: affinity capped by cgroup v1 and v2 CPU quotas.
+"""`num_workers: auto`, torch's threads and the CPUs they share: affinity capped by cgroup v1 and
+v2 CPU quotas, divided among the training processes of a machine.
 
 The cgroup files are real files in a temporary tree laid out as /sys/fs/cgroup and
 /proc/self/cgroup are on a host, in a container, and in v1, v2 and hybrid mode.
@@ -6,10 +7,16 @@ The cgroup files are real files in a temporary tree laid out as /sys/fs/cgroup a
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
+import torch
+from conftest import tiny_run_options
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -119,3 +126,79 @@ def test_auto_workers_under_a_per_task_cpu_binding(
     else:
         monkeypatch.setenv("SLURM_CPUS_PER_TASK", per_task)
     assert cpus.auto_num_workers(4) == workers
+
+
+@pytest.mark.parametrize(
+    ("user", "quota", "processes", "threads"),
+    [
+        (False, "max 100000", 1, 8),  # alone: torch's default (physical cores), not all 16 CPUs
+        (False, "max 100000", 4, 4),  # 16 CPUs among 4 processes
+        (False, "400000 100000", 1, 4),  # a 4-CPU quota
+        (False, "400000 100000", 2, 2),
+        (True, "400000 100000", 2, 5),  # OMP_NUM_THREADS set: the count it gave stays
+    ],
+)
+def test_threads_are_the_cpu_share_unless_the_user_chose(
+    cgroups, sixteen_cpus, monkeypatch, user: bool, quota: str, processes: int, threads: int
+) -> None:
+    cgroups("0::/", v2({"": quota}))
+    monkeypatch.setattr(cpus, "TORCH_THREADS", 8)  # torch's default on 8 cores of 2 threads each
+    monkeypatch.setattr(cpus, "USER_THREADS", user)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(5)
+        cpus.share_threads(processes)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+class ThreadRecorder(L.Callback):
+    """Writes each process's torch thread count when training starts to $THREADS_DIR/rank<N>."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        out = Path(os.environ["THREADS_DIR"]) / f"rank{trainer.global_rank}"
+        out.write_text(json.dumps(torch.get_num_threads()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("processes", "omp"), [(2, None), (2, "2"), (1, None)])
+def test_training_processes_share_the_cpus_unless_omp_num_threads_says(
+    image_root: Path, tmp_path: Path, processes: int, omp: str | None
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the tests set it
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    # torch's own reading of the environment (MKL caps an OMP_NUM_THREADS above the cores)
+    torch_alone = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    devices = ["--trainer.devices", str(processes)]
+    if processes > 1:
+        devices += ["--trainer.strategy", "ddp"]
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *tiny_run_options(image_root)]
+        + ["--trainer.accelerator", "cpu", *devices, "--trainer.max_epochs", "1"]
+        + ["--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "0"]
+        + ["--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
+        + ["--trainer.callbacks+=test_cpus.ThreadRecorder"],
+        cwd=tmp_path,
+        env={
+            **env,
+            "THREADS_DIR": str(tmp_path),
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    threads = int(torch_alone.stdout)
+    if omp is None:  # one process alone keeps torch's default; two share the CPUs
+        threads = min(threads, cpus.cpu_share(processes))
+    recorded = [json.loads((tmp_path / f"rank{rank}").read_text()) for rank in range(processes)]
+    assert recorded == [threads] * processes

@@ -1,6 +1,8 @@
-"""How many CPUs this process may use, and so how many loader workers `num_workers: auto` starts.
+"""How many CPUs this process may use, and so how many loader workers `num_workers: auto` starts
+and how many threads torch's operators run on.
 
-Our own: Lightning's `suggested_max_num_workers` ignores cgroup CPU quotas (docs/data.md).
+Our own: Lightning's `suggested_max_num_workers` and the thread count its DDP launchers set ignore
+cgroup CPU quotas and SLURM's per-task binding (docs/data.md, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -10,6 +12,12 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import torch
+
+# Read when the package is imported, before Lightning's DDP launcher sets OMP_NUM_THREADS in each
+# process: whether the user chose the thread count, and torch's own choice (physical cores).
+USER_THREADS = "OMP_NUM_THREADS" in os.environ
+TORCH_THREADS = torch.get_num_threads()
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
 
@@ -22,14 +30,26 @@ def usable_cpus() -> int:
     return cpus if limit is None else max(1, min(cpus, math.ceil(limit)))
 
 
-def auto_num_workers(local_processes: int) -> int:
-    """`num_workers: auto`: usable CPUs shared among the training processes of this machine, minus
-    one for each process's own work; at least 1. Not shared where `srun` bound each task to CPUs
-    of its own: SLURM_CPUS_PER_TASK equal to this process's CPUs, fewer than the machine's."""
+def cpu_share(local_processes: int) -> int:
+    """This process's CPUs: usable CPUs shared among the training processes of this machine, at
+    least 1. Not shared where `srun` bound each task to CPUs of its own: SLURM_CPUS_PER_TASK equal
+    to this process's CPUs, fewer than the machine's."""
     cpus, per_task = usable_cpus(), os.environ.get("SLURM_CPUS_PER_TASK", "")
     if not (per_task.isdigit() and int(per_task) == cpus and cpus < (os.cpu_count() or cpus)):
         cpus //= max(1, local_processes)
-    return max(1, cpus - 1)
+    return max(1, cpus)
+
+
+def auto_num_workers(local_processes: int) -> int:
+    """`num_workers: auto`: this process's CPU share, minus one for its own work; at least 1."""
+    return max(1, cpu_share(local_processes) - 1)
+
+
+def share_threads(local_processes: int) -> None:
+    """Run torch's operators on this process's CPU share, at most torch's own default (so one
+    process alone keeps it), unless the user set OMP_NUM_THREADS: an explicit count wins."""
+    if not USER_THREADS:
+        torch.set_num_threads(min(TORCH_THREADS, cpu_share(local_processes)))
 
 
 def cgroup_cpu_limit() -> float | None:
