@@ -8,7 +8,9 @@ import os
 import sys
 from argparse import ArgumentError
 
+import yaml
 from jsonargparse import Namespace
+from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -106,16 +108,6 @@ class ImageCLI(LightningCLI):
         elif subcommand == "fit":
             _follow_pretrained_inputs(config, typed)
 
-    def _parse_ckpt_path(self) -> None:
-        """LightningCLI's (the checkpoint's model options over those given), then the given run
-        options put back (`FREE_ON_RESUME`: `--model.tta_flip true` with `--ckpt_path` flips)."""
-        super()._parse_ckpt_path()
-        if not self.config.get("subcommand"):
-            return
-        config, given = self.config[self.config.subcommand], self.typed.get("model") or Namespace()
-        for name in FREE_ON_RESUME & set(given.keys()):
-            config.model[name] = given[name]
-
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
             "--run",
@@ -151,15 +143,13 @@ class ImageCLI(LightningCLI):
 {%- endif %}
 
     def instantiate_trainer(self, **kwargs):
-        """The Trainer with `console.callbacks`; no checkpoints under `enable_checkpointing false`.
-
-        They are parser-level callbacks (`--checkpoint.*`, `--last_checkpoint.*`), always built;
-        Lightning refuses a ModelCheckpoint beside `enable_checkpointing=False`. As
-        `LightningCLI.instantiate_trainer`, with that filter.
-        """
-        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        parser = self._parser(self.subcommand)
-        callbacks = [self._get(self.config_init, key) for key in parser.callback_keys]
+        """As LightningCLI's, with `console.callbacks`, and without the parser-level checkpoint
+        callbacks under `enable_checkpointing false` (Lightning refuses them there)."""
+        config = {**self.config_init[self.subcommand].trainer, **kwargs}
+        # The parser-level callbacks (`--checkpoint.*`, ...), in the order they were added.
+        callbacks = [
+            c for c in self.config_init[self.subcommand].values() if isinstance(c, Callback)
+        ]
         if config.get("enable_checkpointing") is False:
             kinds = (ModelCheckpoint, LastCheckpoint)
             callbacks = [c for c in callbacks if not isinstance(c, kinds)]
@@ -170,10 +160,14 @@ class ImageCLI(LightningCLI):
             if self.subcommand != "fit":  # no run folder: config.yaml would go to the working one
                 self.save_config_callback = None
         # No options: parts of resuming, never turned off.
-        recipe = parser.dump(self.config[self.subcommand], skip_none=False)  # as config.yaml
+        recipe = yaml.safe_dump(  # as config.yaml
+            yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
+        )
         callbacks += [ResumeInEpoch(), RunLogMark(), RunMark(recipe)]
         if self.subcommand == "fit" and self.ckpt_contents is not None:
             self.save_config_callback = None  # the run's config.yaml stays as the run began
+        # Private, as no public hook takes the callbacks: LightningCLI's own last step (its
+        # save-config callback and `trainer_defaults` callbacks added, the Trainer made).
         trainer = self._instantiate_trainer(config, callbacks)
         if self.subcommand == "fit" and self.config.fit.get("run") is not None:
             trainer.run_folder = str(runs_folder(self.config.fit) / self.config.fit.run)
@@ -181,6 +175,11 @@ class ImageCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        # After LightningCLI put the checkpoint's model options over those given: the run
+        # options given now win (`FREE_ON_RESUME`: `--model.tta_flip true` with `--ckpt_path`).
+        given = self.typed.get("model") or Namespace()
+        for name in FREE_ON_RESUME & set(given.keys()):
+            config.model[name] = given[name]
         if self.ckpt_contents is not None:
             _restore_data_options(config, self.typed, self.ckpt_contents, self.subcommand)
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
@@ -229,27 +228,24 @@ def _follow_pretrained_inputs(config, typed) -> None:
 
 
 def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
-    """The options given on the command line or in config files, without the defaults: what
-    a resume must not quietly replace with the checkpoint's values.
-
-    Parsed again without defaults; where that parse cannot stand alone (a logger class given
-    without an argument it requires, which the full parse took from the default logger), the
-    options whose values differ from their defaults.
-    """
+    """The options given on the command line or in config files, without the defaults: what a
+    resume must not quietly replace with the checkpoint's values. Where the parse without
+    defaults cannot stand alone (a logger class given without an argument it requires), the
+    options whose values differ from their defaults."""
     exit_on_error, parser.exit_on_error = parser.exit_on_error, False
     try:
-        if isinstance(args, dict):
-            typed = parser.parse_object(args, defaults=False)
-        else:
-            typed = parser.parse_args(sys.argv[1:] if args is None else args, defaults=False)
-        return typed.get(subcommand) or Namespace()
-    except ArgumentError:
-        pass
+        try:
+            if isinstance(args, dict):
+                typed = parser.parse_object(args, defaults=False)
+            else:
+                typed = parser.parse_args(sys.argv[1:] if args is None else args, defaults=False)
+            return typed.get(subcommand) or Namespace()
+        except ArgumentError:
+            defaults = parser.parse_args([subcommand])[subcommand]
     finally:
         parser.exit_on_error = exit_on_error
-    config, defaults = cli.config[subcommand], cli._parser(subcommand).get_defaults()
     typed = Namespace()
-    for key, value in config.items():
+    for key, value in cli.config[subcommand].items():
         if key not in defaults or defaults[key] != value:
             typed[key] = value
     return typed

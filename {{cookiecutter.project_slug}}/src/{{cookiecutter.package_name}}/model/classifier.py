@@ -11,10 +11,10 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
@@ -31,48 +31,39 @@ from {{ cookiecutter.package_name }}.model.reports import per_class_table, save_
 
 
 class ImageClassifier(L.LightningModule):
-    """A classifier over `class_names`, fed float batches already normalised by the DataModule.
-
-    `class_names`, `image_size`, `mean` and `std` come from the data (linked by the CLI) and are
-    saved in every checkpoint, so that a checkpoint alone is enough to predict or export.
+    """A classifier over `class_names`, fed batches the DataModule has normalised. The data's
+    `class_names`, `image_size`, `mean` and `std` (linked by the CLI) are saved in every
+    checkpoint, which alone is then enough to predict or export.
 
     Args:
-        architecture: "compact_resnet" (the default, sized by `width` and `depths`), a
-            torchvision classification model by name ("resnet18", "efficientnet_b0", ...) or,
-            with the timm extra, a timm model ("convnext_nano.in12k", "timm/resnet50.a1_in1k").
-        pretrained: start from the architecture's published weights: from the local Hugging
-            Face or torch hub cache, else downloaded; the data's image size and normalisation
-            then follow the weights' unless given (`model/pretrained.py`).
-        weights: start from a local file instead: a state dict, a `.safetensors` file or a
-            checkpoint of this project (a classifier for other classes is re-made).
+        architecture: "compact_resnet" (sized by `width` and `depths`), a torchvision model
+            ("resnet18") or, with the timm extra, a timm model ("convnext_nano.in12k").
+        pretrained: start from the architecture's published weights (local cache first); the
+            data's image size and normalisation then follow them unless given.
+        weights: start from a local file: a state dict, `.safetensors` or a checkpoint of this
+            project (a classifier for other classes is re-made).
         width: channels of the first stage; each later stage doubles them.
         depths: residual blocks per stage.
         lr: peak learning rate of AdamW.
-        weight_decay: applied to weights only, not to norm layers and biases.
-        label_smoothing: of the cross-entropy loss (0.1 is a common choice).
+        weight_decay: on weights only, not on norm layers and biases.
+        label_smoothing: of the cross-entropy loss (0.1 is common).
         schedule: "cosine" (linear warm-up, then cosine decay to zero) or "onecycle".
         warmup_fraction: share of all training steps spent warming up.
         compile: run the network through `torch.compile` when fitting.
-        channels_last: NHWC memory layout (faster convolutions on recent GPUs); unset: on CUDA only.
-        freeze_backbone_epochs: fine-tuning: for this many first epochs only the classifier
-            (`networks.classifier_of`) trains, the rest (the backbone) frozen with its BatchNorm
-            layers in eval mode; then everything trains. 0: everything from the start.
+        channels_last: NHWC memory layout; unset: on CUDA only.
+        freeze_backbone_epochs: train only the classifier for this many first epochs (the
+            backbone frozen, its BatchNorm layers in eval mode), then everything.
         backbone_lr_scale: the backbone's learning rate relative to the classifier's; unset: 0.1
             after a frozen phase, else 1.0.
-        layer_decay: timm architectures only: layer-wise learning-rate decay, each layer group's
-            rate this times the next one's up to the classifier (`timm.optim`'s
-            `param_groups_layer_decay`; 0.65 to 0.85 are usual for fine-tuning).
-        lr_reference_batch: the global batch `lr` is meant for: the peak learning rate becomes
-            `lr` x global batch / this, the global batch being `--data.batch_size` x processes x
-            `--trainer.accumulate_grad_batches`. Unset: `lr` as it is.
-        tta_flip: validate, test and predict on each image and its left-right mirror, averaging
-            their class probabilities (`predict`'s probabilities are that mean).
-        mixup_alpha: MixUp of training batches, the mixing weight drawn from Beta(alpha, alpha)
-            (0.2 is common); 0: off.
-        cutmix_alpha: CutMix of training batches likewise (1.0 is common); with MixUp also on,
-            each batch gets one of the two.
-        mix_off_epochs: no MixUp or CutMix in the last this many epochs of
-            `--trainer.max_epochs`, which train on the images as they are.
+        layer_decay: timm models only: each layer group's rate this times the next one's
+            (timm's `param_groups_layer_decay`; 0.65 to 0.85 are usual).
+        lr_reference_batch: the global batch (batch size x processes x accumulation) `lr` is
+            meant for; the peak rate scales with the actual one. Unset: `lr` as it is.
+        tta_flip: validate, test and predict on each image and its mirror, averaging their
+            class probabilities.
+        mixup_alpha: MixUp of training batches, weight from Beta(alpha, alpha) (0.2 is common).
+        cutmix_alpha: CutMix likewise (1.0 is common); with both on, one of the two per batch.
+        mix_off_epochs: no MixUp or CutMix in the last this many of `--trainer.max_epochs`.
     """
 
     def __init__(
@@ -174,26 +165,25 @@ class ImageClassifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Update the validation metrics; the logits go to callbacks (the run history)."""
-        images, targets = batch
-        logits = self._scores(images)
-        self.val_acc(logits, targets)
-        self.val_confusion.update(logits, targets)
-        self.val_loss.update(self.loss(logits, targets), weight=len(targets))
-        self.log("val_loss", self.val_loss, prog_bar=True)
-        self.log("val_acc", self.val_acc, prog_bar=True)
+        logits = self._evaluate(batch, "val")
         if self.val_acc_top5 is not None:
-            self.val_acc_top5(logits, targets)
+            self.val_acc_top5(logits, batch[1])
             self.log("val_acc_top5", self.val_acc_top5)
         return logits.detach()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         images, targets = batch
         logits = self._scores(images)
-        self.test_acc(logits, targets)
-        self.test_confusion.update(logits, targets)
-        self.test_loss.update(self.loss(logits, targets), weight=len(targets))
-        self.log("test_loss", self.test_loss)
-        self.log("test_acc", self.test_acc)
+        accuracy, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
+        accuracy(logits, targets)
+        getattr(self, f"{stage}_confusion").update(logits, targets)
+        loss.update(self.loss(logits, targets), weight=len(targets))
+        self.log(f"{stage}_loss", loss, prog_bar=stage == "val")
+        self.log(f"{stage}_acc", accuracy, prog_bar=stage == "val")
+        return logits
 
     def on_test_epoch_end(self) -> None:
         matrix = self.test_confusion.compute().cpu().numpy()  # every rank: compute syncs them
@@ -248,13 +238,12 @@ class ImageClassifier(L.LightningModule):
 
     def _peak_lr(self) -> float:
         """`lr`, or with `lr_reference_batch` scaled by the global batch, said on rank zero."""
-        hp = self.hparams
+        hp, trainer = self.hparams, self.trainer
         if hp.lr_reference_batch is None:
             return hp.lr
-        trainer = self.trainer
-        batch_size = getattr(trainer.datamodule, "batch_size", None)
-        if batch_size is None:
-            batch_size = getattr(trainer.train_dataloader, "batch_size", None)
+        batch_size = getattr(trainer.datamodule, "batch_size", None) or getattr(
+            trainer.train_dataloader, "batch_size", None
+        )
         if batch_size is None:
             raise DataError(
                 "--model.lr_reference_batch: the training data's batch size is unknown; "
@@ -270,18 +259,17 @@ class ImageClassifier(L.LightningModule):
 
     def _check_fit(self) -> None:
         """Refuse, before training, recipe options that this trainer cannot follow."""
-        hp, trainer = self.hparams, self.trainer
-        no_limit = trainer.max_epochs is None or trainer.max_epochs < 0
-        if hp.mix_off_epochs and self.mixer is not None and no_limit:
+        max_epochs = self.trainer.max_epochs
+        if self.hparams.mix_off_epochs and self.mixer is not None and (max_epochs or -1) < 0:
             raise DataError(
                 "--model.mix_off_epochs counts back from --trainer.max_epochs, which is not set"
             )
-        strategy = trainer.strategy
-        # DDP waits for a gradient of every parameter that took one when it was set up.
-        unused_ok = isinstance(strategy, DDPStrategy) and strategy._ddp_kwargs.get(
-            "find_unused_parameters"
-        )
-        if hp.freeze_backbone_epochs and isinstance(strategy, DDPStrategy) and not unused_ok:
+
+    def on_fit_start(self) -> None:
+        # DDP (built by now) waits for a gradient of every parameter that took one at its start.
+        ddp = self.trainer.strategy.model
+        frozen = self.hparams.freeze_backbone_epochs
+        if frozen and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
             raise DataError(
                 "--model.freeze_backbone_epochs under DDP needs --trainer.strategy "
                 "ddp_find_unused_parameters_true (the frozen backbone takes no gradients)"
@@ -351,10 +339,9 @@ class ImageClassifier(L.LightningModule):
 
 
 def flip_average(net: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
-    """The log of the mean class probabilities of each image and its left-right mirror
-    (`tta_flip`; `export` writes it into the exported model too). Probabilities are averaged, as
-    for any ensemble, rather than logits, whose scale differs from view to view; their log is a
-    logit vector like any other, so the loss, the metrics and a softmax apply unchanged."""
+    """The log of the mean class probabilities of each image and its mirror (`tta_flip`, also in
+    exported models): probabilities average across views, whose logits differ in scale, and
+    their log is a logit vector the loss, the metrics and a softmax take unchanged."""
     logits = net(torch.cat([images, images.flip(-1)])).float()
     views = logits.log_softmax(dim=1).unflatten(0, (2, -1))  # -1: a batch of any size exports
     return views.logsumexp(dim=0) - math.log(2)

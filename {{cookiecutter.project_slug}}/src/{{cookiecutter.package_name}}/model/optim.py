@@ -1,16 +1,14 @@
-"""What the optimizer trains and how fast: AdamW's parameter groups (weight decay on weights only,
-the backbone's own learning rate, timm's layer-wise decay), the frozen backbone of a fine-tuning
-run, and the learning-rate schedule."""
+"""AdamW's parameter groups, the frozen backbone of fine-tuning, the learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from fnmatch import fnmatch
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.networks import classifier_of
@@ -23,79 +21,56 @@ def param_groups(
     backbone_lr_scale: float = 1.0,
     layer_decay: float | None = None,
 ) -> list[dict]:
-    """AdamW's parameter groups over every parameter, frozen or not, each with its peak `lr`.
-
-    Norm layers, biases and what a timm model lists in `no_weight_decay()` (a ViT's position
-    embedding and class token) get no weight decay. With the backbone's learning rate scaled or
-    `layer_decay`, the classifier's groups come first (the run history logs the first group's
-    rate), then the backbone's, named for the learning-rate monitor; otherwise there are just
-    the two groups, with and without decay.
-    """
-    no_decay = _no_decay(network)
+    """AdamW's groups over every parameter, frozen or not (a resumed optimizer never meets a new
+    group), weight decay by timm's rule (`param_groups_weight_decay`: not on 1-D parameters,
+    biases and a model's `no_weight_decay()`). With a backbone scale or `layer_decay`, the
+    classifier's groups come first (the history logs the first group's rate), all named."""
+    skip = getattr(network, "no_weight_decay", set)()
+    decays = {
+        id(p): not (p.ndim <= 1 or name.endswith(".bias") or any(fnmatch(name, s) for s in skip))
+        for name, p in network.named_parameters()
+    }
     if backbone_lr_scale == 1.0 and layer_decay is None:
-        decayed = [p for p in network.parameters() if id(p) not in no_decay]
-        plain = [p for p in network.parameters() if id(p) in no_decay]
+        params = list(network.parameters())
         return [
-            {"params": decayed, "weight_decay": weight_decay, "lr": lr},
-            {"params": plain, "weight_decay": 0.0, "lr": lr},
+            {"params": [p for p in params if decays[id(p)]], "weight_decay": weight_decay},
+            {"params": [p for p in params if not decays[id(p)]], "weight_decay": 0.0},
         ]
     if layer_decay is None:
-        layered = [{"params": list(network.parameters()), "lr_scale": 1.0}]
+        layers = [{"params": list(network.parameters()), "lr_scale": 1.0}]
     else:
-        layered = _timm_layers(network, layer_decay)
+        from timm.optim import param_groups_layer_decay
+
+        with _all_trainable(network):  # timm leaves out the parameters frozen now
+            layers = param_groups_layer_decay(network, weight_decay=0.0, layer_decay=layer_decay)
     head = {id(p) for p in classifier_of(network).parameters()}
-    heads, backbones = [], []
-    for index, layer in enumerate(layered):
-        part = "" if layer_decay is None else f"_{index}"
-        for decay in (True, False):
-            for in_head, groups in ((True, heads), (False, backbones)):
+    groups = []
+    for in_head in (True, False):
+        for index, layer in enumerate(layers):
+            for decay in (True, False):
                 chosen = [
                     p
                     for p in layer["params"]
-                    if (id(p) not in no_decay) == decay and (id(p) in head) == in_head
+                    if decays[id(p)] == decay and (id(p) in head) == in_head
                 ]
-                if not chosen:
-                    continue
-                scale = layer["lr_scale"] * (1.0 if in_head else backbone_lr_scale)
-                name = ("head" if in_head else "backbone") + part + ("" if decay else "_no_decay")
-                groups.append(
-                    {
-                        "params": chosen,
-                        "lr": lr * scale,
-                        "weight_decay": weight_decay if decay else 0.0,
-                        "name": name,
-                    }
-                )
-    return heads + backbones
-
-
-def _no_decay(network: nn.Module) -> set[int]:
-    """The ids of the parameters without weight decay: those of one dimension (norm layers,
-    biases) and, in a timm model, those its `no_weight_decay()` names, matched by timm's own
-    `param_groups_weight_decay` as its optimizer factory matches them."""
-    if not _is_timm(network):
-        return {id(p) for p in network.parameters() if p.ndim <= 1}
-    from timm.optim import param_groups_weight_decay
-
-    names = getattr(network, "no_weight_decay", set)()
-    with _all_trainable(network):
-        groups = param_groups_weight_decay(network, 1.0, no_weight_decay_list=names)
-    return {id(p) for group in groups if group["weight_decay"] == 0.0 for p in group["params"]}
-
-
-def _timm_layers(network: nn.Module, layer_decay: float) -> list[dict]:
-    """timm's layer groups (`param_groups_layer_decay`, from the model's `group_matcher`), each
-    with its `lr_scale`; every parameter is included, frozen or not."""
-    from timm.optim import param_groups_layer_decay
-
-    with _all_trainable(network):
-        return param_groups_layer_decay(network, weight_decay=0.0, layer_decay=layer_decay)
+                if chosen:
+                    scale = layer["lr_scale"] * (1.0 if in_head else backbone_lr_scale)
+                    name = ("head" if in_head else "backbone") + (
+                        "" if layer_decay is None else f"_{index}"
+                    )
+                    groups.append(
+                        {
+                            "params": chosen,
+                            "lr": lr * scale,
+                            "weight_decay": weight_decay if decay else 0.0,
+                            "name": name + ("" if decay else "_no_decay"),
+                        }
+                    )
+    return groups
 
 
 @contextmanager
 def _all_trainable(network: nn.Module) -> Iterator[None]:
-    """Every parameter takes gradients inside: timm's group helpers leave out those that do not
-    now, where the groups must hold a frozen backbone too."""
     flags = [(p, p.requires_grad) for p in network.parameters()]
     for p, _ in flags:
         p.requires_grad_(True)
@@ -106,38 +81,34 @@ def _all_trainable(network: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def _is_timm(network: nn.Module) -> bool:
-    return type(network).__module__.startswith("timm.")
-
-
 def check_layer_decay(network: nn.Module, architecture: str, layer_decay: float | None) -> None:
-    """Refuse `layer_decay` for a network without timm's layer groups, or out of (0, 1]."""
+    """Refuse `layer_decay` out of (0, 1], or for a network without timm's layer groups."""
     if layer_decay is None:
         return
     if not 0.0 < layer_decay <= 1.0:
         raise DataError(f"--model.layer_decay must be in (0, 1], got {layer_decay}")
-    if not (_is_timm(network) and hasattr(network, "group_matcher")):
+    if not (type(network).__module__.startswith("timm.") and hasattr(network, "group_matcher")):
         raise DataError(
             f"--model.layer_decay needs a timm architecture (its layer groups); "
             f"--model.architecture {architecture} is not one"
         )
 
 
-def freeze_backbone(network: nn.Module, frozen: bool) -> None:
-    """Train only the classifier (`classifier_of`), or everything again.
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
-    Frozen, the backbone's parameters take no gradients (so AdamW leaves them, and their weight
-    decay, alone) and its BatchNorm layers run in eval mode, as Lightning's `BaseFinetuning` and
-    the usual fine-tuning recipes keep them: the running statistics of the pretrained backbone
-    are not pulled towards the batches of a classifier that is still random.
-    """
+
+def freeze_backbone(network: nn.Module, frozen: bool) -> None:
+    """Train only the classifier (`classifier_of`), or everything again. Frozen, the backbone
+    takes no gradients and its BatchNorm layers run in eval mode, so that a random classifier
+    does not pull the pretrained running statistics (Lightning's `BaseFinetuning` freezes them
+    by turning `track_running_stats` off, which normalises with batch statistics instead)."""
     head = classifier_of(network)
     in_head = {id(p) for p in head.parameters()} | {id(m) for m in head.modules()}
     for param in network.parameters():
         if id(param) not in in_head:
             param.requires_grad_(not frozen)
     for module in network.modules():
-        if isinstance(module, _BatchNorm) and id(module) not in in_head:
+        if isinstance(module, _BATCH_NORMS) and id(module) not in in_head:
             module.train(network.training and not frozen)
 
 
