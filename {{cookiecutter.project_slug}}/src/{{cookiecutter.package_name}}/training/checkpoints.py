@@ -1,5 +1,5 @@
 """Checkpoint callbacks: the best one, and `last.ckpt` every few minutes, after every epoch and on
-interruption."""
+interruption (docs/distributed.md, "Stopping")."""
 
 from __future__ import annotations
 
@@ -19,13 +19,12 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-_DDP_CHECK_BATCHES = 16  # under DDP, how often the ranks agree on whether a save is due
+_DDP_CHECK_BATCHES = 16  # under DDP, how often the ranks agree on whether a timed save is due
 
 
 class BestCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, whose state only `fit` restores: `validate`, `test` and
-    `predict` read a checkpoint's weights, and Lightning would warn that the run's record of
-    its best checkpoints (kept for a resumed fit) now lies in another folder, theirs."""
+    """Lightning's ModelCheckpoint, whose state only `fit` restores: in `validate`, `test` and
+    `predict` Lightning would warn that the run's best checkpoints lie in another folder."""
 
     fitting = False
 
@@ -39,69 +38,53 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(Checkpoint):
-    """Save `last.ckpt` every `every_minutes`, at the end of every training epoch and when `fit` is
-    interrupted.
+    """Save `last.ckpt` every `every_minutes`, at the end of every training epoch, and when `fit`
+    is stopped by SIGTERM, Ctrl-C, SLURM's requeue signal (then `scontrol requeue`) or an error.
 
-    Interrupted means SIGTERM (a scheduler's time limit, `kill`), Ctrl-C or an exception: the
-    checkpoint then holds the step reached, and `fit --ckpt_path last` continues from it. A second
-    Ctrl-C ends the run at once, without saving. On SLURM,
-    the requeue signal (SIGUSR1 unless `#SBATCH --signal` says otherwise) saves it too, then
-    requeues the job with `scontrol requeue`; the requeued job's `--ckpt_path last` resumes.
-    It is written beside the checkpoints of the `checkpoint` callback. That callback's own
-    `save_last` is off: since Lightning 2.6 it refreshes `last.ckpt` only in epochs that also save
-    a new best checkpoint, so a run that stops improving would resume from an old epoch.
-
-    SIGTERM, Ctrl-C (SIGINT) and the requeue signal are handled here, all alike, not by Lightning
-    nor Python: their handlers stop each process where its own signal found it (Python's Ctrl-C
-    raises KeyboardInterrupt mid-batch), and a process stopping a batch before another then meets
-    it inside a collective: it waits forever, or its save meets the other's gradient all-reduce.
-    Lightning's requeue handler also saves mid-batch, into a file of its own. Here a signal only
-    sets a flag; after every batch the processes add up their flags (one small all-reduce under
-    DDP) and, if any was signalled, all save `last.ckpt` and stop together, at the same batch. With
-    `--trainer.accumulate_grad_batches N` that batch ends an accumulation (a save inside one would
-    lose the gradients accumulated so far), so a stop waits up to N - 1 batches.
-
-    Being a Lightning `Checkpoint`, it runs after every other callback (Lightning runs checkpoint
-    callbacks last): the epoch-end `last.ckpt` holds what the other callbacks recorded of that
-    epoch (the run history, the loader position).
+    Not ModelCheckpoint's `save_last`: since Lightning 2.6 it refreshes `last.ckpt` only in epochs
+    that save a new best. Signals are not left to Lightning or Python, whose handlers stop each
+    process where its signal found it (a hang inside a DDP collective): a signal sets a flag, and
+    after each batch ending a gradient accumulation the ranks agree on it and save and stop
+    together. A second Ctrl-C ends at once, unsaved.
 
     Args:
-        every_minutes: also save during an epoch once this long has passed since the last save,
-            so that even a kill that leaves no time to save (SIGKILL, a lost node) loses at most
-            that much training; 0 turns it off. Under DDP rank zero's clock decides, every
-            `_DDP_CHECK_BATCHES` batches, for all ranks (saving is collective).
+        every_minutes: also save mid-epoch once this long has passed since the last save, so a
+            SIGKILL loses at most that much; 0 turns it off. Under DDP rank zero's clock decides.
     """
 
     def __init__(self, every_minutes: NonNegativeFloat = 10.0) -> None:
-        if every_minutes < 0:
-            raise ValueError(f"--last_checkpoint.every_minutes must be >= 0, got {every_minutes}")
         self.every_minutes = every_minutes
         self._saved_at = time.monotonic()
-        self._trained = False  # whether this run has trained a batch: else nothing new to save
-        self._signal: int | None = None  # the stop signal received, until it is acted on
+        self._trained = False  # a batch trained in this fit: else nothing new to save
+        self._signal: int | None = None
         self._replaced: dict[int, object] = {}  # signal -> the handler ours replaced
-        self._stopped = False
-        self._hurried = False
+        self._stopped = self._hurried = False
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trained = False
+        # Said up front: a run killed outright prints nothing at the end.
+        if trainer.is_global_zero and not trainer.fast_dev_run:
+            path = self._path(trainer)
+            hint = f"last.ckpt: {path}; if this run stops, resume with --ckpt_path {path}"
+            print(hint, flush=True)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_at = time.monotonic()
         if threading.current_thread() is not threading.main_thread() or trainer.fast_dev_run:
-            return  # only the main thread may set signal handlers; Lightning's stay
+            return  # only the main thread may set signal handlers
         for signum in _stop_signals(trainer):
             self._replaced[signum] = signal.signal(signum, self._note_signal)
 
     def _note_signal(self, signum: int, frame) -> None:
         if signum == signal.SIGINT and self._signal is not None:
-            self._hurried = True  # a second Ctrl-C: no save, no waiting for the other processes
+            self._hurried = True  # a second Ctrl-C
             raise KeyboardInterrupt
         self._signal = self._signal or signum
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_handlers()
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._trained = True
         accumulate = trainer.accumulate_grad_batches
         inside = (batch_idx + 1) % accumulate and batch_idx + 1 < trainer.num_training_batches
@@ -119,35 +102,21 @@ class LastCheckpoint(Checkpoint):
         if due:
             self.save(trainer)
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._trained = False
-        # Said up front: a run killed outright (SIGKILL, a lost node) prints nothing at the end.
-        if trainer.is_global_zero and not trainer.fast_dev_run:
-            path = self._path(trainer)
-            hint = f"last.ckpt: {path}; if this run stops, resume with --ckpt_path {path}"
-            print(hint, flush=True)
-
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and not trainer.fast_dev_run:
             path = self.save(trainer)
             if self._replaced and self._stop_requested(trainer):  # came during validation
                 self._stop(trainer, path)
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         self._restore_handlers()
         fitting = trainer.state.fn == TrainerFn.FITTING
         if self._stopped or not fitting or trainer.sanity_checking or trainer.fast_dev_run:
             return
-        if not self._trained:
-            return  # a resumed run stopped before its first batch keeps the file it resumed from
-        if self._hurried:
-            return  # a second Ctrl-C: end at once
-        # Under DDP, any exception but Lightning's own SIGTERM stop (raised at the same batch on
-        # every rank) is one rank's: saving is collective, and would wait for ranks stuck in the
-        # gradient all-reduce until the job's time runs out. Signals stop through the flag above.
-        if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
+        # Nothing new since the file resumed from; a second Ctrl-C; or one rank's own error under
+        # DDP, where a (collective) save would wait for ranks stuck in the gradient all-reduce.
+        one_rank = trainer.world_size > 1 and not isinstance(exception, SIGTERMException)
+        if not self._trained or self._hurried or one_rank:
             return
         name, path = type(exception).__name__, self._path(trainer)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
@@ -161,9 +130,7 @@ class LastCheckpoint(Checkpoint):
             print(f"{name}: saved {path}; resume with --ckpt_path {path}")
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
-        """Whether any process has received a stop signal (the same answer on every rank). A
-        process that has not takes the signal of one that has (the largest number), for the
-        message and the exit status."""
+        """Whether any rank was signalled (one small all-reduce); each takes the largest signal."""
         if trainer.world_size == 1:
             return self._signal is not None
         flag = torch.tensor([self._signal or 0], device=trainer.strategy.root_device)
@@ -172,16 +139,16 @@ class LastCheckpoint(Checkpoint):
         return bool(agreed)
 
     def _stop(self, trainer: L.Trainer, path: Path) -> None:
-        """After `last.ckpt` was saved on a signal: requeue on SLURM's signal, then stop `fit`."""
+        """After the save on a signal: requeue on SLURM's signal, then end `fit` on every rank."""
         self._stopped = True
         self._restore_handlers()
+        signum = self._signal or signal.SIGTERM
         if trainer.is_global_zero:
-            name = signal.Signals(self._signal).name if self._signal else "a signal"
+            name = signal.Signals(signum).name
             print(f"{name}: saved {path}; resume with --ckpt_path {path}", flush=True)
-            if self._signal not in (None, signal.SIGTERM, signal.SIGINT):
+            if signum not in (signal.SIGTERM, signal.SIGINT):
                 _requeue()
-        # Every rank, at the same batch: `fit` ends, the CLI exits 128 + the signal's number.
-        raise Stopped(self._signal or signal.SIGTERM)
+        raise Stopped(signum)
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._replaced.items():
@@ -189,12 +156,8 @@ class LastCheckpoint(Checkpoint):
         self._replaced = {}
 
     def save(self, trainer: L.Trainer) -> Path:
-        """Write `last.ckpt` whole or not at all: into a temporary file beside it, then renamed.
-
-        Lightning's own writer stages the file in the system's temporary folder and moves it: on
-        another file system (a node's /tmp, a shared checkpoint folder) that move is a copy, and a
-        run killed during it leaves a truncated `last.ckpt`. A rename in the same folder is atomic.
-        """
+        """Write `last.ckpt` whole or not at all, by a rename in its own folder: Lightning's writer
+        moves a file from the system's temporary folder, a copy when that is another disk."""
         path = self._path(trainer)
         staging = path.with_name(f".{path.name}.partial")
         trainer.save_checkpoint(staging, weights_only=False)  # every rank; rank zero writes
@@ -205,16 +168,14 @@ class LastCheckpoint(Checkpoint):
 
     @staticmethod
     def _path(trainer: L.Trainer) -> Path:
+        """Beside the checkpoints of the `checkpoint` callback."""
         kept = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
-        callback = kept[0] if kept else None
-        folder = callback.dirpath if callback is not None and callback.dirpath else None
+        folder = kept[0].dirpath if kept else None
         return Path(folder or trainer.default_root_dir) / "last.ckpt"
 
 
 class Stopped(SIGTERMException):
-    """`fit` stopped on a signal, after saving `last.ckpt`; `exit_status` is 128 + its number.
-
-    A `SIGTERMException`, which Lightning passes on as the end of a run stopped from outside."""
+    """`fit` stopped on a signal after saving `last.ckpt`; the CLI exits with `exit_status`."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -222,13 +183,14 @@ class Stopped(SIGTERMException):
 
 
 def _stop_signals(trainer: L.Trainer) -> list[int]:
-    """Ctrl-C (SIGINT); SIGTERM (not on Windows, which cannot send it to a running process); and
-    SLURM's requeue signal where SLURM runs the job and Lightning would requeue it."""
+    """Ctrl-C; SIGTERM (not on Windows); SLURM's requeue signal where Lightning would requeue."""
     if sys.platform == "win32":
         return [signal.SIGINT]
+    # A one-device strategy has no cluster environment: Lightning's default there is SLURM's.
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if environment is None and SLURMEnvironment.detect():
+        environment = SLURMEnvironment()
     signals = [signal.SIGINT, signal.SIGTERM]
-    # Where Lightning's own signal handling looks (a one-device strategy has no environment).
-    environment = trainer._accelerator_connector.cluster_environment
     if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
         signals.append(environment.requeue_signal)
     return signals

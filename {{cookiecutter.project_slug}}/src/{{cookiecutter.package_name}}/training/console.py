@@ -14,23 +14,18 @@ from importlib.util import find_spec
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, RichProgressBar, TQDMProgressBar
-from lightning.pytorch.callbacks.model_summary import log as summary_log
-
-# Private: Lightning's table, which the summary below prints without its FLOPs.
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 
 
 class _RunName(ProgressBar):
-    """A progress bar that shows the run's name (`version_0`, `--run NAME`) where Lightning's shows
-    `v_num`, the last four characters of the logger's version."""
+    """A progress bar showing the run's whole name where Lightning's shows `v_num` (its end)."""
 
     run: str | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # On every process: the run folder (`RunTrainer.log_dir`) may be rank zero's, broadcast.
+        # On every process: `RunTrainer.log_dir` may broadcast.
         self.run = os.path.basename(trainer.log_dir) if trainer.loggers else None
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
@@ -48,19 +43,9 @@ class RunRichProgressBar(_RunName, RichProgressBar):
 
 
 class ProgressLines(_RunName):
-    """Progress as plain lines, for a log file (nohup, SLURM, CI), where a bar prints nothing
-    useful until the run ends; Lightning's bar stays on a terminal (`callbacks`).
-
-    At the start of each `fit`, the length of an epoch and of the run; then, every
-    `every_n_seconds` of training (or `every_n_steps` optimizer steps), the step reached, the
-    images/s and the share of the time spent waiting for data since the line before (the
-    `DataStarvationMonitor`'s measurement), the time left and the bar's training metrics; after
-    each validation, its metrics. Rank zero prints.
-
-    Args:
-        every_n_seconds: the time between lines.
-        every_n_steps: a line every this many steps instead.
-    """
+    """Progress as plain lines for a log file (nohup, SLURM, CI), where a bar is unreadable: the
+    run's length, then every `every_n_seconds` (or `every_n_steps` steps) the step, images/s, data
+    wait, time left and training metrics; each validation's metrics. Rank zero prints."""
 
     def __init__(self, every_n_seconds: float = 30.0, every_n_steps: int | None = None) -> None:
         super().__init__()
@@ -132,28 +117,20 @@ class ProgressLines(_RunName):
 
 
 class ModelSummaryNoFlops(ModelSummary):
-    """Lightning's model summary, without FLOPs when they count 0: Lightning counts them only
-    through a model's `example_input_array`, a forward pass at each fit's start (and with
-    `--model.compile`, a compile) that this project does not make."""
+    """Lightning's model summary without FLOPs when they count 0 (Lightning counts them only with
+    an `example_input_array`, a forward pass this project does not make); `quiet_lightning`
+    drops the table's "0 Total Flops" line."""
 
     @staticmethod
     def summarize(summary_data: list, *totals, total_flops: int, **kwargs) -> None:
-        if total_flops:
-            ModelSummary.summarize(summary_data, *totals, total_flops=total_flops, **kwargs)
-            return
-        columns = [column for column in summary_data if column[0] != "FLOPs"]
-        table = _format_summary_table(*totals, total_flops, *columns)
-        summary_log.info("\n" + table.rsplit("\n", 1)[0])  # without its last line, "0 Total Flops"
+        if not total_flops:
+            summary_data = [column for column in summary_data if column[0] != "FLOPs"]
+        ModelSummary.summarize(summary_data, *totals, total_flops=total_flops, **kwargs)
 
 
 def callbacks(callbacks: list, trainer_options: dict) -> list:
-    """`callbacks` with the progress and the model summary a run shows, unless turned off
-    (`--trainer.enable_progress_bar false`, `--trainer.enable_model_summary false`).
-
-    Progress: `ProgressLines` (one of `callbacks`) where stdout is not a terminal, else the bar
-    Lightning would choose, with the run's name. The summary replaces Lightning's, which is then
-    turned off in `trainer_options` (beside ours, Lightning would say it stepped aside).
-    """
+    """`callbacks` with the progress (`ProgressLines` unless stdout is a terminal, else
+    Lightning's bar with the run's name) and our model summary, in place of Lightning's."""
     lines = next(c for c in callbacks if isinstance(c, ProgressLines))
     callbacks = [c for c in callbacks if c is not lines]
     if trainer_options.get("enable_progress_bar") is not False:
@@ -170,10 +147,18 @@ def _not_an_advert(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
 
 
+def _no_zero_flops(record: logging.LogRecord) -> bool:
+    table, _, last = str(record.msg).rpartition("\n")
+    if last.endswith("Total Flops") and last.split()[0] == "0":
+        record.msg = table
+    return True
+
+
 def quiet_lightning() -> None:
     """Leave out what Lightning prints on every run that no option turns off."""
     # Lightning 2.6 advertises its LitLogger on every Trainer without one (`configure_logger`).
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
+    logging.getLogger("lightning.pytorch.callbacks.model_summary").addFilter(_no_zero_flops)
     # Lightning 2.6 itself (`lightning.pytorch.utilities._pytree`) makes torch's deprecated
     # `LeafSpec()` for each loader (Lightning #21326): nothing a run can change.
     warnings.filterwarnings(

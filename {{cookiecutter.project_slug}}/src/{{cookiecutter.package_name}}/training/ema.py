@@ -14,15 +14,12 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 
 class EMAWeights(WeightAveraging):
-    """The average of the weights and BatchNorm statistics, updated after every optimizer step.
+    """The average of the weights and BatchNorm statistics, on Lightning's `WeightAveraging`
+    (validated, checkpointed and exported; resumed with the raw weights).
 
-    Lightning's `WeightAveraging` does the rest: validation runs on the average, checkpoints hold
-    it as the model's weights (so `predict` and `export` use it) with the raw ones beside them, and
-    `--ckpt_path` resumes both. Ours rather than Lightning's `EMAWeightAveraging` for one reason:
-    its decay is the same from the first step, so a run shorter than its window (1 / (1 - decay)
-    steps) averages in much of the random start and can score far below the raw weights
-    (docs/training.md, "Recipes measured"). Here the n-th update uses min(decay, (1 + n) /
-    (10 + n)), the warm-up of timm's EMA: the window grows with the run, up to 1 / (1 - decay).
+    Not Lightning's `EMAWeightAveraging`, whose decay does not warm up: a run shorter than its
+    window averages in the random start (docs/training.md). Here the n-th update uses
+    min(decay, (1 + n) / (10 + n)), as timm's EMA.
     """
 
     def __init__(self, decay: float = 0.999) -> None:
@@ -33,8 +30,7 @@ class EMAWeights(WeightAveraging):
         self._validating = False  # the average is in the model, the raw weights aside
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        # Lightning builds the average where the module is, here before the strategy moves it:
-        # on the CPU, where every step of a GPU run would then copy and average all weights.
+        # Lightning builds the average where the module is: still on the CPU here.
         pl_module.to(trainer.strategy.root_device)
         super().setup(trainer, pl_module, stage)
 
@@ -47,8 +43,7 @@ class EMAWeights(WeightAveraging):
         self._validating = False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
-        """A failure inside validation: the raw weights back first, since `LastCheckpoint`
-        (a checkpoint callback, so run after this one) saves the model as the raw weights."""
+        """A failure inside validation: the raw weights back before `LastCheckpoint` saves."""
         if self._validating:
             self.on_validation_epoch_end(trainer, pl_module)
 

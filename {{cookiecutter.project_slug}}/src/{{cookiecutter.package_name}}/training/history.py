@@ -17,15 +17,10 @@ from {{ cookiecutter.package_name }}.training.report import HISTORY_FILE, write_
 
 
 class RunHistory(Callback):
-    """Record each epoch's losses, accuracy, learning rate and data wait; write a report at the end.
-
-    The record is `history.json` in the run folder (the logger's `version_N`), rewritten after
-    every epoch by rank zero, whatever the logger: the report reads this file only. Of the latest
-    validation epoch it also keeps the confusion matrix and the `wrong_images` most confidently
-    wrong images (dataset index, file, true and predicted class, confidence), taken from the
-    logits validation computes anyway: no second pass over the data. Under DDP, where each process
-    validates its own shard, each keeps its shard's most confident mistakes and rank zero merges
-    them. The history is saved in checkpoints too: the report of a resumed run starts at epoch 0.
+    """Record each epoch's losses, accuracy, learning rate and data wait in `history.json` (the run
+    folder's, rewritten each epoch, whatever the logger; saved in checkpoints too); with the latest
+    validation's confusion matrix and most confidently wrong images, gathered over DDP ranks from
+    the logits validation computes anyway. Writes the report at the end (docs/report.md).
 
     Args:
         report: write `report.html` and its PNGs into the run folder at the end of `fit`.
@@ -138,8 +133,7 @@ class RunHistory(Callback):
             wrong = (predicted != targets).nonzero().flatten()
             top = wrong[confidence[wrong].argsort(descending=True)][: self.wrong_images]
             loader = trainer.val_dataloaders
-            # The n-th image this process validated is the n-th its sampler gave: sequential
-            # alone, every world-size-th under DDP (data/loaders.py, EvalShardSampler).
+            # The n-th image this process validated is the n-th its sampler gave.
             dataset = loader.dataset
 {%- if cookiecutter.shards == "yes" %}
             # Shards come through an IterableDataset: no sampler, no file path.

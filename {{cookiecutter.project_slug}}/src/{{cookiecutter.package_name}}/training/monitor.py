@@ -11,15 +11,12 @@ from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 
 
 class DataStarvationMonitor(L.Callback):
-    """Logs `data_wait_fraction` each training epoch; warns once, with advice, when it is high.
+    """Logs `data_wait_fraction` and `train_images_per_s` each training epoch; warns once, with
+    advice, when the wait is high.
 
-    Also logs `train_images_per_s`: the training throughput over the same timed steps.
-
-    The wait is the wall time from the end of one training step to the start of the next: fetching
-    the batch from the loader, the host-to-device copy and `on_after_batch_transfer`. Validation
-    run inside the epoch is left out, and so is each epoch's first batch (worker start-up and
-    warm-up). Only host clocks are read: no CUDA synchronisation is added, so while the GPU is
-    the bottleneck the loader runs ahead and the wait stays near zero.
+    The wait is the host time from the end of one training step to the start of the next (fetch,
+    copy, `on_after_batch_transfer`), without validation and each epoch's first batch (warm-up);
+    no CUDA synchronisation is added (docs/performance.md).
 
     Args:
         threshold: warn when the fraction of the epoch spent waiting exceeds this.
@@ -87,11 +84,8 @@ class DataStarvationMonitor(L.Callback):
         return self._images, self._wait + self._step, self._wait
 
     def measure(self, trainer: L.Trainer) -> dict:
-        """This epoch's numbers and the loader's setup: all that `starvation_advice` reads.
-
-        Plain numbers and strings, so that the run history (`training/history.py`) can keep them
-        and the `report` command give the same advice later, without a Trainer.
-        """
+        """This epoch's numbers and the loader's setup, as plain values: what `starvation_advice`
+        reads, kept by the run history so that `report` gives the same advice later."""
         total = self._wait + self._step
         return {
             "epoch": trainer.current_epoch,
@@ -111,10 +105,6 @@ class DataStarvationMonitor(L.Callback):
         """Whether an epoch's measurement calls for advice: starved, over enough steps."""
         starved = measurement["data_wait_fraction"] > self.threshold
         return starved and measurement["steps"] >= self.min_steps
-
-    def advice(self, trainer: L.Trainer) -> str:
-        """What to change, from what this epoch measured and how the loader is set up."""
-        return starvation_advice(self.measure(trainer))
 
 
 def starvation_advice(measurement: dict) -> str:

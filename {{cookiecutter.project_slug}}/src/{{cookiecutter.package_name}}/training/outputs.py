@@ -1,17 +1,6 @@
-"""Where a writing command may write: never among the files it reads, never over a user's file.
-
-`export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` each name their output files
-here before they write anything, and each is refused in one line naming the path and the way out:
-
-- an output that is one of the command's inputs (the checkpoint, model or CSV it reads) or lies
-  inside one (a folder of images it reads): `--overwrite` does not lift this;
-- an output where a file already is that this project did not write, unless `--overwrite`.
-  The project knows its own files by their mark, which each writer tests: the predictions CSV's
-  exact header, the metadata `export` writes beside its model, the report's generator tag, the
-  fields of `bench`'s JSON. Running a command again over its own earlier output replaces it.
-
-Only stdlib here: `infer` imports this without Lightning.
-"""
+"""Where a writing command may write: never among the files it reads (whatever `--overwrite`
+says), never over a file this project did not write (its own are known by a mark: a header, a
+tag) unless `--overwrite`. Only stdlib here: `infer` imports this without Lightning."""
 
 from __future__ import annotations
 
@@ -33,22 +22,11 @@ def check_output(
     instead: str = "choose another name",
     inputs: Iterable[tuple[str, str | Path | None]] = (),
 ) -> Path:
-    """`path` as a Path, once it is known safe to write.
+    """`path` as a Path once it is known safe to write, else a DataError naming `option`.
 
-    Args:
-        path: the output file.
-        option: how the user named it (`--output`, `--csv`, ...), for the error line.
-        ours: whether an existing file there is this project's own earlier output.
-        what: what `ours` recognises, for the error line (`a CSV that predict or infer wrote`).
-        overwrite: replace an existing file that is not ours.
-        way_out: how the user says so (`pass --overwrite`).
-        instead: the other way out, for the error line.
-        inputs: (how the user named it, path) of each file or folder the command reads;
-            `None` and URLs are skipped.
-
-    Raises:
-        DataError: the output is or lies inside an input, is a folder, or holds a file that is not
-            ours while `overwrite` is off.
+    `ours` tells this project's earlier output (`what`, for the error line); `way_out` and
+    `instead` are the ways out the error names; `inputs` are (option, path) of what the command
+    reads (None and URLs skipped).
     """
     path = Path(path)
     refuse_overlap(path, option, inputs)
@@ -70,13 +48,8 @@ def refuse_overlap(
     folder: bool = False,
     way_out: str = "write it elsewhere (a command never writes among the files it reads)",
 ) -> None:
-    """Refuse an output that is one of `inputs` ((option, path); None and URLs are skipped) or
-    lies inside an input folder; with `folder` (an output folder that may be emptied), also one
-    that contains an input.
-
-    Raises:
-        DataError: naming the option, both paths and `way_out`.
-    """
+    """Refuse (DataError) an output that is one of `inputs` ((option, path)) or lies inside one;
+    with `folder` (an output folder that may be emptied), also one that contains an input."""
     if "://" in str(path):
         return  # object storage: the inputs are local files
     out = Path(path).expanduser().resolve()

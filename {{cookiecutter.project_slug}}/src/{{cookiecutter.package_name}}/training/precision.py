@@ -8,14 +8,9 @@ import torch
 
 
 def default_precision(accelerator: object) -> str | None:
-    """`bf16-mixed` on CUDA GPUs that all compute in bf16 natively (compute capability 8.0 and
-    later, as `torch.cuda.is_bf16_supported(including_emulation=False)`), `16-mixed` on other
-    CUDA GPUs, None (Lightning's fp32) elsewhere.
-
-    Asked of NVML, never of the CUDA runtime: this runs in the launching process, which must not
-    initialise CUDA before DDP forks or spawns its workers. (`torch.cuda.is_available()` asks NVML
-    too: Lightning sets `PYTORCH_NVML_BASED_CUDA_CHECK=1`.)
-    """
+    """`bf16-mixed` where every CUDA GPU computes in bf16 natively (capability 8.0+), `16-mixed`
+    on other CUDA GPUs, None (fp32) elsewhere. Asked of NVML, not of the CUDA runtime, which must
+    not start in the launching process before DDP forks its workers."""
     if accelerator not in ("auto", "gpu", "cuda") or not torch.cuda.is_available():
         return None
     return precision_for(_compute_capabilities())
@@ -28,8 +23,7 @@ def precision_for(capabilities: list[tuple[int, int]] | None) -> str:
 
 
 def _compute_capabilities() -> list[tuple[int, int]] | None:
-    """(major, minor) of every GPU NVML sees, or None where NVML cannot say (then fp16, which
-    every CUDA GPU runs)."""
+    """(major, minor) of every GPU NVML sees, or None where NVML cannot say."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:

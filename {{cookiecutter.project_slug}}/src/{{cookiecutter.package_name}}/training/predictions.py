@@ -26,12 +26,9 @@ class PredictionWriter(BasePredictionWriter):
     `top_k` (the `top_k` most likely classes as `name:probability` joined by spaces).
 
     Args:
-        output: the CSV file; unset: `predictions.csv` in the run directory (the logger's
-            `version_N` folder). With several processes each writes its own `.rankN.csv` of its
-            share (every image once over all of them), which rank zero then merges into `output`,
-            in the images' order.
-            An output that is, or lies inside, a data folder, CSV or the checkpoint read is
-            refused; so is an existing file that is not a predictions CSV, unless `overwrite`.
+        output: the CSV file; unset: `predictions.csv` in the run folder. Under DDP each rank
+            writes a `.rankN.csv` of its share, which rank zero merges in the images' order.
+            Refused among the inputs, or over a file that is not a predictions CSV.
         top_k: how many classes the `top_k` column lists.
         overwrite: replace an existing `output` that is not a CSV of predict or infer.
     """

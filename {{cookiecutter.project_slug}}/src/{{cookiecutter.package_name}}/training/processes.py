@@ -18,15 +18,10 @@ _PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 def end_with_starter() -> None:
     """In a DDP rank that this command started as a copy of itself, end when the starter ends.
 
-    Lightning's DDP on one machine starts ranks 1.. as copies of the command line
-    (`_SubprocessScriptLauncher`) and ends them if one of them fails, but nothing ends them when
-    rank zero fails before the processes have met (its port taken by another run's, an error seen
-    on rank zero only): they wait for it inside the connection, up to its 30-minute timeout,
-    holding their devices and their terminal. A thread cannot watch for it: the connection holds
-    Python's lock while it waits. So each command names itself, while it runs, in the environment
-    its copies inherit, and a rank started by it asks Linux to kill it when its parent ends
-    (PR_SET_PDEATHSIG), or ends at once if it already has. On macOS only the second holds; on
-    Windows, which does not hand a process on to another parent, neither.
+    Lightning does not end ranks 1.. when rank zero fails before they meet: they wait 30 minutes
+    inside the connection (holding Python's lock, so no thread can watch). The command names
+    itself in its copies' environment; a copy asks Linux to kill it with its parent
+    (PR_SET_PDEATHSIG), or ends at once if the parent is gone (docs/distributed.md).
     """
     starter = os.environ.pop(STARTED_BY, None)
     if starter is not None and os.environ.get("LOCAL_RANK", "0") != "0":
@@ -38,13 +33,9 @@ def end_with_starter() -> None:
 
 
 def close_process_group() -> None:
-    """Tear down torch.distributed before the interpreter does, as PyTorch's DDP guide asks.
-
-    Lightning does it at exit for NCCL only. A gloo group (DDP on CPUs) left to interpreter
-    shutdown aborted a finished run once in our two-node test ("terminate called without an active
-    exception", exit code -6), after every checkpoint had been written. Local, not collective.
-    The command is over, too: no process it starts now is one of its ranks.
-    """
+    """Tear down torch.distributed before the interpreter does, as PyTorch's DDP guide asks:
+    Lightning does it for NCCL only, and a gloo group left to shutdown once aborted a finished
+    run (exit code -6). Local, not collective."""
     os.environ.pop(STARTED_BY, None)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

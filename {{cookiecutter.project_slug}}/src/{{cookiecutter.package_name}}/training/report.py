@@ -54,11 +54,8 @@ def read_history(folder: str | Path) -> dict:
 
 
 def write_report(folder: str | Path, overwrite: bool = False) -> Path:
-    """Write `report.html` into the run folder, with each of its pictures beside it as a PNG.
-
-    Files of those names that are there already are replaced when they are an earlier report's
-    (its page carries `GENERATOR`), else only with `overwrite`: a DataError names the first.
-    """
+    """Write `report.html` into the run folder, each picture beside it as a PNG; files of those
+    names not of an earlier report (its page carries `GENERATOR`) only with `overwrite`."""
     folder = Path(folder)
     history = read_history(folder)
     page = folder / REPORT_FILE

@@ -18,39 +18,22 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 _KEY = "resume_in_epoch"  # in the checkpoint: what the loader's order depended on
 RUN_KEY = "run"  # in every checkpoint: the run's configuration
-# Options that say how the data is read or the model run, not what is trained: free on resume.
-# (`weights` and `pretrained` are not used on resume: the checkpoint holds the weights.)
+# How the data is read or the model run, not what is trained: free to change on resume.
 FREE_ON_RESUME = frozenset(
-    {
-        "num_workers",
-        "predict_root",
-        "cache_dir",
-        "source.test_root",
-        "source.test_csv",
-        "source.skip_bad_images",
-        "source.cache",
-        "source.cache_keep",
-        "source.cache_key",
-        "source.cache_limit",
-        "weights",
-        "pretrained",
-        "compile",
-        "channels_last",
-        "tta_flip",
-    }
+    {"num_workers", "predict_root", "cache_dir", "weights", "pretrained", "compile"}
+    | {"channels_last", "tta_flip", "source.test_root", "source.test_csv"}
+    | {"source.skip_bad_images", "source.cache", "source.cache_keep", "source.cache_key"}
+    | {"source.cache_limit"}
 )
-# Where the data lives, not what it is: it may move between jobs (a cluster job staging it to a
-# node-local disk each time). A resume applies a new place and says so; the classes found there
-# are checked against the run's before anything else.
+# Where the data lives, not what it is (a cluster job may stage it anew each time): applied.
 MOVABLE = frozenset(
     {"source.root", "source.csv", "source.val_root", "source.val_csv", "source.path"}
 )
 
 
 class RunMark(Callback):
-    """Keep the run's whole configuration (YAML, as `config.yaml`) in every checkpoint: a resume
-    takes it as its base, so that it trains on with the same recipe (trainer options, callbacks
-    such as EMA) to the same limits, whatever was typed to resume it."""
+    """Keep the run's whole configuration (its `config.yaml`) in every checkpoint: a resume takes
+    it as its base, so it trains on with the same recipe and limits whatever was typed."""
 
     def __init__(self, config: str) -> None:
         self.config = config
@@ -65,9 +48,8 @@ def run_config(checkpoint: dict) -> str | None:
 
 
 def resume_base(checkpoint: dict, typed) -> str | None:
-    """The run's configuration, as the base of a resume. Callbacks given now replace the run's
-    rather than add to them: a requeued job runs its first command again, and EMA given twice
-    would average twice."""
+    """The run's configuration, as the base of a resume. Callbacks given now replace the run's:
+    a requeued job runs its first command again, and EMA given twice would average twice."""
     saved = run_config(checkpoint)
     if saved is None or typed.get("trainer.callbacks") is None:
         return saved
@@ -77,27 +59,18 @@ def resume_base(checkpoint: dict, typed) -> str | None:
 
 
 class ResumeInEpoch(Callback):
-    """Continue an interrupted epoch with exactly the images it had not trained on, in the order an
-    uninterrupted run would have used, in one process or under DDP (each rank its own share).
+    """Continue an interrupted epoch with exactly the images it had not trained on, in order, in
+    one process or under DDP.
 
-    Lightning restores the epoch and the batch counters from a checkpoint, but restarts the
-    epoch's loader from its first batch, and with worker processes builds that loader's iterator
-    before it has set the epoch. Our training samplers (`data.loaders.EpochShuffle`) draw a fixed
-    order from (seed, epoch), so after the restore this callback sets the epoch, skips the batches
-    already trained and builds the iterator again. No loader state needs saving, and the number of
-    workers may change between runs. What the order also depends on (processes, batch size,
-    number of training images) is saved in every checkpoint; resuming mid-epoch with another value
-    stops with an error rather than repeat or skip images, as does resuming inside a gradient
-    accumulation (`training.checkpoints.LastCheckpoint` saves at their ends only; another
-    `--trainer.accumulate_grad_batches` may not end one there). torchdata's
-    `StatefulDataLoader`, the library answer, is not used: Lightning 2.6 drops its restored state
-    whenever the learning-rate schedule asks for `estimated_stepping_batches` (Lightning #20550),
-    as ours does.
+    Lightning restores the counters but restarts the epoch's loader at its first batch. Our
+    samplers (`EpochShuffle`) draw a fixed order from (seed, epoch): after the restore this sets
+    the epoch and skips the batches trained. What else the order depends on is saved, and a
+    mid-epoch resume that changes it is refused. Not torchdata's `StatefulDataLoader`: Lightning
+    2.6 drops its restored state when the schedule asks for `estimated_stepping_batches` (#20550).
 {%- if cookiecutter.shards == "yes" %}
 
-    From shards (`--data.source Shards`), LitData's `StreamingDataLoader` keeps the position itself;
-    Lightning saves its state in every checkpoint, and this callback restores it, for the same
-    reason, and LitData continues the epoch (also with another process or worker count).
+    From shards, LitData's `StreamingDataLoader` keeps the position itself; Lightning saves its
+    state in every checkpoint, and this callback restores it for the same reason.
 {%- endif %}
     """
 
@@ -124,8 +97,7 @@ class ResumeInEpoch(Callback):
         if trainer.ckpt_path is None:
             return  # a fresh run's loader already starts at the first image of epoch 0
         loop = trainer.fit_loop.epoch_loop
-        # The batch the epoch loop will count from: Lightning marks the batch a checkpoint was
-        # saved after as completed when it restarts (`_TrainingEpochLoop.reset`).
+        # On restart Lightning counts the batch a checkpoint was saved after as completed.
         done = loop.batch_progress.current.completed + int(loop.restarted_on_train_batch_end)
         if done >= trainer.num_training_batches:
             done = 0  # saved after the last batch: the next epoch starts from its beginning
@@ -153,7 +125,8 @@ class ResumeInEpoch(Callback):
 {%- endif %}
         else:
             return
-        iter(trainer.fit_loop._data_fetcher)  # a new iterator, from the position as now set
+        # Private: Lightning has no public way to rebuild the loader's iterator once it is built.
+        iter(trainer.fit_loop._data_fetcher)
         self._first_batch = done
         # Lightning's warning that a mid-epoch resume repeats images does not apply here.
         warnings.filterwarnings(
@@ -170,8 +143,7 @@ class ResumeInEpoch(Callback):
 {%- endif %}
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
-        # A check that costs nothing: should Lightning count the resumed epoch's batches from
-        # another number than the one skipped, images would silently repeat or go unseen.
+        # Should Lightning count from another batch than the one skipped, images would repeat.
         if self._first_batch is not None and batch_idx != self._first_batch:
             raise RuntimeError(
                 f"resumed at batch {batch_idx} of the epoch, but the loader skipped "
@@ -181,18 +153,13 @@ class ResumeInEpoch(Callback):
 
 
 def _sampler(trainer: L.Trainer) -> EpochShuffle | None:
-    loader = trainer.train_dataloader
-    sampler = getattr(loader, "sampler", None)
+    sampler = getattr(trainer.train_dataloader, "sampler", None)
     return sampler if isinstance(sampler, EpochShuffle) else None
 
 
 def _order_inputs(trainer: L.Trainer, sampler: EpochShuffle) -> dict:
-    return {
-        "processes": trainer.world_size,
-        "batch_size": trainer.train_dataloader.batch_size,
-        "images": len(sampler.dataset),
-        "sampler": type(sampler).__name__,
-    }
+    size, images, kind = trainer.train_dataloader.batch_size, len(sampler.dataset), type(sampler)
+    return dict(processes=trainer.world_size, batch_size=size, images=images, sampler=kind.__name__)
 
 
 def _changed(trainer: L.Trainer, done: int, saved: dict, now: dict) -> str:
@@ -210,9 +177,8 @@ def _changed(trainer: L.Trainer, done: int, saved: dict, now: dict) -> str:
 
 
 def check_resume(config, typed, checkpoint: dict) -> None:
-    """Resume with the run's options: refuse typed `--model.*`/`--data.*` values that differ
-    from the checkpoint's, apply typed training limits (and say so), and end a run that has
-    nothing left to train with one line and exit status 0."""
+    """Refuse typed `--model.*`/`--data.*` values that differ from the run's, say which typed
+    options apply, and end a run with nothing left to train (one line, exit status 0)."""
     run = config.run or config.ckpt_path
     changes = changed_options(typed, checkpoint)
     if changes:
@@ -238,8 +204,7 @@ def check_resume(config, typed, checkpoint: dict) -> None:
 
 def changed_options(typed, checkpoint: dict, applied: bool = False) -> list[str]:
     """`--model.*`/`--data.*` options given that differ from the run's, as
-    `--model.lr 0.5 (the run's: 0.003)`. With `applied`, those a resume applies (FREE_ON_RESUME,
-    MOVABLE); without, all others, which it refuses. The weights options are not compared."""
+    `--model.lr 0.5 (the run's: 0.003)`: with `applied` those a resume applies, else the others."""
     hparams = checkpoint.get("hyper_parameters", {})
     data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
     changes = []
@@ -258,9 +223,8 @@ def changed_options(typed, checkpoint: dict, applied: bool = False) -> list[str]
 
 
 def changed_trainer_options(typed, checkpoint: dict) -> list[str]:
-    """`--trainer.*` values given that differ from the run's, as
-    `--trainer.max_epochs 5 (the run's: 3)`: a resume applies them (a change that would break
-    an exact resume, of processes or gradient accumulation mid-epoch, is refused later)."""
+    """`--trainer.*` values given that differ from the run's: a resume applies them (one that
+    breaks an exact mid-epoch resume is refused by `ResumeInEpoch`)."""
     saved = (yaml.safe_load(run_config(checkpoint) or "{}") or {}).get("trainer") or {}
     given = typed.get("trainer")
     given = given.as_dict() if given is not None else {}
@@ -277,11 +241,8 @@ def changed_trainer_options(typed, checkpoint: dict) -> list[str]:
 
 
 def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | None:
-    """Why a `fit` resumed from `checkpoint` to these limits would train nothing, or None.
-
-    As Lightning's fit loop decides: epochs completed (`epoch_progress.current.processed`) against
-    `max_epochs`, the global step against `max_steps`; or an EarlyStopping callback had stopped it.
-    """
+    """Why a `fit` resumed from `checkpoint` to these limits would train nothing (as Lightning's
+    fit loop decides, or EarlyStopping had), or None."""
     loops = checkpoint.get("loops", {}).get("fit_loop", {})
     epochs = loops.get("epoch_progress", {}).get("current", {}).get("processed", 0)
     step = checkpoint.get("global_step", 0)
@@ -299,8 +260,7 @@ _MISSING = object()
 
 
 def _flat(options: dict) -> dict:
-    """Options of options one by one: `augment.policy`; the `source` as `source` (its class, by
-    name) and `source.<option>` for each of its own options. Only those given are compared."""
+    """Nested options one by one: `augment.policy`; `source` (its class name), `source.<option>`."""
     flat = {}
     for key, value in options.items():
         if isinstance(value, dict) and "class_path" in value:
@@ -329,5 +289,5 @@ def _plain(value: object) -> object:
 
 
 def _shown(value: object) -> str:
-    """A value as the command line spells it (`true`, not Python's `True`)."""
+    """As the command line spells it (`true`, not `True`)."""
     return str(value).lower() if isinstance(value, bool) else str(_plain(value))

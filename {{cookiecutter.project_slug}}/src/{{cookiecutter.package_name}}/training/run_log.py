@@ -19,14 +19,9 @@ METRICS = "metrics.csv"
 
 class RunLogMark(Callback):
     """Note in every checkpoint the CSV or TensorBoard logger's folder and, for CSV, how many rows
-    `metrics.csv` has (written out first: Lightning buffers them).
-
-    A `fit` resumed from that checkpoint logs on in the same folder (`resumed_version`) and keeps
-    exactly those rows (`continue_metrics_csv`): what the interrupted run logged after saving the
-    checkpoint is trained, and logged, again by the resumed run, so no step is there twice or
-    missing. (Lightning alone starts a new `version_N`, or deletes `metrics.csv` when asked to
-    reuse one.){% if cookiecutter.logger in ("mlflow", "wandb") %} MLflow and W&B runs continue
-    through `training/tracking.py` instead.{% endif %}
+    `metrics.csv` has: a resumed `fit` logs on there keeping just those rows, so no step is logged
+    twice or missing (Lightning alone starts a new `version_N`, or deletes `metrics.csv`).{% if cookiecutter.logger in ("mlflow", "wandb") %}
+    MLflow and W&B runs continue through `training/tracking.py` instead.{% endif %}
     """
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
@@ -43,16 +38,14 @@ class RunLogMark(Callback):
         if isinstance(logger, CSVLogger):
             logger.save()
             rows = _count_rows(Path(logger.log_dir) / METRICS)
-            # Saved after the epoch's last batch (at validation or epoch end): the epoch's training
-            # means are logged next, in one row, and a run resumed from here does not log them.
+            # Saved after the epoch's last batch: its training means, logged next, count too.
             epoch_ended = trainer.fit_loop.epoch_loop.batch_progress.current.completed
             mark["rows"] = rows + int(epoch_ended >= trainer.num_training_batches)
         checkpoint[_KEY] = mark
 
 
 def resumed_version(logger, checkpoint: dict) -> None:
-    """Before the logger is built: give it the checkpoint's version folder, when the checkpoint
-    was logged by the same kind of logger in the same place and no `version` is asked for."""
+    """Give the logger, before it is built, the checkpoint's version when it logged there too."""
     mark = checkpoint.get(_KEY)
     init_args = getattr(logger, "init_args", None)
     if not mark or init_args is None or init_args.get("version") is not None:
@@ -65,11 +58,8 @@ def resumed_version(logger, checkpoint: dict) -> None:
 
 
 def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
-    """Before a resumed `fit` starts: keep the rows of `metrics.csv` the checkpoint counted and
-    let Lightning's writer append to them.
-
-    Run once per job, in the process that becomes global rank zero, before any other starts.
-    """
+    """Before a resumed `fit` starts, on global rank zero: keep the rows of `metrics.csv` the
+    checkpoint counted, and let Lightning's writer append to them."""
     mark = checkpoint.get(_KEY) or {}
     logger = trainer.logger
     if "rows" not in mark or not isinstance(logger, CSVLogger) or len(trainer.loggers) != 1:

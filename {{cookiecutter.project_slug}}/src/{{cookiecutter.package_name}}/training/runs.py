@@ -1,11 +1,5 @@
-"""Runs by name: the folder `fit` writes a run to, and what resuming that run may change.
-
-A run is named by `--run NAME`; unnamed, each `fit` is a new run (Lightning's next `version_N`),
-and under SLURM the job is the run (`slurm_<job id>`, `slurm_<array job>_<task>`), so that a
-requeued job finds its own. `--ckpt_path last` is the named run's `last.ckpt`: never another run's,
-whatever is newest beside it; what a resume keeps and may change: `training/resume.py`. A named
-run is trained by one `fit` at a time (`hold_run`).
-"""
+"""Runs by name (`--run NAME`, else the SLURM job, else Lightning's next `version_N`): the folder
+`fit` writes a run to, one `fit` at a time; `--ckpt_path last` is the named run's own."""
 
 from __future__ import annotations
 
@@ -34,11 +28,8 @@ _VERSIONED = {"CSVLogger": "version", "TensorBoardLogger": "version", "WandbLogg
 
 
 def slurm_run_name() -> str | None:
-    """`slurm_<job id>` (`slurm_<array job>_<task>`) inside a SLURM batch job, else None.
-
-    As Lightning's own SLURM detection: an interactive allocation (job name `bash` or
-    `interactive`) is not a run of its own, each `fit` typed there is.
-    """
+    """`slurm_<job id>` (`slurm_<array job>_<task>`) in a SLURM batch job (as Lightning detects
+    one: not an interactive allocation), else None."""
     if not SLURMEnvironment.detect():
         return None
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
@@ -49,17 +40,12 @@ def slurm_run_name() -> str | None:
 
 
 def name_run(config, typed, subcommand: str) -> str | None:
-    """Settle the run's name (`--run`, else SLURM's job) and folder; return the name.
+    """Settle the run's name and folder in `config` (the subcommand's); return the name.
 
-    A `fit` without a logger, unnamed, is named `version_N` as the loggers name theirs, so that
-    its files have a folder of their own. The other commands take `--run` to find a checkpoint
-    only: they log to a new folder, never over the run's `metrics.csv` and `config.yaml`.
-
-    Also puts the logger's folder under `--trainer.default_root_dir` unless its `save_dir` was
-    given, as Lightning does with its default logger; MLflow's default store (`mlruns.db` and
-    the artifacts beside it) too, unless `MLFLOW_TRACKING_URI` or the option names another.
-    `config` is the subcommand's parsed configuration, `typed` the part of it given on the
-    command line or in config files.
+    An unnamed `fit` without a logger is `version_N`, as loggers name theirs. Other commands use
+    `--run` to find a checkpoint only, and log to a new folder. The logger's folder (and MLflow's
+    local store) goes under `--trainer.default_root_dir` unless given, as Lightning's default
+    logger does. `typed` is what the command line and config files gave.
     """
     root = config.trainer.default_root_dir
     kind, init_args = _logger(config)
@@ -104,10 +90,8 @@ def name_run(config, typed, subcommand: str) -> str | None:
 
 
 def refuse_run_among(config) -> None:
-    """Refuse a run whose folders are or lie inside a dataset it reads: its logs, checkpoints,
-    history and report would be written among the user's files. The folders:
-    `--trainer.default_root_dir` (the working folder by default), the logger's `save_dir` (and
-    MLflow's local store), `--checkpoint.dirpath`."""
+    """Refuse a run whose folders (root, logger's, checkpoints', MLflow's store) are or lie inside
+    a dataset it reads: its files would land among the user's."""
     inputs = source_from_config(config.data.source).inputs()
     inputs.append(("--data.predict_root", config.data.predict_root))
     elsewhere = "choose a folder outside the data"
@@ -147,14 +131,9 @@ def _next_version(folder: Path) -> str:
 
 
 class RunTrainer(L.Trainer):
-    """Lightning's Trainer, whose `log_dir` is the run's own folder whatever the logger.
-
-    Lightning's is the logger's `save_dir` for loggers other than CSV's and TensorBoard's (W&B's
-    is the working folder, MLflow's none) and `default_root_dir` without one: `config.yaml`, the
-    validation split, the confusion matrix and the report of every run would land there, over
-    the last run's and over a user's files of those names. Here: a named `fit`'s folder
-    (`run_folder`, set by the CLI), else the folder ModelCheckpoint puts the run's checkpoints in.
-    """
+    """Lightning's Trainer, whose `log_dir` is the run's own folder whatever the logger:
+    Lightning's is a shared folder for W&B, MLflow and no logger, where every run's files would
+    land over the last run's and the user's. `run_folder` is set by the CLI for a named `fit`."""
 
     run_folder: str | None = None
 
@@ -175,8 +154,7 @@ class RunTrainer(L.Trainer):
 
 
 def run_checkpoints(config) -> Path | None:
-    """The named run's checkpoint folder (`--checkpoint.dirpath` where given); None for a new,
-    unnamed run."""
+    """The run's checkpoint folder; None for a new, unnamed run."""
     if config.checkpoint.dirpath:
         return Path(config.checkpoint.dirpath)
     if config.get("run") is None:
@@ -185,9 +163,8 @@ def run_checkpoints(config) -> Path | None:
 
 
 def refuse_run_taken(config) -> None:
-    """A fresh `fit` into a checkpoint folder that holds a `last.ckpt` (a named run's, or any in
-    `--checkpoint.dirpath`) would overwrite another run's checkpoint, or a file of the user's;
-    a named run's folder that holds other files, those."""
+    """Refuse a fresh `fit` over a `last.ckpt` in its checkpoint folder, or into a named run's
+    folder that holds other files: they are another run's, or the user's."""
     folder = run_checkpoints(config)
     run = config.get("run")
     if folder is not None and (folder / "last.ckpt").is_file():
@@ -208,11 +185,9 @@ _HELD: list = []  # the lock files of the runs this process trains, until `relea
 
 
 def hold_run(config) -> None:
-    """Refuse a named run that another `fit` is training now: both would write the same
-    checkpoints and logs. Rank zero holds a lock on `.<run>.lock` beside the run's folder (in it,
-    Lightning's CSV logger would warn of an old run) until the process ends (killed included, so
-    a requeued job takes it again) or `release_runs`. A file lock, not a lock file that a killed
-    run would leave behind; on a file system without locks (some cluster mounts), unguarded."""
+    """Refuse a named run that another `fit` trains now. Rank zero holds `flock` on `.<run>.lock`
+    beside the run's folder until it ends (a kill releases it) or `release_runs`; unguarded
+    where the file system has no locks."""
     if fcntl is None or config.get("run") is None or rank_zero_only.rank != 0:
         return
     path = runs_folder(config) / f".{config.run}.lock"
@@ -239,7 +214,7 @@ def hold_run(config) -> None:
 
 
 def release_runs() -> None:
-    """Let go of the runs `hold_run` holds (a command run in-process, as the tests do, ends)."""
+    """Let go of the runs `hold_run` holds (for commands run in-process)."""
     while _HELD:
         _HELD.pop().close()
 
