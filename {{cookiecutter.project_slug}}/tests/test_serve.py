@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import one_error, write_corrupt, write_image
@@ -70,30 +71,35 @@ def assert_infers_answer(answer: dict, expected: list[tuple[str, float]]) -> Non
         assert abs(p - q) < 1e-5  # float32, batched with other images or not
 
 
-def through_guard(body: bytes, content_type: str, **options) -> tuple[int, dict, dict]:
-    """What `UploadGuard` makes of one upload, in-process: the status, headers and JSON of its
-    answer, or 200, {} and the JSON it passes on to LitServe."""
+def through_upload(receive, content_type: str, upload=None, **headers: str) -> tuple[int, object]:
+    """What `Upload` makes of one request in-process, its body from `receive`: 200 and the
+    pixels, or the status and sentence of its refusal (its headers in `refused_headers`)."""
     import asyncio
 
-    from {{ cookiecutter.package_name }}.commands.serve import UploadGuard
+    from fastapi import HTTPException
+    from starlette.requests import Request
 
-    answer: dict = {"status": 200, "headers": []}
+    from {{ cookiecutter.package_name }}.commands.serve import Upload
 
-    async def app(scope, receive, send) -> None:
-        answer["body"] = (await receive())["body"]
+    upload = upload or Upload(16, MAX_UPLOAD, 10**6, timeout=9, deadline=9)
+    headers = {"content-type": content_type, **headers}
+    scope = {"type": "http", "method": "POST", "path": "/predict"}
+    scope["headers"] = [(k.encode(), v.encode()) for k, v in headers.items()]
+    try:
+        return 200, asyncio.run(upload(Request(scope, receive)))
+    except HTTPException as refused:
+        refused_headers.append(refused.headers)
+        return refused.status_code, refused.detail
 
-    async def send(message: dict) -> None:
-        answer.update(message)
 
+refused_headers: list[dict] = []
+
+
+def whole(body: bytes):
     async def receive() -> dict:
         return {"type": "http.request", "body": body, "more_body": False}
 
-    options = {"image_size": 16, "max_bytes": MAX_UPLOAD, "max_pixels": 10**6, **options}
-    guard = UploadGuard(app, timeout=9, deadline=9, **options)
-    scope = {"type": "http", "path": "/predict", "method": "POST"}
-    scope["headers"] = [(b"content-type", content_type.encode())]
-    asyncio.run(guard(scope, receive, send))
-    return answer["status"], dict(answer["headers"]), json.loads(answer["body"])
+    return receive
 
 
 # --- talking to a server ---
@@ -273,52 +279,27 @@ def test_a_bad_model_is_one_error_line(tmp_path: Path, capsys) -> None:
     assert "is a checkpoint, not an exported model" in error
 
 
-@pytest.mark.parametrize(
-    "fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)], ids=["pt2", "onnx"]
-)
-def test_the_upload_guard_and_the_worker_give_infers_answer(
-    trained_checkpoint: Path, images: list[Path], tmp_path: Path, fmt: str
+def test_the_upload_reader_and_the_worker_give_infers_answer(
+    model_pt2: Path, images: list[Path]
 ) -> None:
-    """The two halves of the server in-process: the pixels forwarded are infer's, and so are
-    the worker's answers for them, in one batch and one at a time."""
-    pytest.importorskip("litserve")
-    if fmt == "onnx":
-        for name in ("onnx", "onnxscript", "onnxruntime"):
-            pytest.importorskip(name)
-    import asyncio
+    """The two halves of the server in-process: the pixels read from an upload are infer's, and
+    so are the worker's answers for them, in one batch and one at a time."""
+    from {{ cookiecutter.package_name }}.commands.serve import ImageClassifierAPI
 
-    from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
-    from {{ cookiecutter.package_name }}.commands.serve import ImageClassifierAPI, UploadGuard
-
-    model = export_checkpoint(trained_checkpoint, tmp_path / f"model.{fmt}", fmt)[0]
-    forwarded = []
-
-    async def app(scope, receive, send) -> None:
-        forwarded.append(json.loads((await receive())["body"]))
-
-    async def upload(body: bytes, content_type: str) -> None:
-        scope = {"type": "http", "path": "/predict", "method": "POST"}
-        scope["headers"] = [(b"content-type", content_type.encode())]
-        message = {"type": "http.request", "body": body, "more_body": False}
-        guard = UploadGuard(
-            app, image_size=16, max_bytes=MAX_UPLOAD, max_pixels=10**6, timeout=9, deadline=9
-        )
-
-        async def receive() -> dict:
-            return message
-
-        await guard(scope, receive, lambda message: pytest.fail(f"answered {message}"))
-
+    pixels = []
     for number, path in enumerate(images):
         data = path.read_bytes()
-        asyncio.run(upload(*(form(data) if number % 2 else (data, "image/jpeg"))))
-    api = ImageClassifierAPI(str(model), 16, max_batch_size=8, batch_timeout=0)
+        body, content_type = form(data) if number % 2 else (data, "image/jpeg")
+        status, read = through_upload(whole(body), content_type)
+        assert status == 200, read
+        pixels.append(read)
+    api = ImageClassifierAPI(str(model_pt2), max_batch_size=8, batch_timeout=0)
     api.pre_setup()  # as LitServer does: the default batch and unbatch
     api.setup("cpu")
-    pixels = [api.decode_request(request) for request in forwarded]
+    pixels = [api.decode_request(read) for read in pixels]
     for path, image in zip(images, pixels, strict=True):
         assert torch.equal(image, eval_transform(16)(read_image(str(path), 16)))
-    expected = infer_answers(model, images)
+    expected = infer_answers(model_pt2, images)
     batched = [api.encode_response(p) for p in api.unbatch(api.predict(api.batch(pixels)))]
     for path, image, answer in zip(images, pixels, batched, strict=True):
         assert_infers_answer(answer, expected[path])
@@ -328,25 +309,21 @@ def test_the_upload_guard_and_the_worker_give_infers_answer(
         assert alone["batch_size"] == 1
 
 
-def test_stalled_uploads_time_out_and_uploads_held_at_once_are_bounded() -> None:
-    """Uploads that stall hold their bytes until --upload_timeout; beyond the guard's budget of
-    bytes held at once, the next upload is answered 503 at once; every byte is given back."""
+def test_stalled_and_slow_uploads_time_out_and_uploads_held_at_once_are_bounded() -> None:
+    """Uploads that stall hold their bytes until --upload_timeout; beyond the budget of bytes
+    held at once, the next upload is answered 503 at once; every byte is given back. An upload
+    of a byte every 0.05 s never stalls, but is cut at --upload_deadline."""
     import asyncio
 
-    from {{ cookiecutter.package_name }}.commands.serve import UploadGuard
+    from fastapi import HTTPException
+    from starlette.requests import Request
 
-    async def app(scope, receive, send) -> None:
-        pytest.fail("a stalled upload reached the model")
+    from {{ cookiecutter.package_name }}.commands.serve import Upload
 
-    guard = UploadGuard(
-        app, image_size=16, max_bytes=1000, max_pixels=10**6, timeout=0.5, deadline=9
-    )
-    guard.budget = 2500  # two stalled uploads of 900 bytes fit, a third does not
-    statuses, retry_after = [], []
+    upload = Upload(16, 1000, 10**6, timeout=0.5, deadline=9)
+    upload.budget = 2500  # two stalled uploads of 900 bytes fit, a third does not
 
-    async def stalled_upload() -> None:
-        scope = {"type": "http", "path": "/predict", "method": "POST"}
-        scope["headers"] = [(b"content-type", b"image/jpeg"), (b"content-length", b"1000")]
+    async def stalled_upload() -> tuple[int, str | None]:
         messages = [{"type": "http.request", "body": bytes(900), "more_body": True}]
 
         async def receive() -> dict:
@@ -354,35 +331,20 @@ def test_stalled_uploads_time_out_and_uploads_held_at_once_are_bounded() -> None
                 return messages.pop()
             await asyncio.sleep(3600)  # the client sends nothing more
 
-        async def send(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                statuses.append(message["status"])
-                retry_after.append(dict(message["headers"]).get(b"retry-after"))
+        scope = {"type": "http", "method": "POST", "path": "/predict"}
+        scope["headers"] = [(b"content-type", b"image/jpeg"), (b"content-length", b"1000")]
+        try:
+            await upload(Request(scope, receive))
+        except HTTPException as refused:
+            return refused.status_code, refused.headers.get("Retry-After")
+        pytest.fail("a stalled upload was read")
 
-        await guard(scope, receive, send)
+    async def three() -> list:
+        return await asyncio.gather(*(stalled_upload() for _ in range(3)))
 
-    async def three() -> None:
-        await asyncio.gather(*(stalled_upload() for _ in range(3)))
-
-    asyncio.run(three())
-    answered = sorted(zip(statuses, retry_after, strict=True))
-    assert answered == [(408, None), (408, None), (503, b"1")]  # 503: retry in a second
-    assert guard.buffered == 0
-
-
-def test_an_upload_that_never_stalls_is_cut_at_upload_deadline() -> None:
-    """A byte every 0.05 s never stalls for --upload_timeout, but takes over --upload_deadline."""
-    import asyncio
-
-    from {{ cookiecutter.package_name }}.commands.serve import UploadGuard
-
-    async def app(scope, receive, send) -> None:
-        pytest.fail("a slow upload reached the model")
-
-    answer = {}
-
-    async def send(message: dict) -> None:
-        answer.update(message)
+    answered = sorted(asyncio.run(three()))
+    assert answered == [(408, None), (408, None), (503, "1")]  # 503: retry in a second
+    assert upload.buffered == 0
 
     sent = []
 
@@ -391,33 +353,34 @@ def test_an_upload_that_never_stalls_is_cut_at_upload_deadline() -> None:
         sent.append(b"x")
         return {"type": "http.request", "body": b"x", "more_body": len(sent) < 100}
 
-    guard = UploadGuard(
-        app, image_size=16, max_bytes=1000, max_pixels=10**6, timeout=0.5, deadline=1
-    )
-    scope = {"type": "http", "path": "/predict", "method": "POST"}
-    scope["headers"] = [(b"content-type", b"image/jpeg")]
+    slow = Upload(16, 1000, 10**6, timeout=0.5, deadline=1)
     started = time.monotonic()
-    asyncio.run(guard(scope, receive, send))
-    assert answer["status"] == 408 and 1 <= time.monotonic() - started < 5
-    assert json.loads(answer["body"]) == {"detail": "the upload took over 1 s (--upload_deadline)"}
-    assert guard.buffered == 0
+    status, detail = through_upload(receive, "image/jpeg", slow)
+    assert status == 408 and 1 <= time.monotonic() - started < 5
+    assert detail == "the upload took over 1 s (--upload_deadline)"
+    assert slow.buffered == 0
 
 
 def test_a_refusal_is_one_sentence_and_a_form_is_searched_for_its_file(images: list[Path]) -> None:
-    """Each refusal says what is wrong once; a form's file is found among its first parts, in
-    the decoding thread rather than the server's event loop."""
+    """Each refusal says what is wrong once and closes the connection; a form's file is found
+    among its first fields, in the decoding thread rather than the server's event loop."""
     import threading
 
     from {{ cookiecutter.package_name }}.commands import serve
 
-    status, _, answer = through_guard(b"not an image", "image/jpeg")
     unknown = "not a known image format"
-    assert (status, answer["detail"]) == (422, f"cannot read image the request body: {unknown}")
-    status, _, answer = through_guard(*form(b"not an image", "notes.jpg"))
-    assert (status, answer["detail"]) == (422, f"cannot read image notes.jpg: {unknown}")
+    answer = through_upload(whole(b"not an image"), "image/jpeg")
+    assert answer == (422, f"cannot read image the request body: {unknown}")
+    assert refused_headers[-1] == {"Connection": "close"}
+    assert through_upload(whole(form(b"not an image", "notes.jpg")[0]), form(b"")[1]) == (
+        422,
+        f"cannot read image notes.jpg: {unknown}",
+    )
+    status, detail = through_upload(whole(b"--x\r\n"), "multipart/form-data")
+    assert (status, detail) == (400, "the multipart/form-data Content-Type has no boundary")
     data = images[0].read_bytes()
-    expected = through_guard(data, "image/jpeg")
-    assert expected[0] == 200
+    status, expected = through_upload(whole(data), "image/jpeg")
+    assert status == 200
     body, content_type = form(data)
     boundary = content_type.split("boundary=")[1].encode()
     field = b'--%s\r\nContent-Disposition: form-data; name="note"\r\n\r\nhello\r\n' % boundary
@@ -430,15 +393,13 @@ def test_a_refusal_is_one_sentence_and_a_form_is_searched_for_its_file(images: l
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(serve, "_form_file", recorded)
-        # after a preamble; after a field; after as many fields as are looked at: no file
-        assert through_guard(b"preamble\r\n" + body, content_type) == expected
-        assert through_guard(field + body, content_type) == expected
-        fields = field * serve.MAX_FORM_PARTS
-        status, _, answer = through_guard(fields + body, content_type)
-        assert (status, answer["detail"]) == (
-            400,
-            "the form has no file: send the image as a file, as curl -F file=@x.jpg",
-        )
+        # after a preamble; after a field; after more fields than are looked at: refused
+        for before in (b"preamble\r\n", field):
+            status, read = through_upload(whole(before + body), content_type)
+            assert status == 200 and np.array_equal(read, expected)
+        fields = field * (serve.MAX_FORM_PARTS + 1)
+        status, detail = through_upload(whole(fields + body), content_type)
+        assert (status, detail) == (400, f"the form has more than {serve.MAX_FORM_PARTS} parts")
     assert len(threads) == 3 and threading.main_thread() not in threads
 
 
