@@ -22,7 +22,7 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, cache_dirs
 from {{ cookiecutter.package_name }}.data import cache as cache_module
-from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, _write, build, cached
+from {{ cookiecutter.package_name }}.data.cache import MemmapImageDataset, build, cached
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.index import make_dataset
@@ -52,6 +52,10 @@ def test_stored_pixels_match_the_files(image_root: Path, tmp_path: Path) -> None
     for i in (0, 5, len(dataset) - 1):
         assert torch.equal(stored(served, i), read_image(dataset.path(i)))
     assert len(list((tmp_path / "cache").iterdir())) == 2  # the cache folder and its lock file
+    index = served.cache.index  # offsets in order, one image after the other
+    sizes = index[:, 1] * index[:, 2] * 3
+    assert index[0, 0] == 0 and (index[1:, 0] == np.cumsum(sizes)[:-1]).all()
+    assert (served.cache.folder / "pixels.u8").stat().st_size == sizes.sum()
 
 
 def test_large_images_are_stored_at_the_size_asked_for(tmp_path: Path) -> None:
@@ -67,13 +71,20 @@ def test_large_images_are_stored_at_the_size_asked_for(tmp_path: Path) -> None:
     assert image.shape == (3, 32, 32) and label == 0
 
 
-def test_a_second_run_reuses_the_cache(image_root: Path, tmp_path: Path) -> None:
+def test_a_second_run_reuses_the_cache_a_new_file_or_size_selects_another(
+    image_root: Path, tmp_path: Path
+) -> None:
     first = serve(folder_dataset(image_root), 16, tmp_path)
-    pixels = first.cache.folder / "pixels.npy"
+    pixels = first.cache.folder / "pixels.u8"
     built = pixels.stat().st_mtime_ns
     again = serve(folder_dataset(image_root), 16, tmp_path)
     assert again.cache.folder == first.cache.folder
     assert pixels.stat().st_mtime_ns == built
+    larger = serve(folder_dataset(image_root), 24, tmp_path).cache.folder
+    write_image(image_root / "ant" / "ant_new.jpg", (255, 30, 30))
+    grown = serve(folder_dataset(image_root), 16, tmp_path)
+    assert len({first.cache.folder, larger, grown.cache.folder}) == 3
+    assert len(grown) == 25
 
 
 def test_changed_image_bytes_never_serve_stale_pixels(image_root: Path, tmp_path: Path) -> None:
@@ -107,15 +118,6 @@ def test_rewrite_with_the_old_modification_time_restored_is_seen(
     assert (target.stat().st_size, target.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     after = serve(folder_dataset(image_root, 64), 64, tmp_path)
     assert after.cache.folder != before.cache.folder
-
-
-def test_a_new_file_or_resolution_selects_another_cache(image_root: Path, tmp_path: Path) -> None:
-    base = serve(folder_dataset(image_root), 16, tmp_path).cache.folder
-    larger = serve(folder_dataset(image_root), 24, tmp_path).cache.folder
-    write_image(image_root / "ant" / "ant_new.jpg", (255, 30, 30))
-    grown = serve(folder_dataset(image_root), 16, tmp_path)
-    assert len({base, larger, grown.cache.folder}) == 3
-    assert len(grown) == 25
 
 
 def where_image(path: Path, size: tuple[int, int] = (300, 200)) -> Path:
@@ -197,13 +199,13 @@ def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path
     )
     first.setup("fit")
     [folder] = [p for p in (tmp_path / "c").iterdir() if p.is_dir()]
-    built = (folder / "pixels.npy").stat().st_mtime_ns
+    built = (folder / "pixels.u8").stat().st_mtime_ns
     second = ImageDataModule(
         ClassFolders(image_root, val_fraction=0.5, cache="memmap"), **options, seed=3
     )
     second.setup("fit")
     assert [p for p in (tmp_path / "c").iterdir() if p.is_dir()] == [folder]
-    assert (folder / "pixels.npy").stat().st_mtime_ns == built
+    assert (folder / "pixels.u8").stat().st_mtime_ns == built
     assert len(second.train_dataset.cache) == 24  # every file, validation's too
     first_train = first.train_dataset
     before = {first_train.path(i): stored(first_train, i) for i in range(len(first_train))}
@@ -235,13 +237,20 @@ def test_skipped_images_are_left_out_of_a_cache_of_the_whole_dataset(
     assert images.shape[1:] == (3, 16, 16)
 
 
-def test_a_subset_is_still_served_from_the_cache(image_root: Path, tmp_path: Path) -> None:
+def test_a_subset_and_a_pickle_are_still_served_from_the_cache(
+    image_root: Path, tmp_path: Path
+) -> None:
     served = serve(folder_dataset(image_root), 16, tmp_path)
     keep = np.zeros(len(served), dtype=bool)
     keep[[1, 5, 9]] = True
     part = served.subset(keep)
     assert isinstance(part, MemmapImageDataset) and len(part) == 3
     assert torch.equal(stored(part, 1), stored(served, 5))
+    served[0]  # opens the map in this process; a pickle, as for workers, travels without it
+    assert served.cache._pixels is not None
+    copy = pickle.loads(pickle.dumps(served))
+    assert copy.cache._pixels is None
+    assert torch.equal(stored(copy, 3), stored(served, 3))
 
 
 def test_only_the_newest_caches_are_kept(image_root: Path, tmp_path: Path) -> None:
@@ -267,62 +276,49 @@ def test_mtime_key_survives_a_copy_that_keeps_times(image_root: Path, tmp_path: 
     assert serve(folder_dataset(again), 16, tmp_path / "c").cache.folder != by_stat
 
 
-def test_the_dataset_pickles_without_its_open_memmap(image_root: Path, tmp_path: Path) -> None:
-    served = serve(folder_dataset(image_root), 16, tmp_path)
-    served[0]  # opens the memmap in this process
-    assert served.cache._pixels is not None
-    copy = pickle.loads(pickle.dumps(served))
-    assert copy.cache._pixels is None
-    assert torch.equal(stored(copy, 3), stored(served, 3))
-
-
-def test_a_waiting_process_uses_what_the_builder_built(image_root: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def being_built(image_root: Path, tmp_path: Path):
+    """A cache that "another process" is building: (dataset, its folder, the finished build
+    kept aside, the build lock), the lock held exclusively by this process for that builder."""
     fcntl = pytest.importorskip("fcntl", reason="POSIX file locks; Windows builds without one")
     dataset = folder_dataset(image_root)
-    cache_dir = tmp_path / "cache"
-    serve(dataset, 16, cache_dir)  # learn the folder name, then start over
-    (folder,) = [p for p in cache_dir.iterdir() if p.is_dir()]
-    lock_path = cache_dir / f".{folder.name}.lock"
-    built = tmp_path / "built"
-    folder.rename(built)
+    folder = serve(dataset, 16, tmp_path / "cache").cache.folder  # its name; then started over
+    folder.rename(tmp_path / "built")
+    with open(tmp_path / "cache" / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield dataset, folder, tmp_path / "built", lock
+
+
+def test_a_waiting_process_uses_what_the_builder_built(being_built) -> None:
+    dataset, folder, built, lock = being_built
     results = []
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is building
-        waiter = threading.Thread(target=lambda: results.append(serve(dataset, 16, cache_dir)))
-        waiter.start()
-        time.sleep(0.5)
-        assert waiter.is_alive() and not folder.exists()
-        built.rename(folder)  # the builder finishes: renames its folder into place
-        marker = (folder / "pixels.npy").stat().st_ino
+    waiter = threading.Thread(target=lambda: results.append(serve(dataset, 16, folder.parent)))
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive() and not folder.exists()
+    built.rename(folder)  # the builder finishes: renames its folder into place
+    marker = (folder / "pixels.u8").stat().st_ino
+    lock.close()  # and lets go of the lock
     waiter.join(timeout=30)
     assert results and results[0].cache.folder == folder
-    assert (folder / "pixels.npy").stat().st_ino == marker  # used as it was, not rebuilt
+    assert (folder / "pixels.u8").stat().st_ino == marker  # used as it was, not rebuilt
 
 
-def test_a_process_waiting_to_build_does_not_outwait_the_builder(
-    image_root: Path, tmp_path: Path
-) -> None:
+def test_a_process_waiting_to_build_does_not_outwait_the_builder(being_built) -> None:
     """A process that found no cache and then the builder's lock waits for the build, not for
     the lock: the builder goes on to hold it shared while it reads, and under DDP then waits for
     the other process (the two-process deadlock this guards against)."""
-    fcntl = pytest.importorskip("fcntl", reason="POSIX file locks; Windows builds without one")
-    dataset = folder_dataset(image_root)
-    cache_dir = tmp_path / "cache"
-    serve(dataset, 16, cache_dir)
-    (folder,) = [p for p in cache_dir.iterdir() if p.is_dir()]
-    built = tmp_path / "built"
-    folder.rename(built)
-    with open(cache_dir / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is building
-        waiter = threading.Thread(target=build, args=(dataset, folder, 16, 0, False))
-        waiter.start()
-        time.sleep(0.5)
-        built.rename(folder)  # the builder finishes...
-        marker = (folder / "pixels.npy").stat().st_ino
-        fcntl.flock(lock, fcntl.LOCK_SH)  # ...and reads it, as `cached` does
-        waiter.join(timeout=30)
-        assert not waiter.is_alive()
-    assert (folder / "pixels.npy").stat().st_ino == marker  # used as it was, not rebuilt
+    dataset, folder, built, lock = being_built
+    waiter = threading.Thread(target=build, args=(dataset, folder, 16, 0, False))
+    waiter.start()
+    time.sleep(0.5)
+    built.rename(folder)  # the builder finishes...
+    marker = (folder / "pixels.u8").stat().st_ino
+    fcntl = pytest.importorskip("fcntl")
+    fcntl.flock(lock, fcntl.LOCK_SH)  # ...and reads it, as `cached` does
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    assert (folder / "pixels.u8").stat().st_ino == marker  # used as it was, not rebuilt
 
 
 def test_an_unreadable_image_is_named(image_root: Path, tmp_path: Path) -> None:
@@ -334,13 +330,9 @@ def test_an_unreadable_image_is_named(image_root: Path, tmp_path: Path) -> None:
 
 
 def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) -> None:
-    dm = ImageDataModule(
-        ClassFolders(image_root, val_fraction=0.25, cache="memmap"),
-        image_size=32,
-        batch_size=4,
-        num_workers=1,
-        cache_dir=tmp_path / "cache",
-    )
+    source = ClassFolders(image_root, val_fraction=0.25, cache="memmap")
+    options = {"image_size": 32, "batch_size": 4, "num_workers": 1}  # a worker maps the cache
+    dm = ImageDataModule(source, **options, cache_dir=tmp_path / "cache")
     dm.setup("fit")
     assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1
     assert isinstance(dm.train_dataset, MemmapImageDataset)
@@ -354,19 +346,8 @@ def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) 
 
 
 def test_unknown_cache_mode_is_refused(image_root: Path) -> None:
-    with pytest.raises(
-        DataError, match="--data.source.cache must be 'none' or 'memmap', got 'disk'"
-    ):
+    with pytest.raises(DataError, match="--data.source.cache must be 'none' or 'memmap', got 'di"):
         ImageDataModule(ClassFolders(image_root, cache="disk"))
-
-
-def test_write_records_offsets_in_order(image_root: Path, tmp_path: Path) -> None:
-    dataset = folder_dataset(image_root)
-    _write(dataset, tmp_path, 18, 0, progress=False)
-    index = np.load(tmp_path / "index.npy")
-    sizes = index[:, 1] * index[:, 2] * 3
-    assert index[0, 0] == 0 and (index[1:, 0] == np.cumsum(sizes)[:-1]).all()
-    assert np.load(tmp_path / "pixels.npy", mmap_mode="r").shape == (sizes.sum(),)
 
 
 def test_a_dead_builds_staging_folder_is_swept(image_root: Path, tmp_path: Path) -> None:
@@ -376,8 +357,8 @@ def test_a_dead_builds_staging_folder_is_swept(image_root: Path, tmp_path: Path)
     first = serve(dataset, 16, cache_dir).cache.folder
     shutil.rmtree(first)
     leftover = cache_dir / f".{first.name}-x1y2z3"  # as a build killed half-way leaves it
-    (leftover / "pixels.npy").parent.mkdir(parents=True)
-    (leftover / "pixels.npy").write_bytes(b"\0" * 100)
+    (leftover / "pixels.u8").parent.mkdir(parents=True)
+    (leftover / "pixels.u8").write_bytes(b"\0" * 100)
     again = serve(dataset, 16, cache_dir)
     assert again.cache.folder == first and not leftover.exists()
     assert len(again) == len(dataset)
@@ -498,12 +479,12 @@ def test_a_build_finished_second_keeps_the_first(
             folder = staging.parent / staging.name[1:].rsplit("-", 1)[0]
             finished_first.append(folder)
             cache_module.build(dataset, folder, size, 0, False)
-            finished_first.append((folder / "pixels.npy").stat().st_ino)
+            finished_first.append((folder / "pixels.u8").stat().st_ino)
 
     monkeypatch.setattr(cache_module, "_write", racing_write)
     dataset = folder_dataset(image_root)
     served = serve(dataset, 16, tmp_path / "cache")
     folder, inode = finished_first
-    assert served.cache.folder == folder and (folder / "pixels.npy").stat().st_ino == inode
+    assert served.cache.folder == folder and (folder / "pixels.u8").stat().st_ino == inode
     assert torch.equal(served[5][0], dataset[5][0])
     assert not list((tmp_path / "cache").glob(f".{folder.name}-*"))  # our copy discarded

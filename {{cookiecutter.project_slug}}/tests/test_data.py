@@ -35,8 +35,13 @@ def test_classes_come_from_the_folders(image_root: Path) -> None:
     assert dm.train_dataset.path(first_bee).split(os.sep)[-2] == "bee"
 
 
-def test_split_is_stratified_and_repeatable(image_root: Path) -> None:
-    first = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
+def test_split_is_stratified_repeatable_mixed_and_written_beside_the_logs(
+    image_root: Path, tmp_path: Path
+) -> None:
+    """Any prefix of the validation set mixes the classes: `--trainer.limit_val_batches 0.1` would
+    otherwise validate one class of class-sorted files."""
+    first = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), batch_size=3)
+    first.trainer = L.Trainer(logger=CSVLogger(tmp_path, name="logs"), accelerator="cpu")
     first.setup("fit")
     again = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
     again.setup("fit")
@@ -44,6 +49,12 @@ def test_split_is_stratified_and_repeatable(image_root: Path) -> None:
     assert sorted(first.val_dataset.targets.tolist()) == [0, 0, 1, 1, 2, 2]
     assert (first.val_dataset.paths == again.val_dataset.paths).all()
     assert not set(first.val_dataset.paths) & set(first.train_dataset.paths)
+    assert sorted(first.val_dataset.targets[:3].tolist()) == [0, 1, 2]
+    written = (Path(first.trainer.log_dir) / "val_files.csv").read_text().splitlines()
+    assert written[0] == "filename,label" and len(written) == 7
+    first_path, first_label = written[1].split(",")
+    assert first_path == os.fsdecode(first.val_dataset.paths[0])
+    assert first_label == CLASSES[first.val_dataset.targets[0]]
 
 
 def test_train_batches_are_uint8_then_normalised(image_root: Path) -> None:
@@ -60,17 +71,13 @@ def test_train_batches_are_uint8_then_normalised(image_root: Path) -> None:
     assert same_targets is targets
 
 
-def test_large_jpegs_are_decoded_no_larger_than_the_transforms_need(image_root: Path) -> None:
-    dm = ImageDataModule(ClassFolders(image_root), image_size=16, num_workers=0)
+def test_jpegs_are_decoded_no_larger_than_needed_and_approximately_for_training_only(
+    image_root: Path,
+) -> None:
+    dm = ImageDataModule(ClassFolders(image_root), image_size=16, predict_root=image_root / "ant")
     dm.setup("fit")
     # the narrowest crop (60% of the area at aspect 3:4) of a 24-pixel short side is 16 wide
-    assert dm.train_dataset.min_size == 24
-    assert dm.val_dataset.min_size == 16
-
-
-def test_only_training_decodes_jpegs_approximately(image_root: Path) -> None:
-    dm = ImageDataModule(ClassFolders(image_root), predict_root=image_root / "ant", num_workers=0)
-    dm.setup("fit")
+    assert (dm.train_dataset.min_size, dm.val_dataset.min_size) == (24, 16)
     dm.setup("predict")
     for dataset, approximate in [
         (dm.train_dataset, True),
@@ -84,15 +91,22 @@ def test_only_training_decodes_jpegs_approximately(image_root: Path) -> None:
         assert not any(same) if approximate else all(same)
 
 
-def test_only_training_is_shuffled(image_root: Path) -> None:
-    dm = ImageDataModule(ClassFolders(image_root), batch_size=4, num_workers=0)
-    dm.setup("fit")
-    sampler = dm.train_dataloader().sampler
-    sampler.set_epoch(0)
-    first = list(sampler)
-    assert sorted(first) == list(range(len(dm.train_dataset))) and first != sorted(first)
-    sampler.set_epoch(1)
-    assert list(sampler) != first  # a new order every epoch
+def test_only_training_is_shuffled_by_seed_and_epoch_alone(image_root: Path) -> None:
+    """A resumed run (a new loader, told its epoch) draws what the uninterrupted run drew."""
+
+    def order(epoch: int, seed: int = 0, draws_before: int = 0) -> list[int]:
+        torch.manual_seed(draws_before)  # the global random state differs between the runs
+        torch.rand(draws_before)
+        dm = ImageDataModule(ClassFolders(image_root), seed=seed, num_workers=0)
+        sampler = dm.train_dataloader().sampler
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    first = order(0)
+    assert sorted(first) == list(range(18)) and first != sorted(first)
+    assert order(3) == order(3, draws_before=7)
+    assert order(3) != order(2) and order(3) != order(3, seed=1) and order(1) != first
+    dm = ImageDataModule(ClassFolders(image_root), num_workers=0)
     assert isinstance(dm.val_dataloader().sampler, torch.utils.data.SequentialSampler)
     assert dm.val_dataloader().pin_memory is False  # no Trainer on CUDA here
 
@@ -116,6 +130,7 @@ def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root:
         return dm
 
     in_process, workers = data(0), data(2)
+    assert workers.train_dataloader().persistent_workers
     for epoch in (0, 1):
         a, b = epoch_batches(in_process, epoch), epoch_batches(workers, epoch)
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
@@ -138,14 +153,6 @@ def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root:
     assert not seeds[0] & seeds[1]
 
 
-def test_workers_are_persistent(image_root: Path) -> None:
-    dm = ImageDataModule(ClassFolders(image_root), batch_size=4, num_workers=1)
-    loader = dm.train_dataloader()
-    assert loader.num_workers == 1 and loader.persistent_workers
-    images, _ = next(iter(loader))
-    assert images.shape[0] == 4
-
-
 def test_auto_workers_leave_a_cpu_for_the_main_process(image_root: Path, monkeypatch) -> None:
     monkeypatch.setattr(cpus, "usable_cpus", lambda: 8)
     dm = ImageDataModule(ClassFolders(image_root), num_workers="auto")
@@ -166,37 +173,33 @@ def test_predict_root_lists_nested_images(image_root: Path, tmp_path: Path) -> N
     assert images.shape == (2, 3, 16, 16) and indices.tolist() == [0, 1]
 
 
-def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="data.source.root .*does not exist"):
-        ImageDataModule(ClassFolders(tmp_path / "nowhere")).class_names  # noqa: B018
+def with_files(root: Path, *names: str) -> Path:
+    """`root` with these (empty) files added; a name ending in "/" is a folder."""
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        _ = (root / name).mkdir() if name.endswith("/") else (root / name).write_bytes(b"\0")
+    return root
 
 
-def test_empty_class_folder_is_named(image_root: Path) -> None:
-    (image_root / "empty").mkdir()
-    dm = ImageDataModule(ClassFolders(image_root), num_workers=0)
-    with pytest.raises(DataError, match="empty has no images"):
-        dm.setup("fit")
-
-
-def test_root_that_is_a_file_is_named(tmp_path: Path) -> None:
-    not_a_folder = tmp_path / "images.zip"
-    not_a_folder.write_bytes(b"PK")
-    with pytest.raises(DataError, match=r"--data\.source\.root .*images\.zip is not a directory"):
-        ImageDataModule(ClassFolders(not_a_folder)).class_names  # noqa: B018
-
-
-def test_root_without_class_folders_is_named(tmp_path: Path) -> None:
-    write_image(tmp_path / "loose.jpg", (1, 2, 3))
-    with pytest.raises(DataError, match=r"has no class folders: expected .*/<class>/<image>"):
-        ImageDataModule(ClassFolders(tmp_path)).class_names  # noqa: B018
-
-
-def test_class_folder_of_non_images_names_the_extensions(image_root: Path) -> None:
-    (image_root / "docs").mkdir()
-    (image_root / "docs" / "README.txt").write_text("notes")
-    (image_root / "docs" / "Thumbs.db").write_bytes(b"\0")
-    with pytest.raises(DataError, match=r"docs has no images; accepted extensions: \.jpg"):
-        ImageDataModule(ClassFolders(image_root), num_workers=0).setup("fit")
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda root: root.parent / "nowhere", r"--data\.source\.root .*nowhere does not exist"),
+        (lambda root: with_files(root.parent, "x.zip") / "x.zip", r"x\.zip is not a directory"),
+        (
+            lambda root: write_image(root.parent / "loose" / "a.jpg", (1, 2, 3)).parent,
+            r"has no class folders: expected .*/<class>/<image>",
+        ),
+        (lambda root: with_files(root, "empty/"), r"class folder .*empty has no images"),
+        (
+            lambda root: with_files(root, "docs/README.txt", "docs/Thumbs.db"),
+            r"docs has no images; accepted extensions: \.jpg",
+        ),
+    ],
+)
+def test_a_root_that_is_no_class_folder_tree_is_named(image_root: Path, make, message) -> None:
+    with pytest.raises(DataError, match=message):
+        ImageDataModule(ClassFolders(make(image_root)), num_workers=0).setup("fit")
 
 
 def test_stray_files_and_nested_folders(image_root: Path) -> None:
@@ -223,15 +226,6 @@ def test_explicit_validation_folder(image_root: Path, tmp_path: Path) -> None:
         other.setup("fit")
 
 
-def test_any_prefix_of_the_validation_set_mixes_the_classes(image_root: Path) -> None:
-    """Class-sorted files: `--trainer.limit_val_batches 0.1` would otherwise validate one class."""
-    dm = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), batch_size=3, num_workers=0)
-    dm.setup("fit")
-    assert sorted(dm.val_dataset.targets.tolist()) == [0, 0, 1, 1, 2, 2]
-    _, labels = next(iter(dm.val_dataloader()))
-    assert sorted(labels.tolist()) == [0, 1, 2]
-
-
 def test_mostly_small_training_images_are_named_at_setup(tmp_path: Path, capsys) -> None:
     for name in CLASSES:
         for i in range(4):
@@ -245,17 +239,6 @@ def test_mostly_small_training_images_are_named_at_setup(tmp_path: Path, capsys)
     assert capsys.readouterr().err == ""
 
 
-def test_split_is_written_beside_the_logs(image_root: Path, tmp_path: Path) -> None:
-    dm = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
-    dm.trainer = L.Trainer(logger=CSVLogger(tmp_path, name="logs"), accelerator="cpu")
-    dm.setup("fit")
-    written = (Path(dm.trainer.log_dir) / "val_files.csv").read_text().splitlines()
-    assert written[0] == "filename,label" and len(written) == 1 + len(dm.val_dataset)
-    first_path, first_label = written[1].split(",")
-    assert first_path == os.fsdecode(dm.val_dataset.paths[0])
-    assert first_label == CLASSES[dm.val_dataset.targets[0]]
-
-
 def skewed_root(root: Path, common: int, rare: int) -> Path:
     """Class folders "common" and "rare" holding that many tiny images each."""
     for name, count, colour in (("common", common, (200, 0, 0)), ("rare", rare, (0, 200, 0))):
@@ -264,43 +247,26 @@ def skewed_root(root: Path, common: int, rare: int) -> Path:
     return root
 
 
-def test_balanced_sampler_draws_classes_equally(tmp_path: Path) -> None:
-    root = skewed_root(tmp_path / "skewed", common=40, rare=4)
-    dm = ImageDataModule(
-        ClassFolders(root, val_fraction=0, balance_classes=True), batch_size=8, num_workers=0
-    )
-    sampler = dm.train_dataloader().sampler
-    epochs = []
-    for epoch in range(50):
-        sampler.set_epoch(epoch)  # as Lightning does at the start of every epoch
-        epochs.append(list(sampler))
-    drawn = dm.train_dataset.targets[np.concatenate(epochs)]
-    assert len(drawn) == 50 * 44
-    assert 0.45 < drawn.mean() < 0.55  # "rare" is half of the draws, not 4 in 44
-    assert len({tuple(draws) for draws in epochs}) == 50  # every epoch draws anew
-
-
-def test_balanced_draws_depend_on_seed_and_epoch_only(tmp_path: Path) -> None:
+def test_balanced_draws_classes_equally_by_seed_and_epoch_alone(tmp_path: Path) -> None:
     """A resumed run (a new sampler, told its epoch) draws what the uninterrupted run drew."""
     root = skewed_root(tmp_path / "skewed", common=40, rare=4)
 
     def sampler(seed: int = 0):
         source = ClassFolders(root, val_fraction=0, balance_classes=True)
-        data = ImageDataModule(source, seed=seed)
-        return data.train_dataloader().sampler
+        return ImageDataModule(source, batch_size=8, seed=seed).train_dataloader().sampler
 
-    running = sampler()
-    for epoch in range(4):
-        running.set_epoch(epoch)
-        uninterrupted = list(running)
-    resumed = sampler()
+    running, epochs = sampler(), []
+    for epoch in range(50):
+        running.set_epoch(epoch)  # as Lightning does at the start of every epoch
+        epochs.append(list(running))
+    drawn = np.concatenate(epochs) >= 40  # "rare" images come last
+    assert len(drawn) == 50 * 44
+    assert 0.45 < drawn.mean() < 0.55  # "rare" is half of the draws, not 4 in 44
+    assert len({tuple(draws) for draws in epochs}) == 50  # every epoch draws anew
+    resumed, other_seed = sampler(), sampler(seed=1)
     resumed.set_epoch(3)
-    assert list(resumed) == uninterrupted
-    resumed.set_epoch(0)
-    assert list(resumed) != uninterrupted
-    other_seed = sampler(seed=1)
     other_seed.set_epoch(3)
-    assert list(other_seed) != uninterrupted
+    assert list(resumed) == epochs[3] != list(other_seed)
 
 
 DDP_SCRIPT = """
@@ -397,33 +363,12 @@ def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
         rows.append(f"{i}.jpg,{'ant' if i % 2 else 'bee'}")
     write_corrupt(root / "broken.jpg")
     (root / "labels.csv").write_text("\n".join([*rows, "broken.jpg,bee"]) + "\n")
+    source = ["--data.source", "LabelsCsv", "--data.source.csv", "labels.csv"]
+    source += ["--data.source.root", str(root), "--data.source.val_fraction", "0.01"]
+    source += ["--data.source.filename_column", "file", "--data.source.label_column", "class"]
+    options = ["--data.num_workers", "1", "--data.image_size", "16", "--trainer.fast_dev_run", "1"]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}",
-            "fit",
-            "--data.source",
-            "LabelsCsv",
-            "--data.source.csv",
-            "labels.csv",
-            "--data.source.root",
-            str(root),
-            "--data.source.filename_column",
-            "file",
-            "--data.source.label_column",
-            "class",
-            "--data.source.val_fraction",
-            "0.01",
-            "--data.num_workers",
-            "1",
-            "--data.batch_size",
-            "8",
-            "--data.image_size",
-            "16",
-            "--trainer.fast_dev_run",
-            "true",
-        ],
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *source, *options],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -436,31 +381,20 @@ def test_worker_error_reaches_the_terminal_as_one_line(tmp_path: Path) -> None:
 
 
 def test_scan_lists_every_unreadable_file(image_root: Path, capsys) -> None:
+    """Large JPEGs read as training reads them, DCT-reduced (200x150 is over twice the 24 pixels
+    a 16-pixel crop needs): a truncated one must be found on that path too."""
     write_corrupt(image_root / "bee" / "broken.jpg")
     (image_root / "cat" / "empty.png").write_bytes(b"")
-    status = scan.main(["--data.source.root", str(image_root), "--data.num_workers", "2"])
-    out, err = capsys.readouterr()
-    assert status == 1
-    listed = sorted(out.splitlines())
-    assert len(listed) == 2
-    assert "broken.jpg" in listed[0] and "empty.png" in listed[1]
-    assert "scanned 26 images: 2 unreadable" in err
-
-
-def test_scan_reads_large_jpegs_as_training_does_and_still_finds_damage(
-    image_root: Path, capsys
-) -> None:
-    # 200x150 is over twice the short side a 16-pixel crop needs (24 in training, 16 in
-    # validation): DCT-reduced as in training, and a truncated one must be found on that path too
     write_image(image_root / "bee" / "large.jpg", (10, 200, 10), size=(200, 150))
-    broken = write_image(image_root / "cat" / "large_broken.jpg", (10, 200, 10), size=(200, 150))
-    broken.write_bytes(broken.read_bytes()[:-400])
-    status = scan.main(["--data.source.root", str(image_root), "--data.image_size", "16"])
+    cut = write_image(image_root / "cat" / "large_cut.jpg", (10, 200, 10), size=(200, 150))
+    cut.write_bytes(cut.read_bytes()[:-400])
+    root = ["--data.source.root", str(image_root), "--data.image_size", "16"]
+    assert scan.main([*root, "--data.num_workers", "2"]) == 1
     out, err = capsys.readouterr()
-    assert status == 1
-    [listed] = out.splitlines()
-    assert listed.startswith(f"cannot read image {broken}: image file is truncated")
-    assert "scanned 26 images: 1 unreadable" in err
+    listed = sorted(out.splitlines())
+    assert len(listed) == 3 and "broken.jpg" in listed[0] and "empty.png" in listed[1]
+    assert listed[2].startswith(f"cannot read image {cut}: image file is truncated")
+    assert "scanned 28 images: 3 unreadable" in err
 
 
 @pytest.mark.parametrize(
@@ -517,20 +451,6 @@ def test_class_folders_outside_given_class_names_are_reported(image_root: Path) 
     with pytest.warns(UserWarning, match=r"leaves out 1 class folders of .*not used: bee"):
         dm.setup("fit")
     assert set(dm.train_dataset.targets.tolist()) == {0, 1}
-
-
-def test_the_training_order_depends_on_seed_and_epoch_only(image_root: Path) -> None:
-    """A resumed run (a new loader, told its epoch) draws what the uninterrupted run drew."""
-
-    def order(epoch: int, seed: int = 0, draws_before: int = 0) -> list[int]:
-        torch.manual_seed(draws_before)  # the global random state differs between the runs
-        torch.rand(draws_before)
-        sampler = ImageDataModule(ClassFolders(image_root), seed=seed).train_dataloader().sampler
-        sampler.set_epoch(epoch)
-        return list(sampler)
-
-    assert order(3) == order(3, draws_before=7)
-    assert order(3) != order(2) and order(3) != order(3, seed=1)
 
 
 class EpochOrders(L.Callback):

@@ -1,15 +1,11 @@
-"""The pre-decoded image cache (`--data.source.cache memmap`): every image decoded once, to uint8.
+"""The pixel cache (`--data.source.cache memmap`): each image decoded once, to uint8, memory-mapped.
 
-One cache per dataset folder covers every file of the index (before the split and the skip),
-each stored (H, W, 3) at the short side the training crop needs (never enlarged), one after another
-in a flat uint8 `.npy`; `index.npy` holds offset, height and width in sorted-name order. Only the
-training set reads it: its random crops are drawn as from the files (validation reads files).
-
-The folder's name hashes the stored size and the file list with each file's size, inode, mtime
-and ctime (`key="stat"`): `st_ctime` cannot be set back, so even a rewrite that `cp -p` or
-`touch -d` dates back is seen (only a same-size one within a clock tick is not; hashing the bytes
-would read the whole dataset at each start). `key="mtime"` leaves out inodes and ctimes, which
-are new at each copy of a dataset to node-local scratch. Locks and pruning: `cache_dirs.py`.
+One cache per dataset folder covers every file of the index (before the split and the skip), each
+stored (H, W, 3) at the short side the training crop needs (never enlarged) in one flat file;
+`index.npy` holds offset, height and width in sorted-name order. The folder's name hashes the
+size and each file's name, size, mtime, ctime and inode (`key="stat"`: only a same-size rewrite
+within a clock tick goes unseen; "mtime" leaves out what a copy to scratch renews). More in
+docs/performance.md; locks and pruning: `cache_dirs.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -29,25 +24,23 @@ from typing import IO, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from {{ cookiecutter.package_name }}.data.cache_dirs import lock_path, mark_owner, prune, try_lock
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
-from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 4  # part of the key: bump when the stored format or resampling changes
-_HEADER_BYTES = 128  # room reserved for the .npy header, written once the total size is known
+CACHE_VERSION = 5  # part of the key: bump when the stored format or resampling changes
 _PROBE = 64  # images decoded before the disk space the whole cache needs is estimated
 
 
 class PixelCache:
-    """Read access to one built cache folder (each worker opens the memmap on first use); its
-    `reading` lock file, held shared while it lives, keeps builds from removing the cache."""
+    """One built cache folder, its pixels mapped on first use in each worker; the `reading` lock,
+    held shared while it lives, keeps builds from removing it."""
 
     def __init__(self, folder: Path, reading: IO | None = None) -> None:
         self.folder = Path(folder)
@@ -62,11 +55,9 @@ class PixelCache:
         return {**self.__dict__, "_pixels": None, "_reading": None}
 
     def image(self, position: int) -> torch.Tensor:
-        """Image `position` as a (3, H, W) view of the memmap (no copy), stored channels last as
-        decoded: torch's uint8 resize runs on that layout directly."""
-        if self._pixels is None:
-            # Copy-on-write mapping: writable for torch.from_numpy, never written back to the file.
-            self._pixels = np.load(self.folder / "pixels.npy", mmap_mode="c")
+        """Image `position` as a (3, H, W) view of the map (no copy), stored channels last."""
+        if self._pixels is None:  # copy-on-write: writable for torch, never written back
+            self._pixels = np.memmap(self.folder / "pixels.u8", np.uint8, mode="c")
         offset, height, width = (int(v) for v in self.index[position])
         flat = self._pixels[offset : offset + height * width * 3]
         return torch.from_numpy(flat).view(height, width, 3).permute(2, 0, 1)
@@ -80,8 +71,6 @@ class MemmapImageDataset(ImageFolderDataset):
     ) -> None:
         args = (dataset.root, dataset.paths, dataset.targets, dataset.transform, dataset.classes)
         super().__init__(*args, dataset.min_size, dataset.approximate_decode)
-        if len(positions) != len(dataset):
-            raise ValueError(f"{len(positions)} cache positions for {len(dataset)} images")
         self.cache = cache
         self.positions = positions
 
@@ -106,30 +95,26 @@ def cached(
     key: Literal["stat", "mtime"] = "stat",
     run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
-    """`datasets` served from their pre-decoded cache under `cache_dir`, built first if missing.
+    """`datasets` served from their cache under `cache_dir`, built first if missing.
 
     Args:
-        everything: the datasets whose files the cache covers (before the split and the skip);
-            default `datasets`. One cache per folder (`root`).
+        everything: the datasets whose files the cache covers (default `datasets`), by `root`.
         skip_unreadable: store unreadable files as empty entries (left out of `datasets`).
         run_once: runs the key's `stat` of every file: under DDP, `data.once`.
-        num_workers: decoding processes; default one per usable CPU: the machine's other
-            training processes wait for the build anyway.
+        num_workers: decoding processes; default one per usable CPU.
     """
-    everything = list(datasets if everything is None else everything)
     served = list(datasets)
     for root in sorted({d.root for d in served if len(d)}):
-        covered = [np.asarray(d.paths) for d in everything if d.root == root]
-        names = np.unique(np.concatenate(covered))
-        index = ImageFolderDataset(root, names, None, torch.nn.Identity())
+        covered = [d.paths for d in everything or datasets if d.root == root]
+        index = ImageFolderDataset(root, np.unique(np.concatenate(covered)), None, None)
         name = partial(cache_key, index, size, key)
         folder = Path(cache_dir) / (name() if run_once is None else run_once(name))
         workers = usable_cpus() if num_workers is None else num_workers
-        missing = partial(build, index, folder, size, workers, progress, skip_unreadable, keep)
-        pixels = _open(folder, missing)
+        build_it = partial(build, index, folder, size, workers, progress, skip_unreadable, keep)
+        pixels = _open(folder, build_it)
         for i, dataset in enumerate(served):
             if dataset.root == root and len(dataset):
-                positions = np.searchsorted(names, np.asarray(dataset.paths))
+                positions = np.searchsorted(index.paths, dataset.paths)
                 served[i] = MemmapImageDataset(dataset, pixels, positions)
     return served
 
@@ -160,14 +145,11 @@ def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
     root = os.path.abspath(dataset.root)
     digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root} key={key}\n".encode())
     for i in range(len(dataset)):
-        path = dataset.path(i)
         try:
-            stat = os.stat(path)
+            stat = os.stat(path := dataset.path(i))
         except OSError as err:
             raise DataError(f"cannot read image {path}: {err.strerror}") from err
-        times = f"{stat.st_mtime_ns}"
-        if key == "stat":
-            times += f"\0{stat.st_ctime_ns}\0{stat.st_ino}"
+        times = f"{stat.st_mtime_ns}" + (f"\0{stat.st_ctime_ns}\0{stat.st_ino}" * (key == "stat"))
         digest.update(f"{path}\0{stat.st_size}\0{times}\n".encode())
     return f"{len(dataset)}-{size}px-{digest.hexdigest()[:20]}"
 
@@ -181,11 +163,9 @@ def build(
     skip_unreadable: bool = False,
     keep: int = 0,
 ) -> None:
-    """Decode every image of `dataset` into `folder`, unless another process is doing it now.
-
-    The lock holder builds in a staging folder, renamed into place; the others wait. Without
-    working locks, processes may build side by side: the first rename wins. Then `prune(keep)`.
-    """
+    """Decode every image of `dataset` into `folder`, unless another process is doing it now:
+    the lock holder builds in a staging folder renamed into place, the others wait. Without
+    working locks, processes may build side by side: the first rename wins. Then `prune(keep)`."""
     _make_dir(folder.parent)
     with open(lock_path(folder), "a") as lock:
         held = try_lock(lock, exclusive=True, wait=False)
@@ -218,28 +198,21 @@ def build(
         prune(folder.parent, keep, folder)
 
 
-class _Decoded(Dataset):
-    """Each image of a dataset decoded and resized to short side `size`, for the cache build."""
-
-    def __init__(self, dataset: ImageFolderDataset, size: int) -> None:
-        self.dataset = dataset
-        self.size = size
-
-    def __len__(self) -> int:
-        return len(self.dataset)
+class _Decoded(ImageFolderDataset):
+    """Each image at short side `min_size` at most, as (H, W, 3) bytes; or its error, which the
+    main process raises again as one clear message."""
 
     def __getitem__(self, index: int) -> tuple[bytes, int, int] | str:
         try:
-            image = read_image(self.dataset.path(index), self.size)
-        except DataError as err:  # raised again in the main process: one clear message
+            image = self.read(index)
+        except DataError as err:
             return str(err)
         height, width = image.shape[-2:]
-        scale = self.size / min(height, width)
-        if scale < 1:  # never enlarge: a small image is stored as it is
+        if (scale := self.min_size / min(height, width)) < 1:  # never enlarged
             shape = (max(1, round(height * scale)), max(1, round(width * scale)))
             image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
-        # (H, W, 3) bytes through the worker's pipe: cheaper than a tensor's shared-memory handoff.
-        return image.permute(1, 2, 0).numpy().tobytes(), image.shape[-2], image.shape[-1]
+        # Bytes through the worker's pipe: cheaper than a tensor's shared-memory handoff.
+        return (image.permute(1, 2, 0).numpy().tobytes(), image.shape[-2], image.shape[-1])
 
 
 def _write(
@@ -250,64 +223,47 @@ def _write(
     progress: bool,
     skip_unreadable: bool = False,
 ) -> None:
-    """Decode in `num_workers` processes, append the pixels in order, then write the index.
-
-    Out of disk space, it stops with one error saying how much the cache needs."""
-    loader = DataLoader(_Decoded(dataset, size), batch_size=None, num_workers=num_workers)
+    """Decode in `num_workers` processes, append the pixels in order, then write the index; out
+    of disk space, stop with one error saying how much the cache needs."""
+    decoded = _Decoded(dataset.root, dataset.paths, None, None, min_size=size)
+    loader = DataLoader(decoded, batch_size=None, num_workers=num_workers)
     index = np.zeros((len(dataset), 3), dtype=np.int64)
-    offset, done = 0, 0
-    start = time.perf_counter()
+    offset = done = 0
     try:
-        with open(folder / "pixels.npy", "wb") as out:
-            out.write(b"\0" * _HEADER_BYTES)
-            desc = f"Caching images in {folder.parent}"
-            shown = tqdm(loader, desc, unit="img", disable=not progress or None)
-            for i, image in enumerate(shown):
+        with open(folder / "pixels.u8", "wb") as out:
+            shown = tqdm(loader, f"Caching images in {folder.parent}", unit="img")
+            for done, image in enumerate(shown if progress else loader, 1):
                 if isinstance(image, str):
                     if not skip_unreadable:
                         raise DataError(f"{image} (while building the image cache)")
                     image = (b"", 0, 0)  # an empty entry, never served
                 pixels, height, width = image
-                index[i] = (offset, height, width)
+                index[done - 1] = (offset, height, width)
                 out.write(pixels)
-                offset += height * width * 3
-                done = i + 1
-                if done == _PROBE and done < len(dataset):  # enough to know the whole size
+                offset += len(pixels)
+                if done == _PROBE < len(dataset):  # enough to know the whole size
                     _check_space(folder, offset / done * (len(dataset) - done), len(dataset))
-            out.seek(0)
-            out.write(_npy_header(offset))
         np.save(folder / "index.npy", index)
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise
-        need = offset / max(done, 1) * len(dataset)
-        raise DataError(
-            f"cannot build the image cache in {folder.parent}: {err.strerror}; it needs about "
-            f"{_size(need)} for {len(dataset)} images. Free some space or set "
-            "--data.cache_dir to a larger disk"
-        ) from err
-    took = time.perf_counter() - start
-    log.info("Cached %d images (%.1f GB) in %s in %.0f s", len(dataset), offset / 1e9, folder, took)
+        need = f"{_size(offset / max(done, 1) * len(dataset))} for {len(dataset)} images"
+        raise _no_space(folder, f"{err.strerror}; it needs about {need}") from err
+    log.info("Cached %d images (%.1f GB) in %s", len(dataset), offset / 1e9, folder)
 
 
-def _check_space(folder: Path, remaining: float, count: int) -> None:
-    """Refuse early, before filling the disk, when the rest of the cache cannot fit."""
-    if remaining > (free := shutil.disk_usage(folder).free):
-        raise DataError(
-            f"cannot build the image cache in {folder.parent}: it needs about {_size(remaining)} "
-            f"more for {count} images and {_size(free)} is free. Free some space or set "
-            "--data.cache_dir to a larger disk"
-        )
+def _check_space(folder: Path, more: float, count: int) -> None:
+    if more > (free := shutil.disk_usage(folder).free):
+        why = f"it needs about {_size(more)} more for {count} images and {_size(free)} is free"
+        raise _no_space(folder, why)
+
+
+def _no_space(folder: Path, why: str) -> DataError:
+    return DataError(
+        f"cannot build the image cache in {folder.parent}: {why}. Free some space or set "
+        "--data.cache_dir to a larger disk"
+    )
 
 
 def _size(nbytes: float) -> str:
     return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
-
-
-def _npy_header(length: int) -> bytes:
-    """A .npy (format 1.0) header for a flat uint8 array of `length`, padded to _HEADER_BYTES."""
-    header = repr({"descr": "|u1", "fortran_order": False, "shape": (length,)})
-    prefix = b"\x93NUMPY\x01\x00"
-    pad = _HEADER_BYTES - len(prefix) - 2 - len(header) - 1
-    text = (header + " " * pad + "\n").encode("latin1")
-    return prefix + len(text).to_bytes(2, "little") + text

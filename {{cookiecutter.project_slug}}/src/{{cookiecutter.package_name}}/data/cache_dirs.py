@@ -1,9 +1,8 @@
 """Where the project keeps its caches, away from every dataset; which it may remove; their locks.
 
 A cache's lock file (`flock`) is held exclusively to build or remove it, shared while reading it.
-Where locks fail (Lustre without `flock`, NFS without a lock manager, Windows) caches are built
-without one and older caches are never removed: no process can tell whether another reads them.
-"""
+Where locks fail (Lustre, NFS without a lock manager, Windows) caches are built without one and
+none is removed: no process can tell whether another reads it."""
 
 from __future__ import annotations
 
@@ -30,15 +29,13 @@ _MARK = "{{ cookiecutter.package_name }} pixel cache"
 
 
 def user_cache_dir() -> Path:
-    """`$<PACKAGE>_CACHE_DIR`, else the platform's per-user cache folder: on Windows
-    `%LOCALAPPDATA%/<package>`, else `$XDG_CACHE_HOME/<package>` or `~/.cache/<package>`."""
+    """`$<PACKAGE>_CACHE_DIR`, else the per-user cache folder: `%LOCALAPPDATA%/<package>` on
+    Windows, else `$XDG_CACHE_HOME/<package>` or `~/.cache/<package>`."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
-    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
-        base = Path(os.environ["LOCALAPPDATA"])
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
-    return base / "{{ cookiecutter.package_name }}"
+    windows = sys.platform == "win32" and os.environ.get("LOCALAPPDATA")
+    base = windows or os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "{{ cookiecutter.package_name }}"
 
 
 def cache_folder(cache_dir: str | Path | None, inputs: list[tuple[str, Path | str | None]]) -> Path:
@@ -102,7 +99,6 @@ def prune(cache_dir: Path, keep: int, current: Path) -> None:
 
 
 def lock_path(folder: Path) -> Path:
-    """The lock file of the cache folder `folder`, beside it."""
     return folder.parent / f".{folder.name}.lock"
 
 
@@ -124,8 +120,7 @@ def try_lock(file: IO, exclusive: bool, wait: bool = True) -> bool | None:
                 "File locks do not work in %s (%s): the image cache is built there without one "
                 "(processes that start together may each build it; the first to finish is kept) "
                 "and older caches are not removed; --data.cache_dir on a local disk avoids both",
-                folder,
-                err.strerror,
+                *(folder, err.strerror),
             )
         return None
     return True

@@ -67,15 +67,11 @@ class ImageDataModule(L.LightningDataModule):
         if isinstance(augment, dict):  # a config's or a checkpoint's plain values
             augment = Augment(**augment)
         self.hparams["augment"] = asdict(augment)
-        self.image_size = image_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.seed = seed
+        self.image_size, self.batch_size, self.augment = image_size, batch_size, augment
+        self.num_workers, self.seed = num_workers, seed
         self.predict_root = Path(predict_root) if predict_root is not None else None
         self._class_names = list(class_names) if class_names else None
-        self.mean = tuple(mean)
-        self.std = tuple(std)
-        self.augment = augment
+        self.mean, self.std = tuple(mean), tuple(std)
         self.cache_dir = cache_folder(cache_dir, self.inputs())
         self.normalizer = BatchNormalizer(self.mean, self.std)
         self.train_dataset = self.val_dataset = self.test_dataset = self.predict_dataset = None

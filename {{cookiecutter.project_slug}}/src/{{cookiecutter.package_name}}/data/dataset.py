@@ -17,10 +17,8 @@ from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 
 
 class ImageFolderDataset(Dataset):
-    """Images under `root` named by `paths` (relative, bytes), with integer `targets` or none.
-
-    Items are `(uint8 image (3, H, W), target)`, or `(image, index)` without targets. Nothing is
-    opened before `__getitem__`: the dataset pickles cheaply for `spawn` workers."""
+    """Images under `root` named by `paths` (relative, bytes): items `(uint8 (3, H, W), target)`,
+    or `(image, index)` without `targets`. Nothing is opened before `__getitem__`."""
 
     def __init__(
         self,
@@ -45,19 +43,16 @@ class ImageFolderDataset(Dataset):
         return len(self.paths)
 
     @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Class name -> label, as torchvision's `ImageFolder` offers it."""
+    def class_to_idx(self) -> dict[str, int]:  # as torchvision's `ImageFolder` offers it
         return {name: i for i, name in enumerate(self.classes)}
 
     def path(self, index: int) -> str:
         return os.path.join(self.root, os.fsdecode(self.paths[index]))
 
-    def read(self, index: int) -> torch.Tensor:
-        """Image `index` as decoded for this dataset, before the transform."""
+    def read(self, index: int) -> torch.Tensor:  # before the transform
         return read_image(self.path(index), self.min_size, self.approximate_decode)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        # Named in shared memory while read: a worker's death can name it (`in_hand.py`).
         self.in_hand.enter(self.path(index))
         try:
             image = self.read(index)
@@ -69,7 +64,7 @@ class ImageFolderDataset(Dataset):
         return image, label
 
     def subset(self, keep: np.ndarray) -> ImageFolderDataset:
-        """The same dataset (of the same class) restricted to the items where `keep` is true."""
+        """The same dataset (and class) restricted to the items where `keep` is true."""
         subset = copy.copy(self)
         subset.paths = self.paths[keep]
         subset.targets = None if self.targets is None else self.targets[keep]

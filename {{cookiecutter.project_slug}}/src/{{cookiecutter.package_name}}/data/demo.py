@@ -22,13 +22,13 @@ _SIZE = (192, 144)  # width, height: a small photo
 
 
 def demo_dir() -> Path:
-    """`demo/` of the per-user cache folder: generated data, away from the user's own `data/`."""
+    """`demo/` of the per-user cache folder, away from the user's own `data/`."""
     return user_cache_dir() / "demo"
 
 
 def ensure_demo_data(root: Path | None = None, images_per_class: int = _IMAGES_PER_CLASS) -> Path:
-    """Create the demo dataset in `root` (unset: `demo_dir()`) unless it is there, via a staging
-    folder renamed into place: processes starting together (DDP ranks) never see half of it."""
+    """The demo dataset in `root` (unset: `demo_dir()`), made unless there through a staging folder
+    renamed into place: processes starting together (DDP ranks) never see half of it."""
     root = Path(root) if root is not None else demo_dir()
     if (root / ".complete").exists():
         return root
@@ -61,22 +61,17 @@ def ensure_demo_data(root: Path | None = None, images_per_class: int = _IMAGES_P
     return root
 
 
-def _background(rng: np.random.Generator) -> Image.Image:
-    """A smooth random colour field, like an out-of-focus scene."""
-    coarse = rng.integers(30, 226, size=(3, 4, 3), dtype=np.uint8)
-    return Image.fromarray(coarse).resize(_SIZE, Image.BICUBIC).filter(ImageFilter.GaussianBlur(8))
-
-
 def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
     return tuple(int(c) for c in rng.integers(0, 256, size=3))
 
 
 def _draw(name: str, rng: np.random.Generator) -> Image.Image:
-    """A scene with one pattern per class (textures survive random crops, unlike single objects)."""
-    image = _background(rng)
+    """A scene with one pattern per class (textures survive random crops, unlike single objects)
+    on a smooth random colour field, like an out-of-focus background."""
+    coarse = rng.integers(30, 226, size=(3, 4, 3), dtype=np.uint8)
+    image = Image.fromarray(coarse).resize(_SIZE, Image.BICUBIC).filter(ImageFilter.GaussianBlur(8))
     width, height = _SIZE
     if name in ("dots", "confetti"):
-        # dots: a few round spots; confetti: many tiny sharp flakes.
         draw = ImageDraw.Draw(image)
         count, low, high = (int(rng.integers(12, 30)), 4, 9) if name == "dots" else (300, 1, 3)
         shape = draw.ellipse if name == "dots" else draw.rectangle

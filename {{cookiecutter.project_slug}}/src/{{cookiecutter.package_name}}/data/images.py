@@ -1,4 +1,11 @@
-"""Reading image files into uint8 RGB tensors: which decoder reads which file, and why."""
+"""Reading image files into uint8 RGB tensors: which decoder reads which file, and why.
+
+Safety first (tests/test_fuzz.py: no damaged file may kill the process that reads it, as
+torchvision's PNG decoder did), speed second. JPEG: simplejpeg (libjpeg-turbo), exact (PIL's
+pixels, bit for bit) or, for training, fast; a file libjpeg warns about goes to PIL, which decodes
+through recoverable damage or raises. Large JPEGs: decoded reduced, in the DCT domain. Every other
+format: PIL, with what libtiff prints kept quiet.
+"""
 
 from __future__ import annotations
 
@@ -28,33 +35,17 @@ except ImportError:  # pragma: no cover - a dependency, but PIL reads JPEGs with
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 # PIL decodes these (IMG_EXTENSIONS') only, never its dozens of others: EPS runs Ghostscript.
 FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF")
-# PIL's own hard limit (twice its warning threshold): about 13k x 13k pixels, 0.5 GB as RGB.
 MAX_IMAGE_PIXELS = 2 * 89_478_485
 
-# PIL logs an error naming no file before it raises on some damaged TIFFs (the DataError names
-# it): with a handler of PIL's own, Python prints no such record where no logging is configured.
+# PIL logs an error naming no file on some damaged TIFFs (the DataError names it): dropped.
 logging.getLogger("PIL").addHandler(logging.NullHandler())
-
-# Which decoder reads what: safety first (tests/test_fuzz.py: no damaged file may kill the process
-# that reads it, as torchvision's PNG decoder did), speed second.
-# - JPEG: simplejpeg (libjpeg-turbo), exact (PIL's pixels, bit for bit) or, for training, fast;
-#   any file libjpeg warns about goes to PIL, which decodes through recoverable damage or raises.
-#   Orientation is applied here, so Exif JPEGs take this path too. Large JPEGs: PIL's `draft`.
-# - Every other format: PIL, with what libtiff prints kept quiet (`_libtiff_quiet`).
 
 
 def read_image(path: str, min_size: int | None = None, approximate: bool = False) -> torch.Tensor:
-    """Read an image file as a uint8 RGB tensor of shape (3, H, W), EXIF orientation applied.
-
-    Every mode (grayscale, palette, RGBA, CMYK, 16-bit) becomes 8-bit RGB; an animated GIF or
-    WebP gives its first frame. No decoder prints to the terminal.
-
-    `min_size`: the short side the caller needs; a JPEG at least twice that is decoded at 1/2,
-    1/4 or 1/8 scale in libjpeg's DCT domain, far less work than a full decode and resize.
-    `approximate` (training): libjpeg-turbo's fast IDCT and chroma upsampling, pixels a level or
-    so off the exact decode, far less than random crops change; evaluation and the cache are exact.
-    Raises a DataError naming the file when it cannot be decoded or exceeds `MAX_IMAGE_PIXELS`.
-    """
+    """An image file as uint8 RGB (3, H, W), upright (EXIF), first frame; a DataError naming the
+    file if it cannot be decoded or exceeds `MAX_IMAGE_PIXELS`. A JPEG at least twice `min_size`
+    is decoded at 1/2, 1/4 or 1/8 scale; `approximate` (training): libjpeg's fast IDCT, pixels a
+    level or so off the exact decode, far less than random crops change."""
     try:
         with open(path, "rb") as file:
             data = file.read()
@@ -67,9 +58,7 @@ def decode_image(
     data: bytes, path: str, min_size: int | None = None, approximate: bool = False
 ) -> torch.Tensor:
     """`read_image` for the bytes of a file already read, `path` naming it in errors."""
-    with warnings.catch_warnings():
-        # PIL's warnings about damaged metadata (Exif, TIFF tags) name no file, and the pixels
-        # decode regardless; one that matters is an exception, which DataError reports.
+    with warnings.catch_warnings():  # damaged metadata: PIL's warnings name no file; pixels decode
         warnings.filterwarnings("ignore", module=r"PIL\.")
         try:
             width, height, orientation = image_header(data, path)
@@ -112,9 +101,8 @@ UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeErro
 
 
 def image_header(data: bytes, path: str) -> tuple[int, int, int]:
-    """(width, height, a JPEG's orientation) from PIL's header parse, refusing empty files,
-    unknown formats and decompression bombs before any pixel is decoded. The orientation is
-    Exif's, else XMP's, as `exif_transpose` reads it: the simplejpeg path turns pixels itself."""
+    """(width, height, a JPEG's Exif or XMP orientation) from PIL's header parse; empty files,
+    unknown formats and decompression bombs refused before any pixel is decoded."""
     if not data:
         raise DataError(f"cannot read image {path}: the file is empty")
     try:
@@ -148,21 +136,20 @@ _ORIENT = {
 
 
 def _open(data: bytes | str) -> Image.Image:
-    """A PIL image over `data` or a file, header parsed, pixels not decoded; PIL's bomb warning
-    silenced: `image_header` applies our own limit, naming the file (PIL's error propagates)."""
+    """A PIL image over `data` or a file, header parsed; PIL's bomb warning silenced (our own
+    limit names the file)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(data if isinstance(data, str) else io.BytesIO(data), formats=FORMATS)
 
 
 def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
-    """(3, H, W) over (H, W, 3) pixels, as every decoder here returns them (channels last)."""
     return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)
 
 
 def _decode_jpeg(data: bytes, fast: bool, min_size: int = 0) -> np.ndarray:
-    """(H, W, 3) pixels from libjpeg-turbo; ValueError on any damage, even recoverable. `fast`:
-    the fast IDCT and upsampling; `min_size`: the smallest n/8 scale with both sides >= it."""
+    """(H, W, 3) pixels from libjpeg-turbo, at the smallest n/8 scale with both sides >=
+    `min_size`; ValueError on any damage, even recoverable."""
     sizes = {"min_height": min_size, "min_width": min_size}
     return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast, **sizes)
 
@@ -176,8 +163,7 @@ def _decode_jpeg_reduced(data: bytes, scale: float) -> torch.Tensor:
 
 
 def _pil_pixels(image: Image.Image) -> torch.Tensor:
-    """The pixels of an opened image, upright, as 8-bit RGB."""
-    ImageOps.exif_transpose(image, in_place=True)  # in place: no copy of an upright image
+    ImageOps.exif_transpose(image, in_place=True)
     if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale (TIFF, PNG)
         pixels = np.asarray(image, dtype=np.float32)
         if image.mode != "I" or pixels.max(initial=0) > 255:
@@ -190,14 +176,13 @@ def _pil_pixels(image: Image.Image) -> torch.Tensor:
 
 
 _TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF
-_STDERR = threading.Lock()  # one thread at a time sends stderr elsewhere and puts it back
+_STDERR = threading.Lock()  # one thread at a time moves stderr and puts it back
 
 
 @contextlib.contextmanager
 def _libtiff_quiet(data: bytes, path: str) -> Iterator[None]:
-    """Keep what libtiff prints to stderr (naming no file) off the terminal: told in the DataError
-    if the file cannot be read, else dropped. stderr is the process's: TIFFs decode one at a time
-    (a caller may decode in threads), and another thread's line printed meanwhile is kept too."""
+    """What libtiff prints to stderr (naming no file) goes into the DataError if the file cannot
+    be read, else nowhere. stderr is the process's: TIFFs decode one thread at a time."""
     if not data.startswith(_TIFF_SIGNATURES):
         yield
         return

@@ -1,9 +1,8 @@
-"""FilesInHand: which file each loader worker is reading, kept where the main process can see it.
+"""FilesInHand: which file each loader worker is reading, in shared memory the main process reads.
 
-When a worker dies (a decoder crash, the out-of-memory killer), PyTorch's DataLoader says only
-"worker (pid N) is killed by signal"; with each worker's "pid, path" in its slot of a shared-memory
-array while it reads, the main process can name the file the dead worker had in hand.
-"""
+When a worker dies (a decoder crash, the out-of-memory killer), PyTorch says only "worker (pid N)
+is killed by signal"; with each worker's "pid, path" in its slot while it reads, the main process
+can name the file the dead worker had in hand."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from torch.utils.data import get_worker_info
 
 _SLOTS = 64  # workers per dataset tracked; more wrap around (worker id modulo)
 _WIDTH = 1024  # bytes per slot: "pid\0path", a longer path is cut
-# Every FilesInHand of this process, for `worker_death_message`.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _DEATH = re.compile(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\) (is killed by signal|exited)")
 
@@ -29,9 +27,7 @@ class FilesInHand:
         self._memory = multiprocessing.RawArray(ctypes.c_char, _SLOTS * _WIDTH)
         _LIVE.add(self)
 
-    def __getstate__(self) -> dict:
-        # Shared memory travels only to the worker processes being started (spawn, forkserver);
-        # any other copy (a pickle, a deepcopy) keeps no slots and records nothing.
+    def __getstate__(self) -> dict:  # slots only for workers being started; other copies: none
         spawning = multiprocessing.context.get_spawning_popen() is not None
         return {"_memory": self._memory if spawning else None}
 
@@ -57,10 +53,8 @@ class FilesInHand:
 
     def files_of(self, pids: set[int]) -> list[str]:
         """The files that the workers with these process ids were reading when last seen."""
-        if self._memory is None:
-            return []
         files = []
-        for slot in range(_SLOTS):
+        for slot in range(_SLOTS if self._memory is not None else 0):
             raw = self._memory[slot * _WIDTH : (slot + 1) * _WIDTH].split(b"\0")
             if len(raw) > 2 and raw[0] and int(raw[0]) in pids:
                 files.append(raw[1].decode(errors="replace"))

@@ -13,17 +13,15 @@ import numpy as np
 from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.errors import DataError
 
-# Folders that archivers and operating systems leave beside the data; never classes.
-_JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")
-# Folders training writes in the working folder, beside the class folders when the root is `.`:
-# there, one is a class only when it holds images directly, as a user's class folder would.
+_JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")  # never classes
+# Folders `fit` writes in the working folder: in a root `.`, classes only if they hold images.
 OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints")
 
 
 @dataclass(frozen=True)
 class ImageIndex:
-    """Files under `root`: relative paths (bytes) and int64 targets (None: unlabelled), as numpy
-    arrays, which forked workers share instead of copying page by page (pytorch/pytorch#13246)."""
+    """Files under `root`: relative paths (bytes) and int64 targets (None: unlabelled), numpy
+    arrays that forked workers share instead of copying page by page (pytorch/pytorch#13246)."""
 
     root: Path
     paths: np.ndarray
@@ -39,8 +37,8 @@ class ImageIndex:
 
 @dataclass(eq=False)
 class FolderLabels:
-    """`root/<class>/<image>`: an image's class is the name of its folder. Validation and test
-    folders (`role`) must name training classes; `reading`: how CSVs beside them read labels."""
+    """`root/<class>/<image>` for `role` (training, validation, test); `reading`: how CSVs that
+    follow it read labels."""
 
     root: Path
     option: str
@@ -67,18 +65,9 @@ class FolderLabels:
 
 
 def _warn(message: str) -> None:
-    # Imported here: `infer` lists images with this module and imports no Lightning.
-    from lightning.pytorch.utilities import rank_zero_warn
+    from lightning.pytorch.utilities import rank_zero_warn  # here: `infer` imports no Lightning
 
     rank_zero_warn(message)
-
-
-def _holds_images(folder: Path) -> bool:
-    try:
-        with os.scandir(folder) as inside:
-            return any(e.name.lower().endswith(IMG_EXTENSIONS) and e.is_file() for e in inside)
-    except OSError:  # a run folder that cannot be read holds no class
-        return False
 
 
 def _is_data_folder(name: str) -> bool:
@@ -91,7 +80,7 @@ def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
     check_dir(root, option)
     with os.scandir(root) as entries:
         folders = sorted(e.name for e in entries if e.is_dir() and _is_data_folder(e.name))
-    runs = [name for name in folders if name in OUTPUT_FOLDERS and not _holds_images(root / name)]
+    runs = [name for name in folders if name in OUTPUT_FOLDERS and not _images_in(root / name)]
     here = root.resolve() == Path.cwd().resolve()
     if runs:
         how = "left out: this is the working folder, where `fit` writes them"
@@ -101,6 +90,14 @@ def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
     if not classes:
         raise DataError(f"--{option} {root} has no class folders: expected {root}/<class>/<image>")
     return classes
+
+
+def _images_in(folder: Path) -> bool:
+    return any(map(_is_image, next(os.walk(folder), ((), (), []))[2]))  # unreadable: none
+
+
+def _is_image(name: str) -> bool:
+    return name[0] != "." and name.lower().endswith(IMG_EXTENSIONS)
 
 
 def list_images(folder: Path) -> list[str]:
@@ -116,22 +113,21 @@ def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
     for here, folders, files in os.walk(top, followlinks=True):
         folders[:] = sorted(name for name in folders if _is_data_folder(name))
         if images_only:
-            files = [f for f in files if f[0] != "." and f.lower().endswith(IMG_EXTENSIONS)]
+            files = list(filter(_is_image, files))
         inside = prefix if here == top else prefix + os.path.relpath(here, top) + os.sep
         found.extend(inside + name for name in sorted(files))
     return found
 
 
 def encode_paths(paths: list[str]) -> np.ndarray:
-    """`os.fsencode` of each path, as a numpy bytes array (what the index and Dataset keep)."""
     return np.array([os.fsencode(path) for path in paths], dtype=np.bytes_)
 
 
 def make_dataset(
     root: Path, class_to_idx: dict[str, int], folders: list[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Index a class-folder tree: relative paths (bytes) and int64 targets. `folders` (default:
-    all of `class_to_idx`) must each be a known class holding at least one image."""
+    """Relative paths (bytes) and int64 targets of a class-folder tree; each of `folders` (default:
+    all of `class_to_idx`) must be a known class holding images."""
     paths, targets, counts = [], [], []  # every file; per folder, its class and image count
     for name in class_to_idx if folders is None else folders:
         if name not in class_to_idx:
@@ -152,8 +148,7 @@ def make_dataset(
 
 def refuse_repeats(*splits: tuple[Callable[[int], str], Path | None, np.ndarray]) -> None:
     """Refuse a file named twice, in one split or in two (a training image also validated): each
-    `(where(row), root, paths)`, compared normalised (`./a.jpg` is `a.jpg`), below their roots
-    where these differ."""
+    `(where(row), root, paths)`, compared normalised (`./a.jpg` is `a.jpg`)."""
     bases = [os.fsencode(os.path.abspath(root)) if root else b"" for _, root, _ in splits]
     seen: dict[bytes, tuple[int, int]] = {}
     for at, (where, _, paths) in enumerate(splits):
@@ -163,13 +158,13 @@ def refuse_repeats(*splits: tuple[Callable[[int], str], Path | None, np.ndarray]
                 raise DataError(f"{before} and {where(row)} both name {os.fsdecode(name)!r}")
 
 
-# Parts of a path that `os.path.normpath` may rewrite (on Windows, every `/` becomes `\`).
+# What `os.path.normpath` may rewrite (on Windows, every `/` too).
 _UNNORMAL = (b"./", b"/.", b"//") if os.sep == "/" else (b"/", b".\\", b"\\.", b"\\\\")
 
 
 def _normalised(paths: np.ndarray, base: bytes) -> list[bytes]:
-    """`paths` as `os.path.normpath` writes them, joined to `base` if given; else only those where
-    numpy finds a part it may rewrite go through it: a million rows take a fraction of a second."""
+    """`paths` normalised, joined to `base` if given; else only those where numpy finds a part
+    `normpath` may rewrite go through it (a million rows: a fraction of a second)."""
     if base:
         return [os.path.normpath(os.path.join(base, path)) for path in paths.tolist()]
     files = paths.tolist()
@@ -189,8 +184,8 @@ def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageI
 
 
 def stratified_split(targets: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """A boolean mask of the validation items: `fraction` of each class, drawn with `seed`; from
-    the targets and seed alone, so the same on every run and DDP rank."""
+    """The validation items (a mask): `fraction` of each class, drawn from `seed` and the targets
+    alone, so the same on every run and rank."""
     mask = np.zeros(len(targets), dtype=bool)
     if fraction == 0 or len(targets) == 0:
         return mask
@@ -216,7 +211,7 @@ def interleave_classes(index: ImageIndex) -> ImageIndex:
 
 
 def write_split(path: Path, paths: np.ndarray, targets: np.ndarray, class_names: list[str]) -> Path:
-    """Write `filename,label` rows of an index to `path`, so that a split can be audited."""
+    """`filename,label` rows of an index in `path`, so that a split can be audited."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as file:
         rows = zip(map(os.fsdecode, paths), [class_names[t] for t in targets.tolist()], strict=True)

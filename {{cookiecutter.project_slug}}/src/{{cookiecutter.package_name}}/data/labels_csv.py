@@ -28,8 +28,8 @@ LABEL_KINDS = ("auto", "index", "name")
 
 @dataclass(eq=False)
 class CsvLabels:
-    """One image folder `root` and a CSV naming each file (relative to `root`) and its label, read
-    as `kind` says (training) or as the training source it `follows` reads them."""
+    """A CSV naming files in `root` and their labels, read as `kind` says (training) or as the
+    training source it `follows` reads them."""
 
     root: Path
     csv_file: Path
@@ -40,15 +40,17 @@ class CsvLabels:
     follows: FolderLabels | CsvLabels | None = None
 
     @cached_property
-    def table(self) -> LabelsTable:
-        # Read once: the class names are needed at instantiation, the index again in `setup`.
+    def table(self) -> LabelsTable:  # read once: for the class names, then the index
         return read_labels_csv(self.csv_file, *self.columns)
 
     @cached_property
     def reading(self) -> str:
-        if self.follows is not None:
-            return self.follows.reading
-        return label_reading(self.table, self.kind)
+        """ "index" or "name", as the source it follows; "auto" reads indices only when the labels
+        are exactly "0".."K-1" as `str(int)` writes them (years, 1-based ids, "07", "٣": names)."""
+        if self.follows is not None or self.kind != "auto":
+            return self.follows.reading if self.follows is not None else self.kind
+        values = set(self.table.values)
+        return "index" if values == {str(i) for i in range(len(values))} else "name"
 
     def class_names(self) -> list[str]:
         return classes_from_labels(self.table, self.reading)
@@ -76,8 +78,8 @@ def find_csv(path: str | Path | None, root: Path | None, option: str) -> Path | 
 
 @dataclass(frozen=True)
 class LabelsTable:
-    """A labels CSV's rows as arrays: file names (bytes), line numbers, and labels as `codes` into
-    the few distinct `values` (a row's label: `values[codes[row]]`)."""
+    """A labels CSV's rows as arrays: file names (bytes), line numbers, and labels (a row's label:
+    `values[codes[row]]`)."""
 
     source: Path
     paths: np.ndarray
@@ -98,9 +100,8 @@ class LabelsTable:
 def read_labels_csv(
     csv_file: Path, filename_column: str = "filename", label_column: str = "label"
 ) -> LabelsTable:
-    """Read a labels CSV with a header row; UTF-8 with or without BOM, CRLF or LF, spaces stripped.
-    Only the two named columns are kept, as the csv module parses them; blank lines are skipped.
-    The file is streamed, never held whole: a million rows take a few hundred MiB at the peak."""
+    """A labels CSV with a header row (UTF-8, BOM or not, CRLF or LF, spaces stripped, blank lines
+    skipped), streamed: a million rows take a few hundred MiB at the peak."""
     check_file(csv_file, "data.source.csv")
     with open(csv_file, encoding="utf-8-sig", newline="") as text:
         reader = csv.reader(text, strict=True)
@@ -141,8 +142,7 @@ def read_labels_csv(
 
 
 def _checked(table: LabelsTable) -> LabelsTable:
-    """Refuse a table without rows, with an empty file name or label, or naming a file twice
-    (`./a.jpg` and `a.jpg` too)."""
+    """Refuse a table without rows, with an empty file name or label, or naming a file twice."""
     if not len(table):
         raise DataError(f"{table.source} has a header but no rows")
     empty = np.flatnonzero(table.paths == b"")
@@ -167,18 +167,8 @@ def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
     )
 
 
-def label_reading(table: LabelsTable, kind: str) -> str:
-    """How a training CSV's labels are read, "index" or "name": "auto" reads indices only when the
-    distinct labels are exactly "0".."K-1" as `str(int)` writes them; years, 1-based ids, "07",
-    "1_0" or non-ASCII digits ("٣"), which Python's `int` accepts, are class names."""
-    if kind != "auto":
-        return kind
-    values = set(table.values)
-    return "index" if values == {str(i) for i in range(len(values))} else "name"
-
-
 def classes_from_labels(table: LabelsTable, reading: str) -> list[str]:
-    """Class names for a CSV without given class names: its labels sorted, or "0".."K-1"."""
+    """Its labels sorted, or "0".."K-1"."""
     if reading == "name":
         return sorted(table.values)
     indices = _as_indices(table.values)
@@ -196,7 +186,7 @@ def encode_labels(
     table: LabelsTable, class_names: list[str], reading: str, split: str = "training"
 ) -> np.ndarray:
     """The int64 targets of a table's labels, read as class names or indices (`reading`, the
-    training table's, so a label means the same class in each); an unknown label is an error."""
+    training table's); an unknown label is an error."""
     if reading == "index":
         targets = _as_indices(table.values)
         known = f"class indices 0..{len(class_names) - 1}"
@@ -218,15 +208,15 @@ def encode_labels(
 
 
 def _as_indices(values: list[str]) -> np.ndarray:
-    """Each label as an integer where it is one as `str(int)` writes it, of 18 digits at most
-    (int64), else -1: "07", like "٣" or "1_0", is no index."""
+    """Each label as an integer where it is one as `str(int)` writes it (18 digits at most), else
+    -1."""
     digits = [v.isascii() and v.isdigit() and str(int(v)) == v[:18] for v in values]
     return np.array([int(v) if d else -1 for v, d in zip(values, digits, strict=True)], np.int64)
 
 
 def find_missing(table: LabelsTable, root: Path) -> None:
-    """Refuse a table that names files not under `root`, listing the first few and counting all.
-    One listing answers for most rows; only those it misses (`./`, links) cost a `stat` each."""
+    """Refuse a table naming files not under `root`, listing the first few and counting all. One
+    listing answers for most rows; only those it misses (`./`, links) cost a `stat` each."""
     check_dir(root, "data.source.root")
     present = set(map(os.fsencode, list_files(root, images_only=False)))
     missing = [

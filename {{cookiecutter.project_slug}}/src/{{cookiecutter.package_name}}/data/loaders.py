@@ -32,12 +32,11 @@ def make_loader(
     """A loader of uint8 batches: shuffled (or class-balanced) with `train`, in order without.
 
     Args:
-        pin_memory: page-locked batches, for a fast copy to a CUDA device (wasted elsewhere).
         balance_classes: (targets, number of classes, seed) for a `BalancedSampler`.
-        shard: (rank, world size) under DDP: evaluation reads each image once over all processes
-            (`EvalShardSampler`); training keeps this process's share of one common order.
-        seed: with the epoch (Lightning's `set_epoch`), it fixes the training order, so a resumed
-            run draws what an uninterrupted one would have, in one process or many.
+        shard: (rank, world size) under DDP: evaluation reads each image once over all processes;
+            training keeps this process's share of one common order.
+        seed: with the epoch (Lightning's `set_epoch`), fixes the training order, so a resumed run
+            draws what an uninterrupted one would have.
         repeats: passes over the training images in one epoch, each drawn anew.
     """
     sampler, place = None, shard or (0, 1)
@@ -46,8 +45,8 @@ def make_loader(
         weights = 1.0 / np.bincount(targets, minlength=num_classes)[targets]  # classes alike
         sampler = BalancedSampler(torch.from_numpy(weights), seed, *place, repeats)
     elif train:
-        # A DataLoader's own shuffle draws its seed from the global random state, which a resumed
-        # run reaches in another state; Lightning leaves a DistributedSampler in place under DDP.
+        # Not the DataLoader's shuffle, seeded by the global random state, which a resumed run
+        # reaches in another state; Lightning leaves a DistributedSampler in place under DDP.
         sampler = EpochShuffle(dataset, seed, *place, repeats)
     if not train and shard is not None:
         sampler = EvalShardSampler(dataset, *shard)
@@ -57,13 +56,11 @@ def make_loader(
                 f"{shard[1]} processes: each process needs at least one; give more images, or "
                 "run fewer processes (--trainer.devices, --trainer.num_nodes)"
             )
-    # Dropping the last partial training batch keeps BatchNorm away from tiny batches (shuffled,
-    # every image is still seen); a process's share smaller than one batch is kept as one.
+    # No last partial training batch: BatchNorm away from tiny ones (a share under one batch: kept).
     drop_last = train and len(sampler) > batch_size
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=False,  # training shuffles through its sampler
         sampler=sampler,
         drop_last=drop_last,
         num_workers=num_workers,
@@ -73,17 +70,15 @@ def make_loader(
     )
 
 
-# What `timeout`, systemd, SLURM and a terminal send every process of a job: a worker that died of
-# one would fail the next batch before the training process, which handles them, could save.
+# What `timeout`, systemd, SLURM and a terminal send every process of a job: a worker dead of one
+# would fail the next batch before the training process, which handles them, could save.
 STOP_SIGNALS = [s for s in signal.Signals if s.name in ("SIGINT", "SIGUSR1", "SIGUSR2")]
 
 
 def _worker_init(worker_id: int, rank: int, owner: int) -> None:
-    """Ignore the stop signals (training stops at a batch end, its workers with it), then seed as
-    Lightning's would. SIGTERM too, but from `owner`, the loader's process, which ends its workers
-    with it (on exit, Python's multiprocessing ends them so and waits); torch's own handler tells
-    the senders apart alike, but a worker dies of the job's SIGTERM. Where no thread can learn
-    the sender (macOS), torch's handler stays."""
+    """Ignore the stop signals (training stops at a batch end, its workers with it), and SIGTERM
+    but from `owner`, the loader's process, which ends its workers so (torch's own handler dies
+    of the job's SIGTERM; without `sigwaitinfo`, as on macOS, it stays). Then seed as Lightning."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     if hasattr(signal, "sigwaitinfo"):
@@ -100,9 +95,8 @@ def _end_on_sigterm_from(owner: int) -> None:
 
 
 class EvalShardSampler(DistributedSampler):
-    """Images `rank`, `rank + world`, ... of an evaluation set: every image once over all ranks.
-
-    torch's `DistributedSampler` pads the shards with repeated images, which metrics count twice."""
+    """Images `rank`, `rank + world`, ... of an evaluation set: every image once over all ranks
+    (torch's `DistributedSampler` pads the shards with repeats, which metrics count twice)."""
 
     def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=False)
@@ -114,9 +108,8 @@ class EvalShardSampler(DistributedSampler):
 
 
 class EpochShuffle(DistributedSampler):
-    """This rank's share of `repeats` shuffles of the training images, one after the other, seeded
-    by (seed, epoch), each index a `Draw`; `resume_at(n)` starts the next epoch at this rank's
-    n-th image (`ResumeInEpoch`)."""
+    """This rank's share of `repeats` shuffles of the training images seeded by (seed, epoch), each
+    index a `Draw`; `resume_at(n)` starts the next epoch at this rank's n-th image."""
 
     def __init__(
         self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1, repeats: int = 1
@@ -129,7 +122,7 @@ class EpochShuffle(DistributedSampler):
         return self.num_samples * self.repeats
 
     def resume_at(self, position: int) -> None:
-        """Skip the first `position` images of the next epoch's order (for that epoch only)."""
+        """Skip the first `position` images of the next epoch (for that epoch only)."""
         self._start = position
 
     def __iter__(self) -> Iterator[Draw]:
@@ -140,8 +133,8 @@ class EpochShuffle(DistributedSampler):
         return (Draw(i, base | (self.rank + j * self.num_replicas)) for j, i in order)
 
     def epoch_order(self) -> Iterator[int]:
-        """This rank's share of the epoch, in order (`len(self)` images): pass r of epoch e is
-        torch's shuffle for epoch `e * repeats + r` (with one pass, for epoch e)."""
+        """This rank's share of the epoch: pass r of epoch e is torch's shuffle for epoch
+        `e * repeats + r`."""
         epoch, passes = self.epoch, []
         for repeat in range(self.repeats):
             self.epoch = epoch * self.repeats + repeat
@@ -151,9 +144,8 @@ class EpochShuffle(DistributedSampler):
 
 
 class BalancedSampler(EpochShuffle):
-    """Weighted draws with replacement, `repeats` times as many as there are images, seeded by
-    (seed, epoch); under DDP all ranks draw the same sequence and each keeps every world-size-th
-    draw. Its "dataset" is the images' weights (one per image)."""
+    """Weighted draws with replacement, `repeats` times the images, seeded by (seed, epoch); each
+    rank keeps every world-size-th draw. Its "dataset" is the images' weights."""
 
     def epoch_order(self) -> Iterator[int]:
         state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)

@@ -1,9 +1,8 @@
 """Work over the whole dataset done once per job: rank zero does it, the other ranks receive it.
 
-Listing, CSV reading, the cache key's `stat`s and the unreadable-image scan would otherwise hit
-the same (often shared) file system from every rank. The others wait as long as rank zero works
-(a scan can take hours), in a gloo group of their own (timeout `_WAIT`); it tells them if it fails.
-"""
+Listing, CSV reading, the cache key's `stat`s and the scan would otherwise hit the same (often
+shared) file system from every rank. The others wait as long as rank zero works (a scan can take
+hours), in a gloo group of their own: Lightning's `broadcast` has the job's timeout."""
 
 from __future__ import annotations
 
@@ -32,9 +31,7 @@ def once(trainer, compute: Callable[[], T]) -> T:
                 outcome = (compute(), None)
             except DataError as err:
                 outcome = (None, err)
-            except Exception as err:
-                # The other ranks would wait in the broadcast until its timeout: tell them, then
-                # raise the original here, with its traceback.
+            except Exception as err:  # tell the waiting ranks, then raise it here
                 _broadcast(trainer, (None, RuntimeError(f"rank 0 failed: {err!r}")), group)
                 raise
         value, error = _broadcast(trainer, outcome, group)
@@ -47,8 +44,8 @@ def once(trainer, compute: Callable[[], T]) -> T:
 
 
 def _patient_group():
-    """A gloo group of every process that waits up to `_WAIT` (None without torch.distributed,
-    as with a strategy that does not use it). Made by every rank: a collective, like `once`."""
+    """A gloo group of every process, waiting up to `_WAIT`; None without torch.distributed.
+    Made by every rank: a collective, like `once`."""
     if not (dist.is_available() and dist.is_initialized() and dist.is_gloo_available()):
         return None
     return dist.new_group(backend="gloo", timeout=_WAIT)

@@ -3,6 +3,7 @@ for `--data.source.skip_bad_images` (which leaves them out) and `scan` (which li
 
 from __future__ import annotations
 
+import bisect
 import faulthandler
 import multiprocessing
 import os
@@ -13,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import ConcatDataset
 from tqdm import tqdm
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
@@ -24,21 +25,13 @@ _BATCH = 16  # images per worker task: few enough for a smooth progress bar, eno
 _SHOWN = 20  # how many skipped files the warning lists
 
 
-class _ReadCheck:
-    """Image i of `datasets` (numbered one after the other), read as its dataset reads it: a
-    large JPEG at a DCT-reduced size, which still decodes every byte of the file."""
-
-    def __init__(self, datasets: Sequence[ImageFolderDataset]) -> None:
-        self.datasets = list(datasets)
-        # where each dataset starts in the combined numbering
-        self.starts = np.cumsum([0] + [len(d) for d in self.datasets])
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
+class _ReadCheck(ConcatDataset):
+    """Image i of `datasets` (numbered in turn), read as its dataset reads it: a large JPEG at a
+    DCT-reduced size, which still decodes every byte of the file."""
 
     def _locate(self, index: int) -> tuple[ImageFolderDataset, int]:
-        which = int(np.searchsorted(self.starts, index, side="right")) - 1
-        return self.datasets[which], index - int(self.starts[which])
+        which = bisect.bisect_right(self.cumulative_sizes, index)
+        return self.datasets[which], index - ([0, *self.cumulative_sizes][which])
 
     def path(self, index: int) -> str:
         dataset, i = self._locate(index)
@@ -55,8 +48,8 @@ class _ReadCheck:
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """A fork server: a child forked from a process with threads (DDP's, torch's, the progress
-    bar's) can inherit a held lock and wait forever; the server's children have no threads."""
+    """A fork server: a child forked from a process with threads (DDP's, torch's, tqdm's) can
+    inherit a held lock and wait forever; the server's children have no threads."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context()
     context = multiprocessing.get_context("forkserver")
@@ -64,7 +57,6 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
-# The check run by the worker processes, set once per process by `_start_worker`.
 _CHECK: _ReadCheck | None = None
 
 
@@ -87,9 +79,9 @@ def _check_range_to(pipe, check: _ReadCheck, start: int, stop: int) -> None:
 def find_unreadable(
     datasets: Sequence[ImageFolderDataset], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[int, str]]:
-    """(index, error message) of each image of `datasets` (numbered in turn) that cannot be read.
-    Decoded in child processes: a decoder crash kills a child, not the scan; what it had in hand
-    is read again, a file per process, and the file that kills one is said to crash the decoder."""
+    """(index, error message) of each image of `datasets` (numbered in turn) that cannot be read,
+    decoded in child processes: what a dead child had in hand is read again, a file per process,
+    and the file that kills one is said to crash the decoder."""
     check = _ReadCheck(datasets)
     bad: dict[int, str] = {}
     bar = tqdm(total=len(check), desc="scanning images", unit="img", disable=not progress or None)
@@ -113,7 +105,7 @@ def find_unreadable(
 
 def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, record) -> list:
     """Run `chunks` in a process pool, `record` each result; return those a dead process held
-    (at most two in flight per process; the rest go to a fresh pool)."""
+    (two in flight per process at most)."""
     queue, suspects = deque(chunks), []
     while queue:
         broken = False
@@ -160,9 +152,9 @@ def drop_unreadable(
     write_listing: bool,
     run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
-    """`datasets` without their unreadable images, with one warning listing what was left out, and
-    all of it (or none) in `listing_dir/skipped_images.txt` with `write_listing`, unless inside a
-    dataset. Nothing readable is an error (a wrong folder). `run_once`: `data.once`."""
+    """`datasets` without their unreadable images, with one warning, and all of them listed (or
+    none) in `listing_dir/skipped_images.txt` with `write_listing`, unless inside a dataset.
+    Nothing readable is an error (a wrong folder). `run_once`: `data.once`."""
     scan = lambda: find_unreadable(datasets, num_workers, progress)  # noqa: E731
     bad = scan() if run_once is None else run_once(scan)
     total = sum(len(dataset) for dataset in datasets)
@@ -181,6 +173,9 @@ def drop_unreadable(
                 file.writelines(f"{message}\n" for _, message in bad)
     if not bad:
         return list(datasets)
+    # Imported here: the scan's worker processes (which import this module) need no Lightning.
+    from lightning.pytorch.utilities import rank_zero_warn
+
     shown = "\n".join(message for _, message in bad[:_SHOWN])
     more = f"\n... and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
     rank_zero_warn(

@@ -172,13 +172,9 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         self.val_fraction = val_fraction
         self.test_root = _path(test_root)
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.source.test_csv")
-        self.balance_classes = balance_classes
-        self.epoch_repeats = epoch_repeats
-        self.epoch_images = epoch_images
-        self.skip_bad_images = skip_bad_images
-        self.cache = cache
-        self.cache_keep = cache_keep
-        self.cache_key = cache_key
+        self.balance_classes, self.skip_bad_images = balance_classes, skip_bad_images
+        self.epoch_repeats, self.epoch_images = epoch_repeats, epoch_images
+        self.cache, self.cache_keep, self.cache_key = cache, cache_keep, cache_key
 
     @cached_property
     def labelled(self) -> FolderLabels | CsvLabels:
@@ -216,8 +212,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         return train.subset(~val_mask), train.subset(val_mask)
 
     def prepare(self, predicting: bool) -> None:
-        # predict reads only predict_root: no demo data to generate for it
-        if self.root is None and not predicting:
+        if self.root is None and not predicting:  # predict reads only predict_root
             ensure_demo_data()
 
     def class_names(self) -> list[str]:
@@ -231,14 +226,9 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         split = partial(self.split, data.class_names, stage, data.seed)
         train_index, val_index = once(data.trainer, split)
         augment = train_transform(data.image_size, data.augment)
-        # Random crops of training images tolerate libjpeg's fast approximate decode (`read_image`)
-        train = ImageFolderDataset(
-            *fields(train_index),
-            augment,
-            data.class_names,
-            augment.min_source_size(),
-            approximate_decode=True,
-        )
+        # Random crops tolerate libjpeg's fast approximate decode (`read_image`)
+        size = augment.min_source_size()
+        train = ImageFolderDataset(*fields(train_index), augment, data.class_names, size, True)
         val = eval_dataset(data, interleave_classes(val_index))  # any prefix: every class
         if stage in ("fit", None) and (data.trainer is None or data.trainer.is_global_zero):
             warn_if_small(train.path, len(train), data.image_size, data.seed)
@@ -247,17 +237,10 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             train, val = skip_unreadable(data, train, val)
         if self.cache == "memmap":  # training only: validation resizes from the files, as predict
             progress = data.trainer is None or data.trainer.local_rank == 0
-            [train] = cached(
-                [train],
-                max(data.image_size, augment.min_source_size()),
-                data.cache_dir,
-                progress=progress,
-                everything=everything,
-                skip_unreadable=self.skip_bad_images,
-                keep=self.cache_keep,
-                key=self.cache_key,
-                run_once=partial(once, data.trainer),
-            )
+            options = {"keep": self.cache_keep, "key": self.cache_key, "everything": everything}
+            options |= {"skip_unreadable": self.skip_bad_images, "progress": progress}
+            options["run_once"] = partial(once, data.trainer)
+            [train] = cached([train], max(data.image_size, size), data.cache_dir, **options)
         log_dir = data.log_dir()
         if stage in ("fit", None) and log_dir is not None and data.trainer.is_global_zero:
             path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, data.class_names)

@@ -1,5 +1,5 @@
 """The uint8 transforms run in the Dataset: random resized crops (and any `Augment`) for training,
-on files or the pixel cache alike; resize and centre crop of the files for evaluation."""
+on files or the pixel cache alike; resize and centre crop for evaluation."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 
 class Draw(int):
-    """A training image's index (an int) that also carries the seed of its crop and flip, made by
-    `loaders.EpochShuffle` from (seed, epoch, place in the epoch's order): augmentation repeats
-    for the same seed and process count with any number of workers, also resumed mid-epoch."""
+    """A training image's index that carries the seed of its augmentation, from (seed, epoch, place
+    in the epoch): the same for any number of workers, also resumed mid-epoch."""
 
     seed: int
 
@@ -27,12 +26,12 @@ class Draw(int):
         draw.seed = seed
         return draw
 
-    def __reduce__(self):  # to the loader workers, with its seed
+    def __reduce__(self):  # to the workers, with its seed
         return Draw, (int(self), self.seed)
 
 
 def seed_augmentation(index: int) -> None:
-    """Seed `random`, which the training transform draws from, for this `Draw`; else leave it."""
+    """Seed `random`, which the training transform draws from, for a `Draw`."""
     if (seed := getattr(index, "seed", None)) is not None:
         random.seed(seed)
 
@@ -66,20 +65,16 @@ class Augment:
 def train_transform(image_size: int, augment: Augment | None = None) -> RandomResizedCropFlip:
     """The training transform that `augment` describes (default: crops and flips)."""
     augment = augment or Augment()
-    extra = []
-    if augment.policy == "trivial":
-        extra.append(v2.TrivialAugmentWide())
-    elif augment.policy == "rand":
-        extra.append(v2.RandAugment())
+    policy = {"trivial": v2.TrivialAugmentWide, "rand": v2.RandAugment}.get(augment.policy)
+    extra = [policy()] if policy else []
     if augment.erasing:
         extra.append(v2.RandomErasing(augment.erasing, value=0))
     return RandomResizedCropFlip(image_size, augment.crop_scale, hflip=augment.hflip, extra=extra)
 
 
 class RandomResizedCropFlip:
-    """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)` then `v2.RandomHorizontalFlip()`.
-
-    Written out (same sampling and kernel): v2's per-call overhead costs more than the resize on
+    """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)`, `v2.RandomHorizontalFlip()`:
+    written out (same sampling and kernel), as v2's per-call overhead costs more than the resize on
     small images. Draws from `random`, seeded per `Draw`, as does the torch seed of `extra`."""
 
     def __init__(
@@ -98,13 +93,13 @@ class RandomResizedCropFlip:
         self.ratio = ratio
 
     def min_source_size(self) -> int:
-        """The short side a source image needs so that no crop (at smallest, `scale[0]` of the area
-        at the most extreme ratio) is enlarged; large JPEGs are decoded down to it, not below."""
+        """The short side a source image needs so that no crop is enlarged (`scale[0]` of the area
+        at the most extreme ratio); large JPEGs are decoded down to it."""
         narrowest = min(self.ratio[0], 1 / self.ratio[1], 1.0)
         return math.ceil(self.size / math.sqrt(self.scale[0] * narrowest))
 
     def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """(top, left, height, width) of a random crop, as `v2.RandomResizedCrop.make_params`."""
+        """(top, left, height, width) of a random crop, as `v2.RandomResizedCrop` draws it."""
         area = height * width
         for _ in range(10):
             target = area * random.uniform(*self.scale)
@@ -112,12 +107,12 @@ class RandomResizedCropFlip:
             w = round(math.sqrt(target * aspect))
             h = round(math.sqrt(target / aspect))
             if 0 < w <= width and 0 < h <= height:
-                # One uniform draw per offset (`randint` draws more bits for larger ranges): the
-                # same seed gives the same relative crop on the file and its smaller cached copy.
+                # One uniform draw per offset (not `randint`): the same relative crop on the file
+                # and on its smaller cached copy.
                 top = int(random.random() * (height - h + 1))
                 left = int(random.random() * (width - w + 1))
                 return top, left, h, w
-        # Fallback, as torchvision: the whole image, clamped to the allowed aspect ratios.
+        # As torchvision: the whole image, clamped to the allowed aspect ratios.
         aspect = width / height
         if aspect < self.ratio[0]:
             w, h = width, round(width / self.ratio[0])
@@ -134,14 +129,12 @@ class RandomResizedCropFlip:
         if self.hflip and random.random() < 0.5:
             out = out.flip(-1)
         if self.extra is not None:
-            # Forked: torch's own generator (dropout, shuffles) is left as it was.
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(random.getrandbits(63))
                 out = self.extra(out)
-        # Contiguous (C, H, W): collation then copies each image with one memcpy.
-        return out.contiguous()
+        return out.contiguous()  # collation copies each image with one memcpy
 
 
 def eval_transform(image_size: int) -> v2.Transform:
-    """Deterministic resize of the short side and center crop, for validation, test and predict."""
+    """Resize of the short side and centre crop, for validation, test and predict."""
     return v2.Compose([v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)])
