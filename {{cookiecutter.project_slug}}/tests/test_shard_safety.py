@@ -5,6 +5,7 @@ prefixes of more than one page (1,000 keys) replaced whole."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,13 @@ def files(folder: Path) -> dict[str, bytes]:
     """Every file under `folder`, by its path relative to it, with its bytes."""
     found = (path for path in folder.rglob("*") if path.is_file())
     return {path.relative_to(folder).as_posix(): path.read_bytes() for path in found}
+
+
+def shards_own(names: set[str]) -> bool:
+    """Whether `names` are all files `shard` writes: LitData's in the split folders, its own."""
+    litdata = re.compile(r"(train|val)/(chunk-[\d-]+\.bin|index\.json)")
+    own = {"dataset.json", "shard-manifest.json"}
+    return all(litdata.fullmatch(name) or name in own for name in names) and own <= names
 
 
 def run_shard(cwd: Path, *options: str) -> subprocess.CompletedProcess:
@@ -124,24 +132,23 @@ def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
 
     beside = shard(colour_root, str(out), "--overwrite", "true", cwd=tmp_path)
     assert beside.returncode == 0, beside.stderr[-3000:]
-    manifest = json.loads((out / "shard-manifest.json").read_text())
-    written = set(files(out)) - {"notes.txt", "shard-manifest.json"}
-    assert set(manifest["files"]) == written and "train/index.json" in written
+    written = set(files(out)) - {"notes.txt"}
+    assert json.loads((out / "shard-manifest.json").read_text())["folders"] == ["train", "val"]
+    assert shards_own(written) and "train/index.json" in written
 
     (out / "train" / "mine.txt").write_text("also the user's")  # where the shards go
     options = ["--resize", "8", "--overwrite", "true"]
     in_the_way = refusal(run_main, colour_root, str(out), *options, cwd=tmp_path)
     error = one_error(in_the_way.returncode, in_the_way.stderr)
     assert f"{out}/train/mine.txt, which shard did not write" in error, error
-    assert set(files(out)) == written | {"notes.txt", "shard-manifest.json", "train/mine.txt"}
+    assert set(files(out)) == written | {"notes.txt", "train/mine.txt"}
 
     (out / "train" / "mine.txt").unlink()
     replaced = shard(colour_root, str(out), *options, cwd=tmp_path)
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads((out / "dataset.json").read_text())["made_of"]["resize"] == 8
     assert (out / "notes.txt").read_text() == "the user's"
-    manifest = json.loads((out / "shard-manifest.json").read_text())
-    assert set(files(out)) == {*manifest["files"], "notes.txt", "shard-manifest.json"}
+    assert shards_own(set(files(out)) - {"notes.txt"})
 
 
 @pytest.mark.slow
@@ -161,7 +168,7 @@ def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     assert "--data.source.skip_bad_images true" in error, error
     left = files(tmp_path / "out")
     assert "train/index.json" in left and "dataset.json" not in left
-    assert json.loads(left["shard-manifest.json"])["files"] is None  # claimed, never finished
+    assert json.loads(left["shard-manifest.json"])["folders"] == ["train", "val"]  # claimed
 
     image.write_bytes(good)
     # A file put in a folder the failed run claimed is the user's: in the way, never removed.
@@ -174,8 +181,7 @@ def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     mine.unlink()
     done = run_shard(tmp_path, *data, "--output", "out")
     assert done.returncode == 0 and "wrote 18 train, 6 val" in done.stdout, done.stderr[-3000:]
-    manifest = json.loads((tmp_path / "out" / "shard-manifest.json").read_text())
-    assert set(files(tmp_path / "out")) == {*manifest["files"], "shard-manifest.json"}
+    assert shards_own(set(files(tmp_path / "out")))
 
 
 @needs_litdata
@@ -184,7 +190,7 @@ def test_an_s3_prefix_of_shards_own_objects_is_replaced_under_overwrite(
     colour_root: Path, tmp_path: Path, s3, run_main
 ) -> None:
     """Real shards on a real S3 API (moto's server), then more chunks of shard's own, as a longer
-    run leaves them: listed in its finished manifest, replaced by `--overwrite`; then in the
+    run leaves them: in the folders its manifest claims, replaced by `--overwrite`; then in the
     folder a killed run had claimed, replaced by the next run. Every one goes; the user's object
     stays. (More keys than S3 lists or deletes in one request: the test below, on the same
     `ShardOutput` that `shard` removes them with.)"""
@@ -199,30 +205,18 @@ def test_an_s3_prefix_of_shards_own_objects_is_replaced_under_overwrite(
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return {item["Key"][len(prefix) :] for page in pages for item in page.get("Contents", [])}
 
-    def manifest(files: list[str] | None = None, finished: bool = True) -> dict:
-        """The manifest at `url`; with `files`, first those added to it (or, `finished` off, it
-        rewritten as a run killed while writing leaves it, and `dataset.json` removed)."""
-        key = f"{prefix}shard-manifest.json"
-        if files is not None:
-            keys = [prefix + name for name in files]
-            with ThreadPoolExecutor(16) as pool:
-                list(pool.map(lambda name: s3.put_object(Bucket=bucket, Key=name, Body=b"x"), keys))
-            written = manifest()
-            written["files"] = written["files"] + files if finished else None
-            if not finished:
-                s3.delete_object(Bucket=bucket, Key=f"{prefix}dataset.json")
-            s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(written).encode())
-        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-
     for finished, options in ((True, ["--overwrite", "true"]), (False, [])):
-        old = [f"train/chunk-9-{i}.bin" for i in range(40)]
-        manifest(old, finished)
+        old = [f"{prefix}train/chunk-9-{i}.bin" for i in range(40)]
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda key: s3.put_object(Bucket=bucket, Key=key, Body=b"x"), old))
+        if not finished:  # as a run killed while writing leaves it
+            s3.delete_object(Bucket=bucket, Key=f"{prefix}dataset.json")
         assert len(keys()) > 40
         resize = "8" if finished else "12"
         replaced = shard(colour_root, url, "--resize", resize, *options, cwd=tmp_path)
         assert replaced.returncode == 0, replaced.stderr[-3000:]
-        assert keys() == {*manifest()["files"], "shard-manifest.json", "notes.txt"}
-        assert not set(old) & keys() and "train/index.json" in keys()
+        assert shards_own(keys() - {"notes.txt"}) and "notes.txt" in keys()
+        assert not {key[len(prefix) :] for key in old} & keys() and "train/index.json" in keys()
         meta = s3.get_object(Bucket=bucket, Key=f"{prefix}dataset.json")["Body"].read()
         assert json.loads(meta)["made_of"]["resize"] == int(resize)
         assert json.loads(meta)["images"] == {"train": 24, "val": 6}
@@ -236,13 +230,13 @@ def test_s3_deletes_go_a_page_of_at_most_1000_keys_at_a_time(s3) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda name: s3.put_object(Bucket="shards", Key=f"paged/{name}"), names))
     output, sizes = ShardOutput("s3://shards/paged"), []
-    delete = output._s3.delete_objects
+    delete = output.s3.delete_objects
 
     def counted(**request):
         sizes.append(len(request["Delete"]["Objects"]))
         return delete(**request)
 
-    output._s3.delete_objects = counted
+    output.s3.delete_objects = counted
     assert len(output.files()) == 1500  # listed a page of 1,000 at a time too
     output.remove(set(names))
     assert sizes == [1000, 500] and output.files() == []

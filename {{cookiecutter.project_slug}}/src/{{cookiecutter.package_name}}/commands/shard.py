@@ -2,22 +2,13 @@
 
     python -m {{ cookiecutter.package_name }} shard --data.source.root DIR --output DIR_OR_S3 [--resize N]
 
-takes the same `--data.*` options as `fit` (a `ClassFolders` or `LabelsCsv` source, with its
-validation folder or seeded `val_fraction` split and `skip_bad_images`) and writes the training
-and validation images (and the test and predict images, where `--data.source.test_root` or
-`--data.source.test_csv` and `--data.predict_root` are given) as `--data.source Shards
---data.source.path OUTPUT` reads them: the files' bytes as they are, or with `--resize N`
-re-encoded as JPEG at a short side of N pixels (smaller shards, for training at a smaller size).
-Running it again on the same images and options does nothing; other images or options at the
-same `--output` need `--overwrite`. An `--output` that is, holds or lies inside the
-data is refused, as is one holding files `shard` did not write (unless `--overwrite`, which still
-removes only the files listed in `shard-manifest.json`, `shard`'s own). Needs the `stream` extra
-(`pip install ".[stream]"`).
-
-Each image is stored as its bytes, label and relative path, with `litdata.optimize`, in
-`<output>/<split>`; `<output>/dataset.json` (class names, image counts, what the shards were made
-from) comes last, once every split's LitData index lists all its images, so shards without it are
-incomplete, whatever a killed run left. `shard_output.py` decides what may be written and removed.
+takes `fit`'s `--data.*` options and writes the training and validation images (and the test and
+predict images, where given) as `--data.source Shards --data.source.path OUTPUT` reads them: the
+files' bytes, or with `--resize N` JPEGs of short side N. Each image is stored as its bytes,
+label and relative path by `litdata.optimize`, in `<output>/<split>`; `<output>/dataset.json`
+comes last, once every split's LitData index lists all its images, so shards without it are
+incomplete. Running it again on the same images and options does nothing; others need
+`--overwrite`. `shard_output.py` decides what may be written and removed. See docs/data.md.
 """
 
 from __future__ import annotations
@@ -30,10 +21,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from jsonargparse import ArgumentParser
-from PIL import Image
+from PIL import Image, ImageOps
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
 from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOutput
@@ -107,11 +99,8 @@ def write_shards(
     Training images are stored in an order shuffled with `seed`: LitData shuffles chunks, and
     items only within a few chunks, so images stored class by class would give batches of one
     class. A run killed before its end is replaced without `overwrite`, being this command's own.
-
-    Raises:
-        DataError: `output` holds shards of other images or options, or files that `shard` did
-            not write, and `overwrite` is off; files that `shard` did not write sit where the
-            shards go; or a split's shards lack images once written (LitData interrupted).
+    DataError where `ShardOutput` refuses the output, where it holds shards of other images or
+    options without `overwrite`, or where a split's shards lack images (LitData interrupted).
     """
     output = str(output).rstrip("/")
     made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
@@ -130,19 +119,11 @@ def write_shards(
     # LitData stages chunks in $TMPDIR/chunks and $TMPDIR/data and empties both at every start:
     # two jobs on one machine would delete each other's chunks. This job gets folders of its own.
     with tempfile.TemporaryDirectory(prefix="shard-") as staging:
-        staged = {
-            "DATA_OPTIMIZER_CACHE_FOLDER": os.path.join(staging, "chunks"),
-            "DATA_OPTIMIZER_DATA_CACHE_FOLDER": os.path.join(staging, "data"),
-        }
-        saved = {name: os.environ.get(name) for name in staged}
-        os.environ.update({name: saved[name] or folder for name, folder in staged.items()})
-        try:
+        names = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+        staged = {name: os.environ.get(name) or f"{staging}/{name}" for name in names}
+        with mock.patch.dict(os.environ, staged):
             for split, dataset in datasets.items():
                 _optimize(dataset, f"{output}/{split}", resize, workers, split == "train", seed)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
     images = {split: len(dataset) for split, dataset in datasets.items()}
     for split, count in images.items():  # e.g. Ctrl-C: LitData's workers stop, optimize returns
         index = place.read_json(f"{split}/index.json") or {"chunks": []}
@@ -151,7 +132,6 @@ def write_shards(
                 f"{output}/{split}: the shards do not hold all {count} images (interrupted?); "
                 "run `shard` again to rewrite them"
             )
-    place.finish(list(datasets))
     meta = {"format": 1, "class_names": class_names, "images": images, "made_of": made_of}
     place.write_json(META, meta)
     return True
@@ -171,25 +151,18 @@ def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
 
 
 def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
-    """One image as stored in a shard (run in LitData's worker processes)."""
+    """One image as stored in a shard (run in LitData's worker processes): the file's bytes, or
+    with `resize` a JPEG of that short side (never enlarged)."""
     path, label, name, resize = entry
     data = Path(path).read_bytes()
     if resize:
-        data = _reencoded(data, path, resize)
+        image = Image.fromarray(decode_image(data, path, resize).permute(1, 2, 0).numpy())
+        if min(image.size) > resize:
+            image = ImageOps.cover(image, (resize, resize), Image.BICUBIC)
+        out = io.BytesIO()
+        image.save(out, "JPEG", quality=90)
+        data = out.getvalue()
     return {"image": data, "label": label, "path": name}
-
-
-def _reencoded(data: bytes, path: str, size: int) -> bytes:
-    """The image as a JPEG with its short side `size` (never enlarged)."""
-    pixels = decode_image(data, path, min_size=size)
-    image = Image.fromarray(pixels.permute(1, 2, 0).numpy())
-    scale = size / min(image.size)
-    if scale < 1:
-        width, height = image.size
-        image = image.resize((round(width * scale), round(height * scale)), Image.BICUBIC)
-    out = io.BytesIO()
-    image.save(out, "JPEG", quality=90)
-    return out.getvalue()
 
 
 def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool, seed: int):
@@ -220,11 +193,7 @@ def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool
         found = re.findall(causes, str(err), re.MULTILINE)
         if not found:
             raise
-        hint = (
-            "; --data.source.skip_bad_images true leaves it out"
-            if "cannot read" in found[-1]
-            else ""
-        )
+        hint = "; --data.source.skip_bad_images true leaves it out" * ("cannot read" in found[-1])
         print(file=sys.stderr)  # ends the line of LitData's progress bar, left where it stopped
         raise DataError(
             f"{url}: {found[-1]}{hint} (the next `shard` replaces what this one wrote)"
