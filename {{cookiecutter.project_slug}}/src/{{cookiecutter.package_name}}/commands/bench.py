@@ -1,10 +1,8 @@
-"""Data-loading benchmark: `python -m {{ cookiecutter.package_name }} bench [--data.* options as for fit]`.
+"""Data-loading benchmark: `python -m image_classifier bench [--data.* options as for fit]`.
 
 Times the training loader on your files against the naive pipeline most tutorials teach, in the
-same run and on the same files, for a sweep of `num_workers`; prints images/s of model-ready batches
-(uint8 batches normalised by `on_after_batch_transfer`, on the device when there is one), the
-ratios, the loader workers' memory, and the `num_workers` to use. It reads `--max_images` training
-images at most, drawn at random with `--data.seed`: enough for a steady rate on any dataset.
+same run, for a sweep of `num_workers`: images/s of model-ready batches, the ratios, the loader
+workers' memory and the `num_workers` to use, over `--max_images` images drawn with `--data.seed`.
 """
 
 from __future__ import annotations
@@ -82,7 +80,7 @@ def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) 
             images = prepare((images, targets))[0]
             count += images.shape[0]
             if epoch == epochs - 1 and step == 2 and loader.num_workers > 0:
-                memory = _workers_memory_mib(iterator)
+                memory = _workers_memory_mib()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         rates.append(count / (time.perf_counter() - start))
@@ -101,20 +99,12 @@ def time_loader(loader: DataLoader, epochs: int, prepare, device: torch.device) 
     )
 
 
-def _workers_memory_mib(iterator) -> dict[str, float | None]:
-    """The loader workers' memory, summed over them, in MiB, from /proc (Linux).
-
-    `Private_Dirty`: pages each worker alone has written, its own growth (copy-on-read of Python
-    objects shows here): what `num_workers` multiplies. `Pss`: each worker's share of everything
-    it maps, shared pages divided among their users: the fair total. `Rss`: resident pages as if
-    unshared; a persistent worker reading the pixel cache grows toward the whole file, and tools
-    that sum RSS (SLURM's accounting, dashboards) count that file once per worker.
-    """
+def _workers_memory_mib() -> dict[str, float | None]:
+    """The loader workers' memory in MiB, summed, from /proc (Linux): `Private_Dirty` (what each
+    worker alone wrote: what `num_workers` multiplies), `Pss` (shared pages divided among their
+    users) and `Rss` (shared pages counted in full, as SLURM's accounting sums them)."""
     totals = dict.fromkeys(("Private_Dirty", "Pss", "Rss"), 0)
-    # torch's iterator lists its workers; failing that (a loader that wraps it in a generator),
-    # they are this process's children: the bench starts no others.
-    workers = getattr(iterator, "_workers", None) or multiprocessing.active_children()
-    for worker in workers:
+    for worker in multiprocessing.active_children():  # the bench starts no other processes
         try:
             with open(f"/proc/{worker.pid}/smaps_rollup") as file:
                 for line in file:
@@ -146,17 +136,14 @@ def run(
 {%- if cookiecutter.shards == "yes" %}
     shards: str | None = None,
 ) -> list[Result]:
-    """The naive baseline, the loader without the cache and, as configured, with the pixel cache
-    (`--data.source.cache memmap`) and from `shards` (made from the same images, read whole).
+    """The naive baseline, the loader without the cache, with the pixel cache if configured
+    (`--data.source.cache memmap`) and from `shards` (of the same images), on `max_images`.
 {%- else %}
 ) -> list[Result]:
-    """The naive baseline, the loader without the cache and, as configured, with the pixel cache
-    (`--data.source.cache memmap`).
+    """The naive baseline, the loader without the cache and with the pixel cache if configured
+    (`--data.source.cache memmap`), on `max_images` of the training images.
 {%- endif %}
-    Of the training images, `max_images` at most, drawn at random with `--data.seed`.
-
-    `data` holds `ImageDataModule` arguments, as `--data.*` gives them to `fit`; its source is
-    a file source (class folders or a labels CSV).
+    `data`: `ImageDataModule` arguments, as `--data.*` gives them to `fit`, of a file source.
     """
     source = source_from_config(data["source"], files_for="bench")
     config = source.config()

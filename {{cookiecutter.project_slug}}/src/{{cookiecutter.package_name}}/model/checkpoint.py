@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 from jsonargparse import ArgumentError, ArgumentParser
-from torch import Tensor
 
 from {{ cookiecutter.package_name }}.errors import DataError, one_line
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
@@ -28,15 +27,8 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.save has written zip archives since PyTorch 
 
 
 def read_checkpoint(path: str | Path, resume: bool = False, option: str = "--ckpt_path") -> dict:
-    """The checkpoint's contents, once they are known to build an `ImageClassifier`.
-
-    Args:
-        resume: the checkpoint is to resume `fit`, so it must hold the optimizer state too.
-        option: how the user named the path, for the messages.
-
-    Raises:
-        DataError: one line naming the path and what is wrong with the file.
-    """
+    """The checkpoint's contents, once they are known to build an `ImageClassifier` (`resume`:
+    with the optimizer state too); otherwise a DataError naming `option` and the path."""
     checkpoint, _ = _read(path, resume, option)
     return checkpoint
 
@@ -50,14 +42,8 @@ def load_classifier(path: str | Path, option: str = "--ckpt_path") -> ImageClass
 def check_classes_present(
     path: str | Path, saved: list[str], found: list[str], source: str, option: str = "--ckpt_path"
 ) -> None:
-    """Refuse to resume training on data that lacks classes the checkpoint learned.
-
-    Extra classes in the data are let through: the DataModule leaves them out with a warning, as
-    it does for any folder outside `--data.class_names` (a model trained on a subset resumes).
-
-    Args:
-        source: the option and value the classes were read from, e.g. `--data.source.root images`.
-    """
+    """Refuse to resume on data (read from `source`, e.g. `--data.source.root images`) that lacks
+    classes the checkpoint learned; extra classes are left out by the DataModule, with a warning."""
     missing = [name for name in saved if name not in set(found)]
     if missing:
         raise DataError(
@@ -185,35 +171,14 @@ def _build(hparams: dict, where: str) -> ImageClassifier:
 
 
 def _load_weights(model: ImageClassifier, state: dict, where: str) -> None:
-    expected = model.state_dict()
-    missing = [key for key in expected if key not in state]
-    unexpected = [str(key) for key in state if key not in expected]
-    misshapen = [
-        f"{key} {_shape(state[key])} for {tuple(tensor.shape)}"
-        for key, tensor in expected.items()
-        if key in state and _shape(state[key]) != tuple(tensor.shape)
-    ]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing ({_preview(missing, 3)})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected ({_preview(unexpected, 3)})")
-    if misshapen:
-        problems.append(f"{len(misshapen)} of another shape ({_preview(misshapen, 2)})")
-    network = f"{model.hparams.architecture} for {len(model.class_names)} classes"
-    if problems:
-        raise DataError(
-            f"{where} has a state_dict that does not fit the network its hyper_parameters "
-            f"describe ({network}): weights {'; '.join(problems)}"
-        )
     try:
         model.load_state_dict(state)
-    except (RuntimeError, TypeError) as err:
-        raise DataError(f"{where} has weights that do not load: {one_line(err)}") from err
-
-
-def _shape(value: object) -> tuple[int, ...] | str:
-    return tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise DataError(
+            f"{where} has a state_dict that does not fit the network its hyper_parameters "
+            f"describe ({model.hparams.architecture} for {len(model.class_names)} classes): "
+            f"{one_line(err)}"
+        ) from err
 
 
 def _refused(err: pickle.UnpicklingError) -> str:
@@ -227,7 +192,6 @@ def _refused(err: pickle.UnpicklingError) -> str:
 
 
 def _describe(head: bytes) -> str:
-    """What the first bytes of a file that is no checkpoint look like: text (quoted) or binary."""
     try:  # incremental: a character cut at the end of `head` is no error
         text = codecs.getincrementaldecoder("utf-8")().decode(head)
     except UnicodeDecodeError:
