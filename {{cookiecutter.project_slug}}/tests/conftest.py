@@ -52,15 +52,18 @@ def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int] 
     return path
 
 
-@pytest.fixture
-def image_root(tmp_path: Path) -> Path:
+def write_classes(root: Path) -> Path:
     """`root/<class>/<image>` with three classes of eight small JPEGs each."""
-    root = tmp_path / "images"
     for label, name in enumerate(CLASSES):
         colour = tuple(255 if c == label else 30 for c in range(3))
         for i in range(8):
             write_image(root / name / f"{name}_{i}.jpg", colour)
     return root
+
+
+@pytest.fixture
+def image_root(tmp_path: Path) -> Path:
+    return write_classes(tmp_path / "images")
 
 
 # Tests that read metrics.csv ask for the CSV logger, whatever the bake's default logger is. The
@@ -103,10 +106,9 @@ class Run(subprocess.CompletedProcess):
 
 
 def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> Run:
-    """Run `args` in a process group of its own (with its DDP processes and loader workers), with
-    Ctrl-C as in a terminal, and end the whole group when it returns, whatever the outcome. Past
-    `timeout`, the test fails with what the command had printed, and where each of its Python
-    processes was (faulthandler's stacks, on SIGABRT)."""
+    """Run `args` in a process group of its own, Ctrl-C as in a terminal, and end the whole group
+    (DDP ranks, loader workers) when it returns. Past `timeout` the test fails with its output
+    and each Python process's stack (faulthandler, on SIGABRT)."""
     with subprocess.Popen(
         args,
         cwd=cwd,
@@ -163,9 +165,8 @@ def one_error(returncode: int, stderr: str) -> str:
 
 @pytest.fixture
 def run_main(capsys, monkeypatch):
-    """A command line run in `cwd` through the `main` that `python -m` runs, in this process (a
-    new process per call would spend more on importing torch and Lightning than a refusal
-    takes): its exit status, stdout and stderr."""
+    """A command line run in `cwd` through the `main` that `python -m` runs, in this process
+    (cheaper than importing torch anew): its exit status, stdout and stderr."""
 
     def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
         monkeypatch.chdir(cwd)
@@ -197,34 +198,17 @@ def write_corrupt(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint trained for a few epochs on a folder like `image_root`, at 16 pixels.
-
-    Written once per test session by a real Trainer; the images are in `<folder>/images`.
-    """
-    import lightning as L
-
+    """A checkpoint trained once per session for a few epochs on `<its folder>/images`, 16 px."""
     from {{ cookiecutter.package_name }}.data import ImageDataModule
     from {{ cookiecutter.package_name }}.data.sources import ClassFolders
     from {{ cookiecutter.package_name }}.model import ImageClassifier
 
     folder = tmp_path_factory.mktemp("trained")
-    root = folder / "images"
-    for label, name in enumerate(CLASSES):
-        colour = tuple(255 if c == label else 30 for c in range(3))
-        for i in range(8):
-            write_image(root / name / f"{name}_{i}.jpg", colour)
+    root = write_classes(folder / "images")
     L.seed_everything(0)
     data = ImageDataModule(ClassFolders(root), image_size=16, batch_size=8, num_workers=0)
     model = ImageClassifier(class_names=data.class_names, image_size=16, width=8, lr=1e-2)
-    trainer = L.Trainer(
-        max_epochs=5,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=folder,
-    )
+    trainer = quiet_trainer(folder, max_epochs=5)
     trainer.fit(model, data)
     path = folder / "trained.ckpt"
     trainer.save_checkpoint(path)

@@ -1,8 +1,11 @@
-"""Resuming mid-epoch trains on exactly the images the interrupted epoch had not seen, in order.
+"""A run stopped mid-epoch (SIGTERM, SIGKILL, a signal to its process group, SLURM's requeue; one
+process or DDP) resumes with exactly the images the epoch had not trained on, in order, and ends
+as an uninterrupted run: same weights, same metrics.csv, each epoch once in its history.
 
-Every image has a flat red of its own, so a trained image is known by its pixels whatever crop
-it got: the recorder below notes each trained batch's colours, through the real CLI,
-its loader workers, its SIGTERM handling and `last.ckpt`.
+Every image has a flat red of its own, so a trained image is known by its pixels whatever crop it
+got: `Fingerprints` notes each trained batch's reds, through the real CLI, its loader workers and
+`last.ckpt`. One uninterrupted run per module (`whole`, `whole_ddp`) is what each stopped and
+resumed run is compared with.
 """
 
 from __future__ import annotations
@@ -25,37 +28,54 @@ import torch
 from conftest import CLASSES, CSV_LOGGER, Run, one_error, run_group
 from PIL import Image
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM: POSIX signals")
+from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"),
+]
 TESTS = Path(__file__).parent
+DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+# One process: loader workers, two passes an epoch, balanced draws, the strong recipe (each draw
+# seeded by (seed, epoch, index)), EMA, gradient accumulation, metrics.csv written at each row.
+OPTIONS = [
+    *("--data.num_workers", "2", "--data.source.epoch_repeats", "2"),
+    *("--data.source.balance_classes", "true", "--data.augment.policy", "trivial"),
+    *("--data.augment.erasing", "0.25", "--model.mixup_alpha", "0.2"),
+    *("--model.cutmix_alpha", "1.0", "--model.mix_off_epochs", "1"),
+    "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights",
+    *("--trainer.callbacks.decay", "0.9", "--trainer.accumulate_grad_batches", "2"),
+    *("--trainer.logger.flush_logs_every_n_steps", "1"),
+]
+DDP_OPTIONS = [*DDP, "--data.num_workers", "1"]
+LAST = Path("lightning_logs/version_0/checkpoints/last.ckpt")
 
 
 class Fingerprints(L.Callback):
-    """Appends each trained batch as (epoch, batch index, its images' colours) to
+    """Appends each trained batch as (epoch, batch index, its images' reds) to
     $RECORD_DIR/rank<N>.jsonl."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        colours = [round(float(image[0].float().mean()), 3) for image in batch[0]]  # red
+        reds = [round(float(image[0].float().mean()), 3) for image in batch[0]]
         out = Path(os.environ["RECORD_DIR"]) / f"rank{trainer.global_rank}.jsonl"
         with open(out, "a") as file:
-            file.write(json.dumps([trainer.current_epoch, batch_idx, colours]) + "\n")
+            file.write(json.dumps([trainer.current_epoch, batch_idx, reds]) + "\n")
 
 
 class TermAt(L.Callback):
-    """Sends this process SIGTERM (or $TERM_SIGNAL; $TERM_TIMES times, once unless set), as a
-    scheduler would, after batch $TERM_BATCH of epoch 1 (on rank $TERM_RANK only, zero unless set:
-    the ranks agree to stop together). With $TERM_GROUP, to its whole process group instead (every
-    rank and loader worker), as `timeout`, systemd and SLURM do."""
+    """After batch $TERM_BATCH of epoch 1, on rank $TERM_RANK (zero unless set), sends this process
+    $TERM_SIGNAL (SIGTERM unless set; $TERM_TIMES times), as a scheduler would; with $TERM_GROUP,
+    from another process to its whole process group (every rank and loader worker), as
+    `timeout`, systemd and SLURM do."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         at = int(os.environ["TERM_BATCH"])
         rank = int(os.environ.get("TERM_RANK", "0"))
         if trainer.global_rank == rank and (trainer.current_epoch, batch_idx) == (1, at):
             (Path(os.environ["RECORD_DIR"]) / "signalled_at").write_text(str(time.time()))
+            signum = signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")]
             for _ in range(int(os.environ.get("TERM_TIMES", "1"))):
-                signum = signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")]
                 if os.environ.get("TERM_GROUP"):
-                    # From another process, as `kill -- -PGID` (a loader worker tells a signal
-                    # from its parent apart), in the middle of a step: the others act on it.
                     group = f"-{os.getpgid(0)}"
                     sender = ["kill", "-s", signum.name[3:], "--", group]
                     subprocess.run(sender, check=True, start_new_session=True)
@@ -64,22 +84,8 @@ class TermAt(L.Callback):
                     os.kill(os.getpid(), signum)
 
 
-class KeepAtEpoch2(L.Callback):
-    """Copies last.ckpt, as saved at the end of epoch 1, to epoch1.ckpt in the working folder."""
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if trainer.current_epoch == 2 and trainer.ckpt_path is None:
-            shutil.copy(trainer.checkpoint_callback.dirpath + "/last.ckpt", "epoch1.ckpt")
-
-
-@pytest.fixture
-def colour_root(tmp_path: Path) -> Path:
-    return colour_images(tmp_path / "colours")
-
-
 def colour_images(root: Path) -> Path:
-    """30 images in three classes, each with a flat red of its own (which names it, whatever the
-    crop) and noisy green and blue (so that crops change what is learnt)."""
+    """30 images in three classes, each with a flat red of its own and noisy green and blue."""
     rng = np.random.default_rng(0)
     for i in range(30):
         folder = root / CLASSES[i % 3]
@@ -90,17 +96,26 @@ def colour_images(root: Path) -> Path:
     return root
 
 
-def fit(
-    root: Path, cwd: Path, record: Path, *options: str, term_batch: int | None = None, env=None
-):
-    """`fit` through the CLI with the recorder (and the SIGTERM sender when `term_batch`)."""
+@pytest.fixture
+def colour_root(tmp_path: Path) -> Path:
+    """The colour images, for one test (the shard tests')."""
+    return colour_images(tmp_path / "colours")
+
+
+@pytest.fixture(scope="module")
+def colours(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return colour_images(tmp_path_factory.mktemp("colours"))
+
+
+def fit(root: Path, cwd: Path, *options: str, term_batch: int | None = None, env=None) -> Run:
+    """`fit` through the CLI in `cwd` with the recorder (and TermAt when `term_batch`)."""
     callbacks = ["--trainer.callbacks+=test_mid_epoch.Fingerprints"]
     if term_batch is not None:
         callbacks.append("--trainer.callbacks+=test_mid_epoch.TermAt")
     env = {
         **os.environ,
         **(env or {}),
-        "RECORD_DIR": str(record),
+        "RECORD_DIR": str(cwd),
         "TERM_BATCH": str(term_batch),
         "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]),
     }
@@ -113,18 +128,38 @@ def fit(
     return run_group([*args, *options], cwd=cwd, env=env)
 
 
-def recorded(record: Path, rank: int) -> dict[int, list[float]]:
-    """Epoch -> the colours trained on in that epoch, in order."""
-    epochs: dict[int, list[float]] = {}
+def whole_run(root: Path, folder: Path, options: list[str]) -> Path:
+    # Set up before the function-scoped `user_cache` fixture: a per-user cache folder of its own.
+    done = fit(root, folder, *options, env={CACHE_ENV: str(folder.with_name("cache"))})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def whole(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return whole_run(colours, tmp_path_factory.mktemp("whole"), OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def whole_ddp(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return whole_run(colours, tmp_path_factory.mktemp("whole_ddp"), DDP_OPTIONS)
+
+
+def recorded(record: Path, rank: int = 0) -> dict[int, list[float]]:
+    """Epoch -> the reds trained on in that epoch, in order; a batch trained again after a
+    resume (it was in no checkpoint) counts once, as the resumed run trained it."""
+    batches: dict[tuple[int, int], list[float]] = {}
     for line in (record / f"rank{rank}.jsonl").read_text().splitlines():
-        epoch, _, colours = json.loads(line)
-        epochs.setdefault(epoch, []).extend(colours)
+        epoch, index, reds = json.loads(line)
+        batches[epoch, index] = reds
+    epochs: dict[int, list[float]] = {}
+    for (epoch, _), reds in sorted(batches.items()):
+        epochs.setdefault(epoch, []).extend(reds)
     return epochs
 
 
-def final_weights(folder: Path, run: str = "*") -> dict[str, torch.Tensor]:
-    """The weights in the newest `last.ckpt` of `run` (any run) under `folder`."""
-    last = max(folder.glob(f"lightning_logs/{run}/checkpoints/last.ckpt"), key=os.path.getmtime)
+def final_weights(folder: Path, run: str = "version_0") -> dict[str, torch.Tensor]:
+    last = folder / "lightning_logs" / run / "checkpoints" / "last.ckpt"
     return torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
 
 
@@ -132,155 +167,151 @@ TIMINGS = ("data_wait_fraction", "train_images_per_s")  # the data monitor's: no
 
 
 def logged(folder: Path, run: str = "version_0") -> list[dict[str, str]]:
-    """The rows of the run's metrics.csv."""
     with open(folder / "lightning_logs" / run / "metrics.csv", newline="") as file:
         return list(csv.DictReader(file))
 
 
-def assert_same_log(got: list[dict[str, str]], expected: list[dict[str, str]]) -> None:
-    """The same rows (epoch, step, which metrics) with the same values to float tolerance.
-
-    Except the interrupted epoch's `train_loss_epoch`: Lightning does not checkpoint its running
-    means, so that one averages the batches trained after the resume (docs/training.md)."""
-    assert len(got) == len(expected) and got[0].keys() == expected[0].keys()
-    for row, want in zip(got, expected, strict=True):
-        assert [k for k, v in row.items() if v] == [k for k, v in want.items() if v], (row, want)
-        for key, value in want.items():
+def assert_same_run(parts: Path, whole: Path, ranks: int = 1, run: str = "version_0") -> None:
+    """The same images in the same order on every rank, the same weights, and the same rows in
+    metrics.csv (epoch, step, metrics) to float tolerance, but for the interrupted epoch's
+    `train_loss_epoch`: Lightning does not checkpoint its running mean (docs/training.md)."""
+    for rank in range(ranks):
+        assert recorded(parts, rank) == recorded(whole, rank), rank
+    weights, expected = final_weights(parts, run), final_weights(whole)
+    assert weights.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    got, want = logged(parts, run), logged(whole)
+    assert len(got) == len(want) and got[0].keys() == want[0].keys()
+    for row, expected_row in zip(got, want, strict=True):
+        assert [k for k, v in row.items() if v] == [k for k, v in expected_row.items() if v]
+        for key, value in expected_row.items():
             interrupted_mean = key == "train_loss_epoch" and row["epoch"] == "1"
             if value and key not in TIMINGS and not interrupted_mean:
-                assert math.isclose(float(row[key]), float(value), rel_tol=1e-4), (key, row, want)
+                assert math.isclose(float(row[key]), float(value), rel_tol=1e-4), (key, row)
+
+
+def written_by_the_runs(folder: Path) -> set[str]:
+    """What the runs wrote in `folder` (each run below `lightning_logs/` as one entry, with the
+    lock `fit` holds beside it), the recorder's files left out."""
+    ours = {"rank0.jsonl", "rank1.jsonl", "signalled_at", "lightning_logs"}
+    found = {p.name for p in folder.iterdir() if p.name not in ours}
+    runs = {p.name.removeprefix(".").removesuffix(".lock") for p in folder.glob("lightning_logs/*")}
+    return found | {f"lightning_logs/{run}" for run in runs}
+
+
+def stopped_and_resumed(
+    root: Path, tmp_path: Path, whole: Path, options: list[str], stop: dict, ranks: int = 1,
+    before_resume=lambda: None,
+) -> Run:  # fmt: skip
+    """A run started as `--run version_0 --ckpt_path last` (finding none), stopped after batch 2 of
+    epoch 1 as `stop` (TermAt's variables) says, then resumed by the same command: it ends as
+    `whole`, logging on in version_0. Returns the stopped run."""
+    run = ["--run", "version_0", "--ckpt_path", "last"]
+    stopped = fit(root, tmp_path, *options, *run, term_batch=2, env=stop)
+    signum = signal.Signals[stop.get("TERM_SIGNAL", "SIGTERM")]
+    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
+    assert f"run version_0 has no {LAST} yet; starting it" in stopped.stdout
+    assert stopped.stdout.count(f"{signum.name}: saved {LAST}") == 1
+    batches = 4 if "--trainer.accumulate_grad_batches" in options else 3  # an accumulation's end
+    for rank in range(ranks):
+        assert len(recorded(tmp_path, rank)[1]) == batches * 2
+    before_resume()
+    resumed = fit(root, tmp_path, *options, *run)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"--ckpt_path last: resuming run version_0 from {LAST}" in resumed.stdout
+    assert "before the epoch ended" not in resumed.stderr  # Lightning's warning: not needed
+    assert not (tmp_path / "lightning_logs/version_1").exists()
+    assert_same_run(tmp_path, whole, ranks)
+    return stopped
 
 
 def interrupted_and_resumed(
     root: Path, tmp_path: Path, options: list[str], ranks: int, stop: dict | None = None
 ) -> Run:
-    """An uninterrupted run, then one stopped by SIGTERM (or as `stop`, TermAt's variables, says)
-    in epoch 1 and resumed with
-    `--ckpt_path last` (as the first run was started too, finding none; the run named as
-    Lightning names a first run, so that both leave the same folders): every rank trains on the
-    same images in the same order, none twice, none missed, the weights end the same, and the
-    resumed run logs on in the same metrics.csv as if it had never stopped."""
+    """`stopped_and_resumed` in `tmp_path/parts`, against a whole run in `tmp_path/whole` with
+    the same options (the shard tests')."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     for folder in (whole, parts):
         folder.mkdir()
-    done = fit(root, whole, whole, *options)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    last = Path("lightning_logs/version_0/checkpoints/last.ckpt")
-    run = ["--run", "version_0", "--ckpt_path", "last"]
-    stopped = fit(root, parts, parts, *options, *run, term_batch=2, env=stop)
-    signum = signal.Signals[(stop or {}).get("TERM_SIGNAL", "SIGTERM")]
-    assert stopped.returncode == 128 + signum, stopped.stderr[-3000:]
-    assert f"run version_0 has no {last} yet; starting it" in stopped.stdout
-    assert f"{signum.name}: saved {last}" in stopped.stdout
-    for rank in range(ranks):
-        assert len(recorded(parts, rank)[1]) == 3 * 2  # stopped after 3 batches of 2 images
-    resumed = fit(root, parts, parts, *options, *run)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"--ckpt_path last: resuming run version_0 from {last}" in resumed.stdout
-    assert "before the epoch ended" not in resumed.stderr  # Lightning's warning: not needed
-    assert not (parts / "lightning_logs/version_1").exists()  # logged on in version_0
-    assert_same_log(logged(parts), logged(whole))
-
-    for rank in range(ranks):
-        expected, got = recorded(whole, rank), recorded(parts, rank)
-        assert got == expected, rank  # each epoch: the same colours, in the same order
-    # The same crops too (seeded per draw), so training ends with the same weights.
-    weights = [final_weights(folder) for folder in (whole, parts)]
-    assert weights[0].keys() == weights[1].keys()
-    for name, value in weights[0].items():
-        torch.testing.assert_close(weights[1][name], value, rtol=1e-5, atol=1e-6, msg=name)
-    if ranks == 2:  # the ranks' shares are disjoint
-        assert not set(recorded(parts, 0)[1]) & set(recorded(parts, 1)[1])
-    return stopped
+    whole_run(root, whole, options)
+    return stopped_and_resumed(root, parts, whole, options, stop or {}, ranks)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "options",
-    [
-        ["--data.num_workers", "0", "--data.source.epoch_repeats", "2"],
-        [
-            *("--data.num_workers", "2", "--data.source.balance_classes", "true"),
-            # the strong recipe too: each draw seeded by (seed, epoch, index), the EMA resumed
-            *("--data.augment.policy", "trivial", "--data.augment.erasing", "0.25"),
-            *("--model.mixup_alpha", "0.2", "--model.cutmix_alpha", "1.0"),
-            *("--model.mix_off_epochs", "1"),
-            "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights",
-            *("--trainer.callbacks.decay", "0.9"),
-        ],
-    ],
-    # (workers with the plain shuffle and one pass per epoch: under DDP below)
-    ids=["in-process-two-passes", "workers-balanced-strong-recipe"],
-)
-def test_a_resumed_epoch_sees_each_remaining_image_once(
-    colour_root: Path, tmp_path: Path, options: list[str]
+def test_sigterm_mid_epoch_resumes_exactly(
+    colours: Path, whole: Path, tmp_path: Path, run_main
 ) -> None:
-    interrupted_and_resumed(colour_root, tmp_path, options, ranks=1)
+    """SIGTERM to the training process after the 3rd batch of an accumulation of 2: it saves
+    after the 4th. Resuming with `accumulate_grad_batches 3` (inside one) is refused first."""
+
+    def refused() -> None:
+        before = (tmp_path / LAST).read_bytes()
+        other = ["--trainer.accumulate_grad_batches", "3", "--ckpt_path", str(tmp_path / LAST)]
+        done = run_main("fit", *other, cwd=tmp_path)  # refused before training: in-process
+        error = one_error(done.returncode, done.stderr)
+        assert "stopped 4 batches into epoch 1" in error
+        assert "--trainer.accumulate_grad_batches 3" in error
+        assert (tmp_path / LAST).read_bytes() == before
+
+    stopped_and_resumed(colours, tmp_path, whole, OPTIONS, {}, before_resume=refused)
 
 
-@pytest.mark.slow
-def test_a_resumed_epoch_sees_each_remaining_image_once_under_ddp(
-    colour_root: Path, tmp_path: Path
+def test_a_sigterm_to_the_process_group_saves_once_and_resumes_exactly(
+    colours: Path, whole: Path, tmp_path: Path
 ) -> None:
-    """Stopped as `timeout` or a cluster stops a job: SIGTERM to every process of the group, both
-    ranks and their loader workers."""
-    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    options = [*ddp, "--data.num_workers", "1"]
-    stopped = interrupted_and_resumed(colour_root, tmp_path, options, 2, {"TERM_GROUP": "1"})
+    """`timeout`, systemd and `kill -- -PGID` signal the loader workers too: they serve on, the run
+    saves once at a batch end, exits 143, resumes exactly, and wrote only its run folder."""
+    stopped = stopped_and_resumed(colours, tmp_path, whole, OPTIONS, {"TERM_GROUP": "1"})
     assert "Traceback" not in stopped.stderr and "worker" not in stopped.stderr
-    assert written_by_the_runs(tmp_path / "parts") == {"lightning_logs/version_0"}
+    assert written_by_the_runs(tmp_path) == {"lightning_logs/version_0"}
 
 
-def written_by_the_runs(folder: Path) -> set[str]:
-    """What the runs in `folder` wrote there, each run below `lightning_logs/` as one entry (its
-    folder, and the lock beside it that `fit` holds while training it); the recorder's files left
-    out."""
-    ours = {"rank0.jsonl", "rank1.jsonl", "signalled_at"}
-    found = {p.name for p in folder.iterdir() if p.name not in ours and p.name != "lightning_logs"}
-    runs = folder / "lightning_logs"
-    names = {p.name.removeprefix(".").removesuffix(".lock") for p in runs.glob("*")}
-    return found | {f"lightning_logs/{name}" for name in names}
+class KillWhileSaving(L.Callback):
+    """The write of epoch 1's end `last.ckpt` dies half-way (SIGKILL)."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch != 1:
+            return
+        io = trainer.strategy.checkpoint_io
+        save = io.save_checkpoint
+
+        def half_written(checkpoint, path, storage_options=None) -> None:
+            if Path(path).name != ".last.ckpt.partial":  # best.ckpt, first
+                return save(checkpoint, path, storage_options)
+            Path(path).write_bytes(b"half a checkpoint")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        io.save_checkpoint = half_written
 
 
-@pytest.mark.slow
-def test_resuming_mid_epoch_with_another_batch_size_is_refused(
-    colour_root: Path, tmp_path: Path, run_main
+def test_sigkill_resumes_exactly_from_the_last_intact_checkpoint(
+    colours: Path, whole: Path, tmp_path: Path
 ) -> None:
-    stopped = fit(colour_root, tmp_path, tmp_path, "--data.num_workers", "0", term_batch=2)
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    last = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
-    before = last.read_bytes()
-    resume = ["--ckpt_path", str(last), "--data.batch_size", "3"]
-    refused = run_main("fit", *resume, cwd=tmp_path)  # refused before training: in this process
-    error = one_error(refused.returncode, refused.stderr)
-    assert "resuming run" in error and "--data.batch_size 3 (the run's: 2)" in error
-    assert last.read_bytes() == before  # the checkpoint to resume from is kept as it was
-
-
-@pytest.mark.slow
-def test_a_run_resumed_from_an_epoch_end_checkpoint_logs_each_epoch_once(
-    colour_root: Path, tmp_path: Path
-) -> None:
-    """Resumed from the end of epoch 1 in the run's own folder, as after a SIGKILL there: the
-    rows logged after that checkpoint are replaced by the resumed run's, and the log and weights
-    end as the uninterrupted run's. The run history, saved in that checkpoint, holds epoch 1
-    (`last.ckpt` is written after the history records the epoch), so `history.json` and the
-    report show every epoch once."""
-    keep = ["--data.num_workers", "0", "--trainer.callbacks+=test_mid_epoch.KeepAtEpoch2"]
-    done = fit(colour_root, tmp_path, tmp_path, *keep)
-    assert done.returncode == 0, done.stderr[-3000:]
-    whole_log, whole_weights = logged(tmp_path), final_weights(tmp_path)
-    resume = ["--data.num_workers", "0", "--ckpt_path", "epoch1.ckpt"]
-    resumed = fit(colour_root, tmp_path, tmp_path, *resume)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert not (tmp_path / "lightning_logs/version_1").exists()
-    assert_same_log(logged(tmp_path), whole_log)
-    for name, value in whole_weights.items():
-        torch.testing.assert_close(final_weights(tmp_path)[name], value, rtol=1e-5, atol=1e-6)
-    saved = torch.load(tmp_path / "epoch1.ckpt", map_location="cpu", weights_only=False)
+    """SIGKILL runs no handler. Killed while writing epoch 1's end `last.ckpt`: the one of epoch 0
+    stays whole (its history holds epoch 0: `last.ckpt` is written after the history records the
+    epoch), with rows in metrics.csv logged after it. Resumed, with a timed save every batch,
+    and killed mid-epoch; resumed to the end: the run ends as `whole`, its history and report
+    with each epoch once."""
+    run = ["--run", "version_0", "--ckpt_path", "last"]
+    kill_saving = ["--trainer.callbacks+=test_mid_epoch.KillWhileSaving"]
+    first = fit(colours, tmp_path, *OPTIONS, *run, *kill_saving)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert (tmp_path / LAST).with_name(".last.ckpt.partial").read_bytes() == b"half a checkpoint"
+    saved = torch.load(tmp_path / LAST, map_location="cpu", weights_only=False)
     history = next(v for k, v in saved["callbacks"].items() if k.startswith("RunHistory"))
-    assert [row["epoch"] for row in history["epochs"]] == [0, 1]
+    assert saved["epoch"] == 0 and [row["epoch"] for row in history["epochs"]] == [0]
+    assert any(row["epoch"] == "1" for row in logged(tmp_path))  # logged after the save
+    steps_an_epoch = saved["global_step"]
+
+    timed = [*OPTIONS, *run, "--last_checkpoint.every_minutes", "1e-9"]
+    second = fit(colours, tmp_path, *timed, term_batch=5, env={"TERM_SIGNAL": "SIGKILL"})
+    assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
+    saved = torch.load(tmp_path / LAST, map_location="cpu", weights_only=False)
+    assert saved["epoch"] == 1 and saved["global_step"] % steps_an_epoch  # mid-epoch
+
+    resumed = fit(colours, tmp_path, *OPTIONS, *run)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(tmp_path, whole)
     run_folder = tmp_path / "lightning_logs/version_0"
     history = json.loads((run_folder / "history.json").read_text())
     assert [row["epoch"] for row in history["epochs"]] == [0, 1, 2]
@@ -288,58 +319,69 @@ def test_a_run_resumed_from_an_epoch_end_checkpoint_logs_each_epoch_once(
     assert head in (run_folder / "report.html").read_text()
 
 
-@pytest.mark.slow
-def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes(
-    colour_root: Path, tmp_path: Path
+def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes_its_own_run(
+    colours: Path, whole: Path, tmp_path: Path
 ) -> None:
-    """A SLURM job (its variables, and a stand-in `scontrol` that notes its arguments) gets the
-    requeue signal mid-epoch, as SLURM sends it, to every process of the job (its loader worker
-    too): it saves last.ckpt and requeues itself; the job run again with the
-    same command (`--ckpt_path last`, as a SLURM batch script gives it) resumes its own run, not
-    another run's newer last.ckpt beside it, and ends as an uninterrupted run."""
-    whole, parts, bin_dir = tmp_path / "whole", tmp_path / "parts", tmp_path / "bin"
-    for folder in (whole, parts, bin_dir):
-        folder.mkdir()
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
-    scontrol.chmod(0o755)
+    """SLURM's requeue signal to the job's process group (its variables, a stand-in `scontrol`):
+    it saves and requeues itself; the job run again (`--ckpt_path last`, as the batch script)
+    resumes its own run, not another run's newer last.ckpt beside it, and ends as `whole`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
+    (bin_dir / "scontrol").chmod(0o755)
     slurm = {
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NAME": "train",
-        "SLURM_NTASKS": "1",
-        "SLURM_NTASKS_PER_NODE": "1",
-        "SLURM_JOB_NUM_NODES": "1",
-        "SLURM_NODELIST": "localhost",
-        "SLURM_PROCID": "0",
-        "SLURM_LOCALID": "0",
-        "SLURM_NODEID": "0",
+        **{"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1"},
+        **{"SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_PROCID": "0"},
+        **{"SLURM_NODELIST": "localhost", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"},
         "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
         "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
-        "TERM_SIGNAL": "SIGUSR1",
-        "TERM_GROUP": "1",
     }
-    job = ["--data.num_workers", "1", "--ckpt_path", "last"]
-    done = fit(colour_root, whole, whole, "--data.num_workers", "0")
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    first = fit(colour_root, parts, parts, *job, term_batch=2, env=slurm)
+    job = [*OPTIONS, "--ckpt_path", "last"]
+    signalled = {**slurm, "TERM_SIGNAL": "SIGUSR1", "TERM_GROUP": "1"}
+    first = fit(colours, tmp_path, *job, term_batch=2, env=signalled)
     assert first.returncode == 128 + signal.SIGUSR1, first.stderr[-3000:]
     own = Path("lightning_logs/slurm_4242/checkpoints/last.ckpt")  # the job is the run
     assert f"SIGUSR1: saved {own}" in first.stdout
     assert "requeued SLURM job 4242" in first.stdout
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     assert "Traceback" not in first.stderr and "worker" not in first.stderr
-    # Lightning's own handler ran nowhere (it writes hpc_ckpt_N.ckpt), not even in the worker.
-    assert written_by_the_runs(parts) == {"lightning_logs/slurm_4242"}
+    # Lightning's own handler ran nowhere (it writes hpc_ckpt_N.ckpt), not even in a worker.
+    assert written_by_the_runs(tmp_path) == {"lightning_logs/slurm_4242", "bin", "scontrol.log"}
 
-    other = parts / "lightning_logs/version_0/checkpoints/last.ckpt"  # another run's, newer
+    other = tmp_path / LAST  # another run's, newer
     other.parent.mkdir(parents=True)
-    shutil.copy(whole / "lightning_logs/version_0/checkpoints/last.ckpt", other)
-    again = fit(colour_root, parts, parts, *job, env=slurm)
+    shutil.copy(whole / LAST, other)
+    again = fit(colours, tmp_path, *job, env=slurm)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"--ckpt_path last: resuming run slurm_4242 from {own}" in again.stdout
-    assert recorded(parts, 0) == recorded(whole, 0)
-    assert_same_log(logged(parts, "slurm_4242"), logged(whole))
-    for name, value in final_weights(whole).items():
-        resumed = final_weights(parts, "slurm_4242")[name]
-        torch.testing.assert_close(resumed, value, rtol=1e-5, atol=1e-6)
+    assert_same_run(tmp_path, whole, run="slurm_4242")
+
+
+def test_a_group_sigterm_under_ddp_resumes_each_rank_exactly(
+    colours: Path, whole_ddp: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to every process of the group, both ranks and their workers. Each rank trains
+    a disjoint half of the images every epoch, in a new order each epoch."""
+    shares = [recorded(whole_ddp, rank) for rank in (0, 1)]
+    for epoch in range(3):
+        first, second = (share[epoch] for share in shares)
+        assert len(first) == len(second) and not set(first) & set(second)
+    assert shares[0][0] != shares[0][1]
+    stop = {"TERM_GROUP": "1"}
+    stopped = stopped_and_resumed(colours, tmp_path, whole_ddp, DDP_OPTIONS, stop, ranks=2)
+    assert "Traceback" not in stopped.stderr and "worker" not in stopped.stderr
+    assert written_by_the_runs(tmp_path) == {"lightning_logs/version_0"}
+
+
+def test_ctrl_c_to_one_rank_stops_every_rank_at_the_same_batch(
+    colours: Path, whole_ddp: Path, tmp_path: Path
+) -> None:
+    """SIGINT to rank 1 alone: both ranks save once and end within 30 s (exit 130); the run
+    resumes exactly."""
+    ctrl_c = {"TERM_SIGNAL": "SIGINT", "TERM_RANK": "1"}
+    options = [*DDP, "--data.num_workers", "0"]  # the order is the same with any number
+    stopped = stopped_and_resumed(colours, tmp_path, whole_ddp, options, ctrl_c, ranks=2)
+    signalled_at = float((tmp_path / "signalled_at").read_text())
+    assert stopped.ended_at - signalled_at < 30
+    assert stopped.lingering == []  # rank 1 ended too, not only rank 0
+    assert "Traceback" not in stopped.stderr

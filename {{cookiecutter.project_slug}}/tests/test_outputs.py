@@ -52,7 +52,7 @@ def model(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 # export: --output and the .json beside it
 
 
-def test_export_refuses_a_users_file_and_the_checkpoint(
+def test_export_refuses_a_users_file_and_the_checkpoint_and_replaces_its_own(
     run_main, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
     model = users_file(tmp_path / "model.pt2")
@@ -72,11 +72,7 @@ def test_export_refuses_a_users_file_and_the_checkpoint(
     assert not (tmp_path / "model.json").exists()
     assert not (tmp_path / "other" / "model.pt2").exists()
 
-
-def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
-    run_main, trained_checkpoint: Path, tmp_path: Path
-) -> None:
-    output = users_file(tmp_path / "model.pt2")
+    output = model  # with --overwrite, the user's file is replaced
     export = ("export", "--ckpt_path", trained_checkpoint, "--output", output)
     result = run_main(*export, "--overwrite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -96,7 +92,7 @@ def test_export_replaces_its_own_output_and_a_users_file_with_overwrite(
 # infer --csv
 
 
-def test_infer_refuses_a_users_csv_and_one_among_the_images(
+def test_infer_refuses_a_users_csv_and_one_among_the_images_and_replaces_its_own(
     run_main, model: Path, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "labels.csv")
@@ -109,11 +105,7 @@ def test_infer_refuses_a_users_csv_and_one_among_the_images(
     refused(result, model, "is --model")
     assert mine.read_bytes() == USERS and not inside.exists()
 
-
-def test_infer_replaces_its_own_csv_and_a_users_file_with_overwrite(
-    run_main, model: Path, images: Path, tmp_path: Path
-) -> None:
-    output = users_file(tmp_path / "out.csv")
+    output = mine  # with --overwrite, the user's file is replaced
     infer = ("infer", "--model", model, images / "ant", "--csv", output)
     result = run_main(*infer, "--overwrite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -145,7 +137,7 @@ def predict(run_main, checkpoint: Path, images: Path, cwd: Path, *options: str |
     )
 
 
-def test_predict_refuses_a_users_csv_and_one_among_the_images(
+def test_predict_refuses_a_users_csv_and_one_among_the_images_and_replaces_its_own(
     run_main, trained_checkpoint: Path, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "labels.csv")
@@ -157,11 +149,7 @@ def test_predict_refuses_a_users_csv_and_one_among_the_images(
     refused(result, inside, "lies inside --data.predict_root")
     assert mine.read_bytes() == USERS and not inside.exists()
 
-
-def test_predict_replaces_its_own_csv_and_a_users_file_with_overwrite(
-    run_main, trained_checkpoint: Path, images: Path, tmp_path: Path
-) -> None:
-    output = users_file(tmp_path / "out.csv")
+    output = mine  # with --overwrite, the user's file is replaced
     options = ("--predictions.output", output)
     overwrite = ("--predictions.overwrite", "true")
     result = predict(run_main, trained_checkpoint, images, tmp_path, *options, *overwrite)
@@ -192,7 +180,9 @@ def run_folder(folder: Path) -> Path:
     return folder
 
 
-def test_report_keeps_a_users_files_in_the_run_folder(run_main, tmp_path: Path) -> None:
+def test_report_keeps_a_users_files_in_the_run_folder_and_replaces_its_own(
+    run_main, tmp_path: Path
+) -> None:
     run = run_folder(tmp_path / "version_0")
     for name in ("report.html", "learning_curves.png"):
         mine = users_file(run / name)
@@ -202,12 +192,7 @@ def test_report_keeps_a_users_files_in_the_run_folder(run_main, tmp_path: Path) 
         mine.unlink()
     assert sorted(path.name for path in run.iterdir()) == ["history.json"]
 
-
-def test_report_replaces_its_own_report_and_a_users_file_with_overwrite(
-    run_main, tmp_path: Path
-) -> None:
-    run = run_folder(tmp_path / "version_0")
-    mine = users_file(run / "report.html")
+    mine = users_file(run / "report.html")  # with --overwrite, the user's file is replaced
     result = run_main("report", run, "--overwrite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     page = mine.read_text(encoding="utf-8")

@@ -43,8 +43,10 @@ def short_run(root: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_scratch_preset_trains(image_root: Path, tmp_path: Path) -> None:
-    command("fit", "--config", str(RECIPES / "scratch.yaml"), *short_run(image_root), cwd=tmp_path)
+def test_scratch_preset_trains(image_root: Path, tmp_path: Path, run_main) -> None:
+    preset = ["--config", str(RECIPES / "scratch.yaml")]
+    fit = run_main("fit", *preset, *short_run(image_root), cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
     assert (tmp_path / "ckpts" / "last.ckpt").is_file()
 
 
@@ -109,9 +111,8 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
 
 @pytest.mark.slow
 def test_ema_weights_are_checkpointed_exported_and_resumed(image_root: Path, tmp_path: Path):
-    """With EMAWeights (on Lightning's weight averaging), `last.ckpt` holds the average as the
-    model's weights
-    (the raw ones beside it), export writes the average, and a resumed run restores it."""
+    """With EMAWeights, `last.ckpt` holds the average as the model's weights (the raw ones beside
+    it), export writes the average, and a resumed run restores it."""
     ema = [f"--trainer.callbacks+={EMA}", "--trainer.callbacks.decay", "0.9"]
     command("fit", *short_run(image_root, *ema, "--run", "ema"), cwd=tmp_path)
     last = tmp_path / "ckpts" / "last.ckpt"

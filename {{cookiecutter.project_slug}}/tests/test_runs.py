@@ -57,78 +57,61 @@ def test_a_second_experiment_in_the_same_folder_starts_fresh(
     assert last_of("version_0").read_bytes() == first
 
 
-def test_last_is_the_named_runs_own_not_the_newest(image_root: Path, in_tmp: Path, capsys) -> None:
+def test_a_run_resumes_only_itself_and_keeps_its_options(
+    image_root: Path, in_tmp: Path, capsys
+) -> None:
+    """`--ckpt_path last` is the named run's own, not the newest; a finished run says so and exits
+    0 (its own max_epochs applies, not the default); a fresh fit of it, or a resume that changes
+    what it trains, is refused naming the options; none of them touches its last.ckpt."""
     fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
     fit(image_root, "--run", "b", "--trainer.max_epochs", "2")  # newer, and further on
-    capsys.readouterr()
-    fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2")
-    out = capsys.readouterr().out
-    assert f"--ckpt_path last: resuming run a from {last_of('a')}" in out
-    assert "resuming run a with --trainer.max_epochs 2 (the run's: 1)" in out
-    assert progress(last_of("a")) == (1, 8)
-
-
-def test_a_finished_run_says_so_and_exits_0_without_training(
-    image_root: Path, in_tmp: Path, capsys
-) -> None:
-    """Resumed without --trainer.max_epochs, the run's own (2) applies, not the default (10)."""
-    fit(image_root, "--run", "a", "--trainer.max_epochs", "2")
-    before = last_of("a").read_bytes()
+    before = last_of("b").read_bytes()
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
-        fit(image_root, "--run", "a", "--ckpt_path", "last")
+        fit(image_root, "--run", "b", "--ckpt_path", "last")
     assert stopped.value.code == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].startswith("run a already finished at epoch 2 of --trainer.max_epochs 2")
-    assert last_of("a").read_bytes() == before
-
-
-def test_resuming_with_changed_options_is_refused_naming_them(
-    image_root: Path, in_tmp: Path, capsys
-) -> None:
-    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
-    before = last_of("a").read_bytes()
-    capsys.readouterr()
-    changed = ["--model.lr", "0.5", "--data.image_size", "24", "--data.num_workers", "0"]
-    changed += ["--data.augment.policy", "rand"]
+    assert lines[-1].startswith("run b already finished at epoch 2 of --trainer.max_epochs 2")
     with pytest.raises(SystemExit) as refused:
-        fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2", *changed)
+        fit(image_root, "--run", "b", "--trainer.max_epochs", "1")
+    error = one_error(refused.value.code, capsys.readouterr().err)
+    assert "--run b: that run exists" in error and "--ckpt_path last" in error
+    changed = ["--model.lr", "0.5", "--data.image_size", "24", "--data.num_workers", "0"]
+    changed += ["--data.augment.policy", "rand", "--trainer.max_epochs", "3"]
+    with pytest.raises(SystemExit) as refused:
+        fit(image_root, "--run", "b", "--ckpt_path", "last", *changed)
     error = one_error(refused.value.code, capsys.readouterr().err)
     assert "--model.lr 0.5 (the run's: 0.003)" in error
     assert "--data.image_size 24 (the run's: 16)" in error
     assert "--data.augment.policy rand (the run's: None)" in error
     assert "num_workers" not in error  # how the data is read: free to change
     assert "start a new run" in error
-    assert last_of("a").read_bytes() == before
+    assert last_of("b").read_bytes() == before
 
-
-def test_a_resume_on_data_moved_elsewhere_applies_the_new_place_and_says_so(
-    image_root: Path, in_tmp: Path, capsys
-) -> None:
-    """A cluster job may stage the data on a node-local disk, at another path each time."""
-    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
-    moved = shutil.copytree(image_root, in_tmp / "staged")
-    capsys.readouterr()
-    main(
-        ["fit", *tiny_run_options(moved), *QUIET, *CSV_LOGGER]
-        + ["--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2"]
-    )
+    fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2")
     out = capsys.readouterr().out
-    assert f"resuming run a with --data.source.root {moved} (the run's: {image_root})" in out
+    assert f"--ckpt_path last: resuming run a from {last_of('a')}" in out
+    assert "resuming run a with --trainer.max_epochs 2 (the run's: 1)" in out
     assert progress(last_of("a")) == (1, 8)
+    with pytest.raises(SystemExit) as refused:  # other commands need the run named
+        main(["validate", "--ckpt_path", "last", *QUIET, *CSV_LOGGER])
+    error = one_error(refused.value.code, capsys.readouterr().err)
+    assert "name the run with --run NAME (runs here: a, b)" in error
 
 
-def test_a_resume_applies_the_reading_options_given_and_says_so(
+def test_a_resume_applies_a_new_place_and_reading_options_and_says_so(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
-    """How the data is read may change on resume: an option given wins over the run's, even
-    at its default value, and `fit` names it."""
+    """Data staged elsewhere (a cluster job's node-local disk) and how it is read may change on
+    resume: an option given wins over the run's, even at its default value, and `fit` names it."""
     fit(image_root, "--run", "a", "--trainer.max_epochs", "1",
         "--data.source.skip_bad_images", "true", "--data.source.cache", "memmap")  # fmt: skip
+    moved = shutil.copytree(image_root, in_tmp / "staged")
     capsys.readouterr()
-    fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2",
+    fit(moved, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2",
         "--data.source.skip_bad_images", "false", "--data.source.cache", "none")  # fmt: skip
     out = capsys.readouterr().out
+    assert f"--data.source.root {moved} (the run's: {image_root})" in out
     assert "--data.source.skip_bad_images false (the run's: true)" in out
     assert "--data.source.cache none (the run's: memmap)" in out
     saved = torch.load(last_of("a"), weights_only=False)["datamodule_hyper_parameters"]
@@ -174,15 +157,6 @@ def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path,
     assert (in_tmp / "lightning_logs/a/config.yaml").read_bytes() == config
     assert progress(last_of("a")) == (1, 8)
     assert "averaging_state" in torch.load(last_of("a"), weights_only=True)
-
-
-def test_a_fresh_fit_of_an_existing_run_is_refused(image_root: Path, in_tmp: Path, capsys) -> None:
-    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as refused:
-        fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
-    error = one_error(refused.value.code, capsys.readouterr().err)
-    assert "--run a: that run exists" in error and "--ckpt_path last" in error
 
 
 def test_a_named_run_is_not_started_over_another_commands_files(
@@ -260,15 +234,6 @@ def test_a_run_being_trained_is_not_started_or_resumed_by_a_second_fit(
     epochs = progress(last_of("a"))[0] + 2 if last_of("a").is_file() else 1
     fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", str(epochs))
     assert progress(last_of("a"))[0] == epochs - 1
-
-
-def test_validate_needs_the_run_named(image_root: Path, in_tmp: Path, capsys) -> None:
-    fit(image_root, "--trainer.max_epochs", "1")
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as refused:
-        main(["validate", "--ckpt_path", "last", *QUIET, *CSV_LOGGER])
-    error = one_error(refused.value.code, capsys.readouterr().err)
-    assert "name the run with --run NAME (runs here: version_0)" in error
 
 
 def test_slurm_names_the_run_by_its_job(monkeypatch) -> None:

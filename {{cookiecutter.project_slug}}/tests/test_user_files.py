@@ -50,15 +50,6 @@ def snapshot(root: Path) -> tuple[str, set[str]]:
     return digest.hexdigest(), folders
 
 
-def test_fit_three_times_on_data_leaves_it_unchanged(tmp_path: Path, run_main) -> None:
-    data = write_classes(tmp_path / "data")
-    before = snapshot(data)
-    for _ in range(3):
-        run = run_main("fit", *TINY, *ONE_EPOCH, "--data.root", "data", cwd=tmp_path)
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert snapshot(data) == before
-
-
 # The files a run writes into its folder, and a user may have in the working folder.
 RUN_FILES = (
     "config.yaml",
@@ -128,18 +119,19 @@ def test_a_run_inside_a_dataset_is_refused_before_anything_is_written(
     assert snapshot(data) == before
 
 
-def test_fit_from_inside_the_dataset_writes_its_runs_where_it_is_told(
-    tmp_path: Path, run_main
-) -> None:
-    """`cd data && fit --data.root . --trainer.default_root_dir ../runs`, twice: both train, the
-    run folders are never classes, and `data/` is unchanged."""
+def test_fit_on_data_and_from_inside_it_leaves_it_unchanged(tmp_path: Path, run_main) -> None:
+    """`fit --data.root data`, then `cd data && fit --data.root . --trainer.default_root_dir
+    ../runs` twice: all train, the run folders are never classes, and `data/` is unchanged."""
     data = write_classes(tmp_path / "data")
     before = snapshot(data)
+    run = run_main("fit", *TINY, *ONE_EPOCH, "--data.root", "data", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert snapshot(data) == before
     for _ in range(2):
         options = ["--data.root", ".", "--trainer.default_root_dir", "../runs"]
         run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=data)
         assert run.returncode == 0, run.stderr[-3000:]
-    assert snapshot(data) == before
+        assert snapshot(data) == before
     checkpoints = list((tmp_path / "runs").rglob("last.ckpt"))  # the folders are the logger's
     assert checkpoints
     for path in checkpoints:
