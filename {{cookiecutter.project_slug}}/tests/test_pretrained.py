@@ -91,8 +91,9 @@ def unreachable(
         monkeypatch.setenv(name, address)
     for name in ("no_proxy", "NO_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(urllib.request, "_opener", None)  # made again, reading the proxy
+    urllib.request.install_opener(None)  # urllib's opener is made again, reading the proxy
     yield tmp_path
+    urllib.request.install_opener(None)  # and again after, without it
     closing.cancel()
     listener.close()
 
@@ -121,20 +122,15 @@ def test_torchvision_weights_out_of_reach_stop_at_once(unreachable: Path) -> Non
     assert not folder.is_dir() or not list(folder.iterdir())  # no partial download left there
 
 
-def test_timm_model_from_the_hub_cache(offline_hub: Path) -> None:
-    weights = hub_cache(offline_hub)
-    network = build_network(TIMM_MODEL, 3, 160, pretrained=True)
-    torch.testing.assert_close(network.state_dict()[STEM], weights[STEM])
-    assert classifier_of(network).out_features == 3  # the head re-made for three classes
-    # the hub-style name too
-    network = build_network(f"timm/{TIMM_MODEL}", 5, 160, pretrained=True)
-    torch.testing.assert_close(network.state_dict()[STEM], weights[STEM])
-
-
-def test_missing_published_weights_name_the_model_and_the_cache(offline_hub: Path) -> None:
+def test_timm_model_from_the_hub_cache_or_a_refusal_naming_it(offline_hub: Path) -> None:
     with pytest.raises(DataError, match=f"weights of {TIMM_MODEL} are not in the Hugging") as e:
         build_network(TIMM_MODEL, 3, 160, pretrained=True)
     assert str(offline_hub / "hub") in str(e.value)
+    weights = hub_cache(offline_hub)
+    for name in (TIMM_MODEL, f"timm/{TIMM_MODEL}"):  # the hub-style name too
+        network = build_network(name, 3, 160, pretrained=True)
+        torch.testing.assert_close(network.state_dict()[STEM], weights[STEM])
+        assert classifier_of(network).out_features == 3  # the head re-made for three classes
 
 
 def test_torchvision_weights_from_the_torch_hub_folder(offline_hub: Path) -> None:
@@ -148,20 +144,24 @@ def test_torchvision_weights_from_the_torch_hub_folder(offline_hub: Path) -> Non
     assert network.fc.out_features == 3
 
 
-def test_compact_network_has_no_published_weights() -> None:
-    with pytest.raises(DataError, match="compact_resnet has no published weights"):
-        build_network("compact_resnet", 3, 32, pretrained=True)
+@pytest.mark.parametrize(
+    ("name", "pretrained", "message"),
+    [
+        ("compact_resnet", True, "compact_resnet has no published weights"),
+        ("no_such_net", False, "nor a timm model"),  # says where names come from
+    ],
+)
+def test_an_architecture_without_weights_or_unknown_is_refused(
+    name: str, pretrained: bool, message: str
+) -> None:
+    with pytest.raises(DataError, match=message):
+        build_network(name, 3, 32, pretrained=pretrained)
 
 
 def test_without_timm_one_line_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
     with pytest.raises(DataError, match=r'pip install "\.\[timm\]"'):
         build_network(TIMM_MODEL, 3, 32)
-
-
-def test_unknown_name_says_where_names_come_from() -> None:
-    with pytest.raises(DataError, match="nor a timm model"):
-        build_network("no_such_net", 3, 32)
 
 
 @pytest.mark.parametrize("kind", ["state dict", "safetensors", "checkpoint"])

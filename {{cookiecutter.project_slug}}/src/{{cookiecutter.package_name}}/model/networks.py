@@ -40,9 +40,7 @@ class BasicBlock(nn.Module):
                 nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
                 nn.BatchNorm2d(out_channels),
             )
-        nn.init.zeros_(
-            self.body[-1].weight
-        )  # each block starts as the identity: stabler early training
+        nn.init.zeros_(self.body[-1].weight)  # each block starts as the identity: stabler
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -105,13 +103,8 @@ def build_network(
     weights: str | Path | None = None,
     pretrained: bool = False,
 ) -> nn.Module:
-    """The compact CNN, a torchvision model by name (`resnet18`, ...) or a timm model by name
-    (`timm/convnext_nano.in12k`, or any name timm knows that torchvision does not: the `timm`
-    extra), with `num_classes` outputs.
-
-    `pretrained`: start from the model's published weights (`pretrained.py`). `weights`: start
-    from a local file instead (`load_weights`). Otherwise the weights are random.
-    """
+    """The compact CNN, a torchvision model or a timm model by name, with `num_classes` outputs,
+    from published weights (`pretrained`), a local file (`weights`) or random ones."""
     if pretrained and weights is not None:
         raise DataError("--model.pretrained and --model.weights both say where to start: pick one")
     if architecture == COMPACT:
@@ -139,9 +132,8 @@ def build_network(
 
 
 def classifier_of(network: nn.Module) -> nn.Module:
-    """The layer that gives the class scores: what is re-made for new classes and trained first
-    when the rest (the backbone) is frozen. timm models name it; torchvision's is the last
-    `nn.Linear`, or in SqueezeNet, which has none, the last convolution."""
+    """The layer that gives the class scores, re-made for new classes and trained first over a
+    frozen backbone: timm's `get_classifier()`, else the last `nn.Linear` (or convolution)."""
     if isinstance(network, CompactResNet):
         return network.head[-1]
     if hasattr(network, "get_classifier"):  # timm
@@ -150,9 +142,9 @@ def classifier_of(network: nn.Module) -> nn.Module:
 
 
 def load_weights(network: nn.Module, path: str | Path, architecture: str) -> None:
-    """Start `network` from a local file: a state dict (`torch.save`), a `.safetensors` file, or
-    a checkpoint of this project. A classifier of another number of classes is re-made (and said
-    so); any other layer that is missing or of another shape is refused, naming it."""
+    """Start `network` from a state dict, `.safetensors` file or checkpoint of this project. A
+    classifier for another number of classes is re-made, with a warning; any other layer that is
+    missing or of another shape is refused, naming it."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--model.weights {path} is not a file")
@@ -199,14 +191,8 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
 
 def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
     """Refuse, before anything trains or downloads, a torchvision or timm model that cannot train
-    at `image_size`.
-
-    The model is built and run on the meta device (shapes only, no memory, no arithmetic) in
-    training and evaluation mode; a model that fails at this size (a ViT wants exactly 224
-    pixels, Inception v3 at least 75) or returns anything but `(N, num_classes)` logits is refused
-    in one line with the reason and, where a size known for it runs (224, its published weights'
-    and, for torchvision's, their smallest), that size.
-    """
+    at `image_size` (a ViT wants 224 pixels, Inception v3 at least 75), naming a size that runs.
+    The model is run on the meta device (shapes only) in training and evaluation mode."""
     if _is_torchvision(architecture):
         build = partial(_torchvision_network, architecture, num_classes)
     else:
@@ -231,11 +217,8 @@ def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
 
 
 class _EmptyOnMeta(TorchFunctionMode):
-    """Puts what `torch.empty` allocates (layer weights) on the meta device, and nothing else.
-
-    Unlike `with torch.device("meta")` this keeps the small tensors some models compute their
-    layout from (RegNet's stage widths) real, so every torchvision model builds.
-    """
+    """`torch.empty` (layer weights) on the meta device; unlike `torch.device("meta")`, the small
+    tensors some models compute their layout from (RegNet's widths) stay real."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -283,13 +266,10 @@ def _is_torchvision(architecture: str) -> bool:
     return architecture in torchvision.models.list_models(module=torchvision.models)
 
 
-def _torchvision_network(architecture: str, num_classes: int | None) -> nn.Module:
-    """torchvision's `architecture`, randomly initialised, returning plain logits in every mode.
-
-    GoogLeNet and Inception v3 also return auxiliary logits while training; their auxiliary heads
-    are removed, as torchvision does for its own weights without them.
-    """
-    options: dict = {} if num_classes is None else {"num_classes": num_classes}
+def _torchvision_network(architecture: str, num_classes: int) -> nn.Module:
+    """torchvision's `architecture`, random, with plain logits in every mode (GoogLeNet's and
+    Inception v3's auxiliary heads removed, as torchvision does for its weights)."""
+    options: dict = {"num_classes": num_classes}
     if architecture in ("googlenet", "inception_v3"):
         options["init_weights"] = True  # torchvision's own initialisation for these two
     network = torchvision.models.get_model(architecture, weights=None, **options)

@@ -1,6 +1,5 @@
-"""Published weights, offline-safe: timm models (the `timm` extra) and torchvision's, each read
-from its local cache (Hugging Face's hub cache, torch's hub folder) before any download, and a
-stop before training, naming the model and the folder, where neither has them."""
+"""Published weights, offline-safe: timm's and torchvision's, read from their local cache before
+any download, and a stop naming the model and the folder where neither has them."""
 
 from __future__ import annotations
 
@@ -85,17 +84,10 @@ def _hub_cache() -> str:
 
 
 def _reach_hub(timm, name: str) -> None:
-    """Ask the Hugging Face hub once, with no retries, for the weights of timm's `name`; raise
-    OSError if it cannot be reached.
-
-    huggingface_hub retries a download whose file is not cached after a network error (5 times
-    with back-off, each try allowed 60 s, for each of the two files timm looks for: 45 s and 22
-    log lines when offline, many minutes where packets are dropped). Nothing in it turns those
-    retries off short of offline mode (`HF_HUB_OFFLINE`), which would also stop a user who is
-    online. Its metadata request (`get_hf_file_metadata`) is the one call it makes without
-    retries, bounded by its own `HF_HUB_ETAG_TIMEOUT` (10 s unless set): one such request tells
-    an unreachable hub before the download starts.
-    """
+    """Raise OSError if the Hugging Face hub cannot be reached, asked once without retries.
+    huggingface_hub retries an uncached download after a network error (45 s and 22 log lines
+    offline) and has no switch for that short of offline mode; its metadata request does not
+    retry and is bounded by `HF_HUB_ETAG_TIMEOUT`."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import HfHubHTTPError
 
@@ -113,13 +105,9 @@ def _reach_hub(timm, name: str) -> None:
 
 @contextlib.contextmanager
 def _download_timeout() -> Iterator[None]:
-    """Downloads over urllib (torch's hub) give up after `DOWNLOAD_TIMEOUT` seconds without
-    progress rather than wait for ever on a network that drops packets.
-
-    `torch.hub.download_url_to_file` takes no timeout; urllib then uses the socket default. That
-    is process-wide, so it is set for the model's construction alone and put back (the model is
-    built before any loader runs).
-    """
+    """Downloads over urllib (torch's hub, which takes no timeout) give up after
+    `DOWNLOAD_TIMEOUT` s without progress; the socket default is process-wide, hence set only
+    while the model is built (before any loader runs) and put back."""
     before = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT)
     try:
