@@ -202,18 +202,9 @@ def test_real_command_line_prints_one_error_line(
 ) -> None:
     marker = tmp_path / "MARKER"
     ckpt, images, reason = make_bad(kind, trained_checkpoint, tmp_path, marker)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}",
-            *command_line(command, ckpt, images, tmp_path),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
+    argv += command_line(command, ckpt, images, tmp_path)
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert_refused(result.returncode, result.stderr, ckpt, reason, marker)
 
 

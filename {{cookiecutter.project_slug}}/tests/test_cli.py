@@ -30,19 +30,9 @@ def test_fit_then_validate_from_the_best_checkpoint(
     image_root: Path, tmp_path: Path, user_cache: Path, run_main
 ) -> None:
     """`python -m` in a process of its own, then `validate` through the same `main` in this one."""
-    common = tiny_run_options(image_root)
-    fit = run_cli(
-        "fit",
-        *common,
-        "--trainer.max_epochs",
-        "1",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.enable_progress_bar",
-        "false",
-        *CSV_LOGGER,  # the folder below, whatever the bake's default logger
-        cwd=tmp_path,
-    )
+    options = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu"]
+    options += ["--trainer.enable_progress_bar", "false", *CSV_LOGGER]  # whatever the bake's logger
+    fit = run_cli("fit", *tiny_run_options(image_root), *options, cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr
     best = list(tmp_path.glob("lightning_logs/version_0/checkpoints/best.ckpt"))
     assert best and (best[0].parent / "last.ckpt").exists()
@@ -56,18 +46,9 @@ def test_fit_then_validate_from_the_best_checkpoint(
 
 @pytest.mark.slow
 def test_checkpointing_can_be_turned_off(image_root: Path, tmp_path: Path) -> None:
-    result = run_cli(
-        "fit",
-        *tiny_run_options(image_root),
-        "--trainer.max_epochs",
-        "1",
-        "--trainer.enable_checkpointing",
-        "false",
-        "--trainer.enable_progress_bar",
-        "false",
-        *CSV_LOGGER,
-        cwd=tmp_path,
-    )
+    options = ["--trainer.max_epochs", "1", "--trainer.enable_checkpointing", "false"]
+    options += ["--trainer.enable_progress_bar", "false", *CSV_LOGGER]
+    result = run_cli("fit", *tiny_run_options(image_root), *options, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert list(tmp_path.rglob("*.ckpt")) == []
     assert (tmp_path / "lightning_logs" / "version_0").is_dir()  # still logged
@@ -75,13 +56,8 @@ def test_checkpointing_can_be_turned_off(image_root: Path, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_fast_dev_run(image_root: Path, tmp_path: Path) -> None:
-    result = run_cli(
-        "fit",
-        *tiny_run_options(image_root),
-        "--trainer.fast_dev_run",
-        "true",
-        cwd=tmp_path,
-    )
+    fast = ["--trainer.fast_dev_run", "true"]
+    result = run_cli("fit", *tiny_run_options(image_root), *fast, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
 
@@ -108,14 +84,17 @@ def test_a_process_whose_peer_failed_first_ends_in_one_line(said: str, monkeypat
     assert capsys.readouterr().err == "error: stopped because another process of the job failed\n"
 
 
-@pytest.mark.slow
-def test_help_lists_every_command_one_line_each(tmp_path: Path) -> None:
-    result = run_cli("--help", cwd=tmp_path)
+def test_help_lists_every_command_one_line_each(tmp_path: Path, run_main) -> None:
+    result = run_main("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
     commands = ["fit", "validate", "test", "predict", "export", "infer"]
     commands += [{{ '"serve", ' if cookiecutter.serve == "yes" else "" }}"scan", {{ '"shard", ' if cookiecutter.shards == "yes" else "" }}"bench", "report"]
     assert listed == commands
+    unknown = run_main("trian", cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert "unknown command 'trian'" in unknown.stderr and "  fit " in unknown.stderr
+    assert "Traceback" not in unknown.stderr
 
 
 @pytest.mark.parametrize(
@@ -145,34 +124,15 @@ def test_each_command_has_its_own_help(command: str, option: str, capsys) -> Non
 
 
 @pytest.mark.slow
-def test_unknown_command_is_named_with_the_list(tmp_path: Path) -> None:
-    result = run_cli("trian", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "unknown command 'trian'" in result.stderr and "  fit " in result.stderr
-    assert "Traceback" not in result.stderr
-
-
-@pytest.mark.slow
 def test_test_scores_a_checkpoint_on_held_out_images(trained_checkpoint: Path, tmp_path: Path):
     images = trained_checkpoint.parent / "images"
     held_out = tmp_path / "held_out"
     for name, colour in (("ant", (255, 30, 30)), ("bee", (30, 255, 30)), ("cat", (30, 30, 255))):
         for i in range(4):
             write_image(held_out / name / f"new_{i}.png", colour)
-    result = run_cli(
-        "test",
-        "--ckpt_path",
-        str(trained_checkpoint),
-        "--data.source.root",
-        str(images),
-        "--data.source.test_root",
-        str(held_out),
-        "--data.num_workers",
-        "0",
-        "--trainer.logger",
-        "false",
-        cwd=tmp_path,
-    )
+    options = ["--data.source.root", str(images), "--data.source.test_root", str(held_out)]
+    options += ["--data.num_workers", "0", "--trainer.logger", "false"]
+    result = run_cli("test", "--ckpt_path", str(trained_checkpoint), *options, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     [score] = re.findall(r"test_acc\s+.\s+([\d.]+)", result.stdout)
     assert float(score) >= 0.75, result.stdout  # trained on the same colours
@@ -183,14 +143,8 @@ def test_test_without_test_images_says_which_option(
     trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
     images = trained_checkpoint.parent / "images"
-    result = run_main(
-        "test",
-        "--ckpt_path",
-        str(trained_checkpoint),
-        "--data.source.root",
-        str(images),
-        cwd=tmp_path,
-    )
+    options = ["--ckpt_path", str(trained_checkpoint), "--data.source.root", str(images)]
+    result = run_main("test", *options, cwd=tmp_path)
     assert result.returncode == 2
     assert "error: test needs --data.source.test_root" in result.stderr
     assert "Traceback" not in result.stderr

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -68,42 +67,52 @@ def assert_same_predictions(logits: torch.Tensor, expected: torch.Tensor) -> Non
     assert torch.equal(logits.argmax(dim=1), expected.argmax(dim=1))
 
 
-def test_pt2_gives_the_checkpoint_logits_on_validation_images(
-    pt2_export: list[Path], validation_batch: torch.Tensor, expected_logits: torch.Tensor
-) -> None:
-    artifact, sidecar = pt2_export
-    assert sidecar == artifact.with_suffix(".json")
+def load_with_its_library(path: Path, fmt: str) -> tuple:
+    """(a function of a uint8 batch to logits, the metadata inside), read by the format's own
+    library: torch.export or onnxruntime."""
+    if fmt == "onnx":
+        onnx = pytest.importorskip("onnx")
+        onnxruntime = pytest.importorskip("onnxruntime")
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+        (images,) = model.graph.input
+        assert images.name == "images"
+        assert images.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+        assert images.type.tensor_type.shape.dim[0].dim_param  # a named, dynamic batch size
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        text = session.get_modelmeta().custom_metadata_map["metadata.json"]  # metadata_props
+        return lambda batch: torch.from_numpy(session.run(None, {"images": batch.numpy()})[0]), text
     files = {"metadata.json": ""}
-    with torch.no_grad():  # 24 images; exported with a batch of 2
-        logits = torch.export.load(artifact, extra_files=files).module()(validation_batch)
-    assert_same_predictions(logits, expected_logits)
-    metadata = json.loads(files["metadata.json"])
-    assert metadata == json.loads(sidecar.read_text()) and metadata["format"] == "torch.export"
+    return torch.export.load(path, extra_files=files).module(), files["metadata.json"]
 
 
-@pytest.mark.slow
-def test_onnx_takes_uint8_any_batch_and_gives_the_checkpoint_logits(
+@pytest.mark.parametrize(
+    ("fmt", "metadata_format"),
+    [
+        ("pt2", "torch.export"),
+        pytest.param("onnx", "onnx", marks=pytest.mark.slow),
+    ],
+)
+def test_each_format_gives_the_checkpoint_logits_on_validation_images(
+    fmt: str,
+    metadata_format: str,
     trained_checkpoint: Path,
     validation_batch: torch.Tensor,
     expected_logits: torch.Tensor,
     tmp_path: Path,
 ) -> None:
-    onnx = pytest.importorskip("onnx")
-    pytest.importorskip("onnxscript")
-    onnxruntime = pytest.importorskip("onnxruntime")
-    path, sidecar = export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")
-    model = onnx.load(str(path))
-    onnx.checker.check_model(model)
-    (images,) = model.graph.input
-    assert images.name == "images"
-    assert images.type.tensor_type.elem_type == onnx.TensorProto.UINT8
-    assert images.type.tensor_type.shape.dim[0].dim_param  # a named, dynamic batch size
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    logits = session.run(None, {"images": validation_batch.numpy()})[0]
-    assert_same_predictions(torch.from_numpy(logits), expected_logits)
-    text = session.get_modelmeta().custom_metadata_map["metadata.json"]  # metadata_props
+    """Through the real command's `main`, read back by the format's own library."""
+    if fmt == "onnx":
+        pytest.importorskip("onnxscript")
+    output = tmp_path / f"model.{fmt}"
+    options = ["--format", fmt, "--output", str(output)]
+    main(["export", "--ckpt_path", str(trained_checkpoint), *options])
+    run, text = load_with_its_library(output, fmt)
+    with torch.no_grad():  # 24 images; exported with a batch of 2
+        assert_same_predictions(run(validation_batch), expected_logits)
     metadata = json.loads(text)
-    assert metadata == json.loads(sidecar.read_text()) and metadata["format"] == "onnx"
+    assert metadata == json.loads(output.with_suffix(".json").read_text())
+    assert metadata["format"] == metadata_format
 
 
 @pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
@@ -131,28 +140,6 @@ def test_a_flip_tta_checkpoint_exports_the_flip_average_that_predict_gives(
     plain = checkpoint_logits(trained_checkpoint, images).softmax(dim=1)
     assert (expected - plain).abs().max() > 1e-3  # so the check below could fail
     torch.testing.assert_close(probs, expected, atol=1e-5, rtol=0)
-
-
-def test_torchscript_only_on_request_with_a_deprecation_note(
-    trained_checkpoint: Path,
-    validation_batch: torch.Tensor,
-    expected_logits: torch.Tensor,
-    tmp_path: Path,
-    capsys,
-) -> None:
-    output = tmp_path / "model.pt"
-    options = ["--format", "torchscript", "--output", str(output)]
-    main(["export", "--ckpt_path", str(trained_checkpoint), *options])
-    assert "TorchScript is deprecated" in capsys.readouterr().err
-    files = {"metadata.json": ""}
-    with warnings.catch_warnings():  # torch.jit.load says it is deprecated: known
-        warnings.filterwarnings("ignore", "`torch.jit.load` is deprecated", FutureWarning)
-        module = torch.jit.load(output, _extra_files=files)
-    with torch.no_grad():
-        assert_same_predictions(module(validation_batch), expected_logits)
-    metadata = json.loads(files["metadata.json"])
-    assert metadata == json.loads(output.with_suffix(".json").read_text())
-    assert metadata["format"] == "torchscript"
 
 
 @pytest.mark.slow
@@ -205,7 +192,7 @@ def test_pt2_is_the_default_and_the_name_does_not_choose_the_format(
     main(["export", "--ckpt_path", str(trained_checkpoint), "--output", "old/model.pt"])
     captured = capsys.readouterr()
     assert "note: writing pt2 to old/model.pt: --format decides the format" in captured.err
-    program = torch.export.load(tmp_path / "old" / "model.pt")  # a program, not TorchScript
+    program = torch.export.load(tmp_path / "old" / "model.pt")  # a program, whatever the name
     assert program.module()(torch.zeros(1, 3, 16, 16, dtype=torch.uint8)).shape == (1, 3)
 
 

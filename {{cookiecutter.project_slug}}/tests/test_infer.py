@@ -97,26 +97,15 @@ def test_infer_predicts_as_predict_does_without_importing_lightning(
     assert_same_predictions(read_rows(output), predict_rows)
 
 
-# torch.jit.load warns that TorchScript is deprecated, as export did when asked for it
-KNOWN_DEPRECATION = pytest.mark.filterwarnings(
-    "ignore:`torch.jit.load` is deprecated:FutureWarning"
-)
-
-
-@pytest.mark.parametrize(
-    "fmt",
-    [
-        pytest.param("onnx", marks=pytest.mark.slow),
-        pytest.param("torchscript", marks=KNOWN_DEPRECATION),
-    ],
-)
-def test_other_formats_infer_as_predict_does(
+@pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
+def test_each_format_infers_as_predict_does(
     trained_checkpoint: Path,
     image_folder: Path,
     predict_rows: list[dict[str, str]],
     tmp_path: Path,
     fmt: str,
 ) -> None:
+    """In this process (the test above runs pt2 in a fresh one, without Lightning)."""
     if fmt == "onnx":
         for name in ("onnx", "onnxscript", "onnxruntime"):
             pytest.importorskip(name)
@@ -163,7 +152,7 @@ def foreign_program(path: Path) -> Path:
     ("kind", "message"),
     [
         ("checkpoint", "is a checkpoint, not an exported model: export it first"),
-        ("text", "is not an exported model: export writes .pt2 and TorchScript"),
+        ("text", "is not an exported model: export writes .pt2 models as zip"),
         ("missing", "is not a file: missing"),
         ("foreign", "has no metadata.json with class_names and image_size: not written by"),
     ],

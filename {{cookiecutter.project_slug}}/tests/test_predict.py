@@ -12,6 +12,8 @@ from conftest import CSV_LOGGER
 
 from {{ cookiecutter.package_name }}.__main__ import main
 
+NO_BAR = ["--trainer.enable_progress_bar", "false"]
+
 
 def read_rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as file:
@@ -25,27 +27,11 @@ def test_predict_needs_only_the_checkpoint(
     image_root = trained_checkpoint.parent / "images"
     workdir = tmp_path / "elsewhere"
     workdir.mkdir()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}",
-            "predict",
-            "--ckpt_path",
-            str(trained_checkpoint),
-            "--data.predict_root",
-            str(image_root / "bee"),
-            "--data.num_workers",
-            "0",
-            "--trainer.enable_progress_bar",
-            "false",
-            *CSV_LOGGER,  # the log folder below, whatever the bake's default logger
-        ],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    options = ["--data.predict_root", str(image_root / "bee"), "--data.num_workers", "0"]
+    options += ["--trainer.enable_progress_bar", "false", *CSV_LOGGER]  # whatever the logger
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "predict"]
+    command += ["--ckpt_path", str(trained_checkpoint), *options]
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     written = workdir / "lightning_logs" / "version_0" / "predictions.csv"
     assert f"predictions: {Path('lightning_logs/version_0/predictions.csv')}" in result.stdout
@@ -67,23 +53,9 @@ def test_predict_output_option_and_top_k(
     image_root = trained_checkpoint.parent / "images"
     monkeypatch.chdir(tmp_path)
     output = tmp_path / "out" / "preds.csv"
-    main(
-        [
-            "predict",
-            "--ckpt_path",
-            str(trained_checkpoint),
-            "--data.predict_root",
-            str(image_root),
-            "--data.num_workers",
-            "0",
-            "--predictions.output",
-            str(output),
-            "--predictions.top_k",
-            "2",
-            "--trainer.enable_progress_bar",
-            "false",
-        ]
-    )
+    options = ["--data.predict_root", str(image_root), "--data.num_workers", "0"]
+    options += ["--predictions.output", str(output), "--predictions.top_k", "2"]
+    main(["predict", "--ckpt_path", str(trained_checkpoint), *options, *NO_BAR])
     assert f"predictions: {output}" in capsys.readouterr().out
     rows = read_rows(output)
     assert len(rows) == 24

@@ -4,23 +4,22 @@ Rooms: `data/` (files to batches), `model/` (the LightningModule and networks), 
 (callbacks), `commands/` (what `python -m {{ cookiecutter.package_name }} <command>` runs).
 """
 
+import importlib
+
 __all__ = ["DataError", "ImageClassifier", "ImageDataModule"]
 __version__ = "0.1.0"
 
 
+# The public classes, imported on first use: `python -m {{ cookiecutter.package_name }} --help` and
+# reading images need neither Lightning nor the model.
+_HOMES = {
+    "ImageDataModule": "data.datamodule",
+    "ImageClassifier": "model.classifier",
+    "DataError": "errors",
+}
+
+
 def __getattr__(name: str):
-    # The public classes, imported on first use: `python -m {{ cookiecutter.package_name }} --help` and
-    # reading images need neither Lightning nor the model.
-    if name == "ImageDataModule":
-        from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
-
-        return ImageDataModule
-    if name == "ImageClassifier":
-        from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
-
-        return ImageClassifier
-    if name == "DataError":
-        from {{ cookiecutter.package_name }}.errors import DataError
-
-        return DataError
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ COMMANDS = {
     "validate": ("cli", "score a checkpoint on the validation images"),
     "test": ("cli", "score a checkpoint on held-out test images"),
     "predict": ("cli", "write the predicted class of every image of a folder to CSV"),
-    "export": ("export", "write a checkpoint as one file to serve: .pt2, ONNX or TorchScript"),
+    "export": ("export", "write a checkpoint as one file to serve: .pt2 or ONNX"),
     "infer": ("infer", "classify images with an exported model, without Lightning"),
 {%- if cookiecutter.serve == "yes" %}
     "serve": ("serve", "serve an exported model over HTTP (LitServe): POST images, get classes"),

@@ -2,19 +2,9 @@
 
 `python -m {{ cookiecutter.package_name }} export --ckpt_path best.ckpt [--format FORMAT] [--output PATH]`
 
-- `pt2` (the default, `model.pt2`): a `torch.export` program, loaded with `torch.export.load`;
-- `onnx` (`model.onnx`): `torch.onnx.export(dynamo=True)`, for onnxruntime; needs the `onnx` extra;
-- `torchscript` (`model.pt`): `torch.jit`, deprecated since PyTorch 2.11, on request only.
-
-The model takes a uint8 RGB batch `(N, 3, image_size, image_size)` of any `N`, normalises it as
-training did and returns logits: with `--model.tta_flip`, those of each image and its mirror
-averaged as validation and `predict` average them. What a server needs to know besides (class
-names, the preprocessing rule, where the model came from) is inside the file, as `metadata.json`
-(extra files for pt2 and TorchScript, `metadata_props` for ONNX), and beside it in `model.json`.
-
-An existing output is replaced only when it is an earlier export's (a model with `metadata.json`
-inside, export's `.json` beside it), or with `--overwrite`; an output that is the checkpoint read
-is refused either way.
+The class names, preprocessing rule and provenance go inside the file (`metadata.json`) and beside
+it (`model.json`). An existing output is replaced only when an earlier export wrote it, or with
+`--overwrite`; docs/inference.md has the formats and what a server must do.
 """
 
 from __future__ import annotations
@@ -24,7 +14,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -42,12 +31,7 @@ from {{ cookiecutter.package_name }}.training.outputs import check_output
 FORMATS = {
     "pt2": ("torch.export", ".pt2"),
     "onnx": ("onnx", ".onnx"),
-    "torchscript": ("torchscript", ".pt"),
 }
-TORCHSCRIPT_NOTE = (
-    "note: TorchScript is deprecated since PyTorch 2.11 and may stop working in a later release; "
-    "--format pt2 (the default) or onnx serve the same model"
-)
 
 
 class ExportedClassifier(nn.Module):
@@ -75,11 +59,8 @@ class ExportedClassifier(nn.Module):
 
 
 def preprocessing_rule(image_size: int) -> dict:
-    """How validation turns a file into the model's input (`read_image`, then `eval_transform`).
-
-    A server must do the same: squashing the whole image to S x S, or cropping without the
-    resize, gives other pixels and other predictions, silently.
-    """
+    """How validation turns a file into the model's input, which a server must repeat: other
+    resizing or cropping gives other pixels and, silently, other predictions."""
     size = image_size
     return {
         "rule": (
@@ -116,12 +97,8 @@ def git_commit(folder: str | Path | None = None) -> str | None:
 
 
 def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedClassifier, dict]:
-    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata.
-
-    Raises:
-        DataError: the checkpoint is missing, unreadable or not this project's (see
-            `model/checkpoint.py`).
-    """
+    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata; a bad
+    checkpoint is refused (`model/checkpoint.py`)."""
     model = load_classifier(ckpt_path)
     # Checked and built above; read again (as data only, mapped) for what the model does not keep.
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
@@ -156,13 +133,9 @@ def export_checkpoint(
     fmt: str = "pt2",
     overwrite: bool = False,
 ) -> list[Path]:
-    """Write the checkpoint as `fmt` to `output` (default: `model.pt2`, `.onnx` or `.pt`) and
-    its metadata beside it (`model.json`); return both paths.
-
-    Raises:
-        DataError: besides a bad checkpoint, an output (or the `.json` beside it) that is the
-            checkpoint, or that holds a file an earlier export did not write and `overwrite` is off.
-    """
+    """Write the checkpoint as `fmt` to `output` (default: `model.pt2` or `.onnx`) and its
+    metadata beside it (`model.json`); return both paths. Refuses an output (or `.json`) that is
+    the checkpoint, or that an earlier export did not write unless `overwrite`."""
     if fmt not in FORMATS:
         raise DataError(f"--format {fmt} is not one of {', '.join(FORMATS)}")
     output = Path(output if output is not None else "model" + FORMATS[fmt][1])
@@ -194,10 +167,8 @@ def export_checkpoint(
             # Through an open file: torch warns about a path that does not end in .pt2.
             with open(output, "wb") as file:
                 torch.export.save(program, file, extra_files={METADATA_FILE: text})
-        elif fmt == "onnx":
-            _write_onnx(module, example, output, text)
         else:
-            _write_torchscript(module, example, output, text)
+            _write_onnx(module, example, output, text)
     sidecar.write_text(json.dumps(metadata, indent=2) + "\n")
     return [output, sidecar]
 
@@ -206,8 +177,8 @@ _DYNAMIC_BATCH = {"images": {0: torch.export.Dim.DYNAMIC}}
 
 
 def is_export(path: Path) -> bool:
-    """Whether `path` is a model export wrote: `metadata.json` inside (an entry of the `.pt2` and
-    TorchScript archives, a `metadata_props` key of an ONNX model, read when onnx is installed)."""
+    """Whether `path` is a model export wrote: `metadata.json` inside (an entry of the `.pt2`
+    archive, or an ONNX `metadata_props` key, read when onnx is installed)."""
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
@@ -253,16 +224,6 @@ def _write_onnx(module: nn.Module, example: tuple[Tensor], output: Path, metadat
     program.save(output, external_data=False)
 
 
-def _write_torchscript(
-    module: nn.Module, example: tuple[Tensor], output: Path, metadata: str
-) -> None:
-    with warnings.catch_warnings():
-        # torch.jit says it is deprecated at each call; `main` says it once (TORCHSCRIPT_NOTE)
-        warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
-        traced = torch.jit.trace(module, example)
-        torch.jit.save(traced, output, _extra_files={METADATA_FILE: metadata})
-
-
 def _check_onnx_installed() -> None:
     missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
@@ -289,13 +250,12 @@ def main(args: list[str] | None = None) -> None:
         "--format",
         choices=list(FORMATS),
         default="pt2",
-        help="pt2: torch.export (default); onnx: for onnxruntime (the onnx extra); "
-        "torchscript: deprecated",
+        help="pt2: torch.export (default); onnx: for onnxruntime (the onnx extra)",
     )
     parser.add_argument(
         "--output",
         metavar="PATH",
-        help="where to write it (default: model.pt2, model.onnx or model.pt); --format alone "
+        help="where to write it (default: model.pt2 or model.onnx); --format alone "
         "decides the format; the metadata also goes beside it, as .json",
     )
     parser.add_argument(
@@ -311,8 +271,6 @@ def main(args: list[str] | None = None) -> None:
             f"not the name ({suffix} is the usual suffix)",
             file=sys.stderr,
         )
-    if options.format == "torchscript":
-        print(TORCHSCRIPT_NOTE, file=sys.stderr)
     for path in export_checkpoint(
         options.ckpt_path, options.output, options.format, options.overwrite
     ):

@@ -2,22 +2,10 @@
 
 `python -m {{ cookiecutter.package_name }} infer --model model.pt2 IMAGES... [--csv FILE] [--batch-size N]`
 
-IMAGES are image files or folders (every image below them, as `predict` lists them).
-
-The model is a file `export` wrote: `.pt2` (`torch.export`), `.onnx` (run by onnxruntime, the
-`onnx` extra) or TorchScript. Its metadata gives the class names and the image size. Images are
-decoded and resized exactly as validation and `predict` do (`read_image`, then `eval_transform`),
-so the predictions are `predict`'s. Besides torch, this needs only the decoders (PIL, numpy,
-simplejpeg) and torchvision's transforms: neither Lightning nor the training code is imported.
-
-Output: one line per image, `path<TAB>label<TAB>probability<TAB>top_k`, or with `--csv` a file
-with the columns of `predict`'s CSV (written only outside the images and the model read, and over
-an existing file only when it is such a CSV or with `--overwrite`). An image that is missing or
-cannot be read is named on stderr, one line each, and the others are still classified; the exit
-code is then 1.
-
-Load only models you trust: like any PyTorch model file, a `.pt2` or TorchScript file is
-unpickled in part when loaded.
+IMAGES are files or folders. Images are decoded and resized as validation and `predict` do, so
+the predictions are `predict`'s. Output: `path<TAB>label<TAB>probability<TAB>top_k` per image,
+or `predict`'s CSV with `--csv`; an unreadable image is named on stderr and the exit code is 1.
+Load only models you trust: a `.pt2` file is unpickled in part when loaded.
 """
 
 from __future__ import annotations
@@ -60,12 +48,8 @@ class ExportedModel:
 
 
 def load_exported(path: str | Path) -> ExportedModel:
-    """The model `export` wrote to `path`, whichever of its formats.
-
-    Raises:
-        DataError: one line naming the file, when it is missing or not a model `export` wrote
-            (a checkpoint, a text file, an archive of another kind).
-    """
+    """The model `export` wrote to `path`, whichever of its formats; otherwise a DataError
+    naming the file (a checkpoint, a text file, an archive of another kind)."""
     path = Path(path)
     where = f"--model {path}"
     if not path.is_file():
@@ -74,32 +58,28 @@ def load_exported(path: str | Path) -> ExportedModel:
         kind = _archive_kind(path)
         if kind == "pt2":
             return _load_pt2(path, where)
-        if kind == "torchscript":
-            return _load_torchscript(path, where)
         if kind == "checkpoint":
             raise DataError(
                 f"{where} is a checkpoint, not an exported model: export it first with "
                 f"`python -m {{ cookiecutter.package_name }} export --ckpt_path {path}`"
             )
-        raise DataError(f"{where} is a zip archive, but not a .pt2 or TorchScript model")
+        raise DataError(f"{where} is a zip archive, but not a .pt2 model")
     if path.suffix.lower() == ".onnx":
         return _load_onnx(path, where)
     raise DataError(
-        f"{where} is not an exported model: export writes .pt2 and TorchScript models as zip "
-        f"archives, and ONNX models to a name ending in .onnx"
+        f"{where} is not an exported model: export writes .pt2 models as zip archives, and "
+        f"ONNX models to a name ending in .onnx"
     )
 
 
 def _archive_kind(path: Path) -> str | None:
-    """What the archive's entries say it is: pt2, torchscript, checkpoint (torch.save) or None."""
+    """What the archive's entries say it is: pt2, checkpoint (torch.save) or None."""
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
         inside = {name.split("/", 1)[-1] for name in names}  # without the top folder
         if "archive_format" in inside:
             root = names[0].split("/", 1)[0]
             return "pt2" if archive.read(f"{root}/archive_format") == b"pt2" else None
-    if any(name.startswith("code/") for name in inside) and "constants.pkl" in inside:
-        return "torchscript"
     return "checkpoint" if "data.pkl" in inside else None
 
 
@@ -111,15 +91,6 @@ def _load_pt2(path: Path, where: str) -> ExportedModel:
     except Exception as err:  # whatever torch.export makes of a damaged archive
         raise DataError(f"{where} could not be loaded by torch.export: {one_line(err)}") from err
     return ExportedModel(program.module(), _metadata(extra[METADATA_FILE], where))
-
-
-def _load_torchscript(path: Path, where: str) -> ExportedModel:
-    extra = {METADATA_FILE: ""}
-    try:
-        module = torch.jit.load(path, map_location="cpu", _extra_files=extra)
-    except Exception as err:
-        raise DataError(f"{where} could not be loaded as TorchScript: {one_line(err)}") from err
-    return ExportedModel(module, _metadata(extra[METADATA_FILE], where))
 
 
 def _load_onnx(path: Path, where: str) -> ExportedModel:
@@ -219,9 +190,7 @@ def main(args: list[str] | None = None) -> int:
         prog="python -m {{ cookiecutter.package_name }} infer",
         description="Classify images with a model written by export, without Lightning.",
     )
-    parser.add_argument(
-        "--model", required=True, metavar="FILE", help="model.pt2, model.onnx or TorchScript"
-    )
+    parser.add_argument("--model", required=True, metavar="FILE", help="model.pt2 or model.onnx")
     parser.add_argument(
         "images", nargs="+", metavar="IMAGE", help="image files, or folders: every image below"
     )
