@@ -252,11 +252,8 @@ def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
 
 
 def _run_last(config, subcommand: str) -> str | None:
-    """`--ckpt_path last`: this run's `last.ckpt` (`--run`, or `--checkpoint.dirpath`); for
-    `fit`, None when the run has none yet (a fresh start, as a SLURM job's first).
-
-    Never another run's, however new: an unnamed `fit` is a new run, with nothing to resume.
-    """
+    """`--ckpt_path last`: this run's `last.ckpt` (`--run` or `--checkpoint.dirpath`), never
+    another run's; for `fit`, None when the run has none yet (a SLURM job's first start)."""
     folder = run_checkpoints(config)
     last = folder / "last.ckpt" if folder is not None else None
     if last is not None and last.is_file():
@@ -280,12 +277,8 @@ def _run_last(config, subcommand: str) -> str | None:
 
 
 def _restore_data_options(config, typed, checkpoint: dict, subcommand: str) -> None:
-    """Give the DataModule the checkpoint's classes, image size and normalisation.
-
-    The model's copies of these are link targets, filled from the DataModule when the classes are
-    instantiated, so setting them on the data side is what makes the model match the checkpoint:
-    `predict --ckpt_path X` then needs no training options, and a resumed `fit` no repeated ones.
-    """
+    """Give the DataModule the checkpoint's classes, image size and normalisation, which the
+    links pass on to the model: `predict --ckpt_path X` then needs no training options."""
     for name, value in _saved_data_options(config.data, typed, checkpoint, subcommand).items():
         config.data[name] = value
     # The checkpoint holds the trained weights; the file that seeded them may be gone.
