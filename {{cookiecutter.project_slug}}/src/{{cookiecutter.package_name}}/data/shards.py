@@ -1,21 +1,20 @@
 """Shards: a dataset written once as LitData chunks (a folder or `s3://...`), streamed back.
 
 Written by `commands/shard.py`. LitData is the `stream` extra: this module is imported only once
-`sources.require_shards` has found it. Its storage clients read the usual AWS variables.
+`sources.require_shards` has found it. S3 through boto3, which reads the usual AWS variables.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import random
-import tempfile
 import warnings
 from pathlib import Path
 
+import boto3
 import litdata
 import torch
-from litdata.streaming.fs_provider import _get_fs_provider
 
 from {{ cookiecutter.package_name }}.data.images import decode_image
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -23,20 +22,23 @@ from {{ cookiecutter.package_name }}.errors import DataError
 META = "dataset.json"  # written last by `shard` (commands/shard_output.py): the shards are complete
 
 
-def read_meta(url: str) -> dict | None:
-    """The `dataset.json` of the shards at `url`; None where there is none (or none complete)."""
+def meta_of(url: str) -> dict:
+    """The `dataset.json` of the shards at `url`, or an error saying how to write them."""
     url = str(url).rstrip("/")
-    if "://" not in url:
-        path = Path(url) / META
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    provider = _get_fs_provider(url)
-    remote = f"{url}/{META}"
-    if not provider.exists(remote):
-        return None
-    with tempfile.TemporaryDirectory() as folder:
-        local = os.path.join(folder, META)
-        provider.download_file(remote, local)
-        return json.loads(Path(local).read_text(encoding="utf-8"))
+    text = None
+    if "://" not in url and (Path(url) / META).is_file():
+        text = (Path(url) / META).read_text(encoding="utf-8")
+    elif "://" in url:
+        bucket, _, prefix = url.partition("://")[2].partition("/")
+        s3 = boto3.client("s3")  # LitData's dependency, configured by the AWS variables and files
+        with contextlib.suppress(s3.exceptions.NoSuchKey):
+            text = s3.get_object(Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"))["Body"].read()
+    if text is None:
+        raise DataError(
+            f"--data.source.path {url} holds no complete shards (no {META}): write them with "
+            f"`python -m {{ cookiecutter.package_name }} shard --output {url}` and the data options"
+        )
+    return json.loads(text)
 
 
 class StreamedImages(litdata.StreamingDataset):
@@ -75,17 +77,6 @@ class StreamedImages(litdata.StreamingDataset):
         if label < 0:  # the unlabelled images of a predict split: where each came from
             return self.image_transform(image), int(getattr(index, "index", index)), item["path"]
         return self.image_transform(image), label
-
-
-def meta_of(url: str) -> dict:
-    """`read_meta`, or an error saying how to write the shards."""
-    meta = read_meta(url)
-    if meta is None:
-        raise DataError(
-            f"--data.source.path {url} holds no complete shards (no {META}): write them with "
-            f"`python -m {{ cookiecutter.package_name }} shard --output {url}` and the data options"
-        )
-    return meta
 
 
 def streamed(
