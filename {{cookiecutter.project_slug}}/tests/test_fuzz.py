@@ -285,7 +285,7 @@ def _run_batch(jobs: list[list], pending: list[int], command: list[str]) -> dict
     outcomes: dict[int, Outcome] = {}
     while pending:
         feed = "".join(json.dumps([i, *jobs[i]]) + "\n" for i in pending)
-        limit = 60 + 0.5 * len(pending)
+        limit = 180 + 0.5 * len(pending)  # starting Python and torch: a minute on a busy machine
         worker = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
