@@ -14,6 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import ConcatDataset
 from tqdm import tqdm
 
@@ -173,8 +174,6 @@ def drop_unreadable(
                 file.writelines(f"{message}\n" for _, message in bad)
     if not bad:
         return list(datasets)
-    # Imported here: the scan's worker processes (which import this module) need no Lightning.
-    from lightning.pytorch.utilities import rank_zero_warn
 
     shown = "\n".join(message for _, message in bad[:_SHOWN])
     more = f"\n... and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
