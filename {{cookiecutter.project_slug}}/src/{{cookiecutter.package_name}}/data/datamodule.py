@@ -11,7 +11,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.data.cache_dirs import cache_folder
-from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
+from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers, share_threads
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Source, predict_folder
 from {{ cookiecutter.package_name }}.data.transforms import Augment
@@ -93,6 +93,7 @@ class ImageDataModule(L.LightningDataModule):
         self.source.prepare(predicting=self.trainer is not None and self.trainer.predicting)
 
     def setup(self, stage: str | None = None) -> None:
+        share_threads(self.trainer.num_devices if self.trainer is not None else 1)
         if stage == "predict" and self.predict_root is not None:
             self.predict_dataset = predict_folder(self, self.predict_root)
         elif stage == "predict":
