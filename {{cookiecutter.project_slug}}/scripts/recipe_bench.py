@@ -43,11 +43,11 @@ RUNS = {
     "scratch.yaml": ["--config", str(RECIPES / "scratch.yaml")],
     "scratch.yaml, one pass per epoch": [
         *("--config", str(RECIPES / "scratch.yaml")),
-        *("--data.source.epoch_repeats", "1"),
+        *("--data.source.epoch_images", "null", "--data.source.epoch_repeats", "1"),
     ],
     "scratch.yaml, three passes per epoch": [
         *("--config", str(RECIPES / "scratch.yaml")),
-        *("--data.source.epoch_repeats", "3"),
+        *("--data.source.epoch_images", "null", "--data.source.epoch_repeats", "3"),
     ],
     "+ augment.policy trivial": ["--data.augment.policy", "trivial"],
     "+ augment.policy rand": ["--data.augment.policy", "rand"],

@@ -181,9 +181,10 @@ def test_the_docs_bench_commands_parse() -> None:
 @pytest.mark.slow
 def test_the_recipe_benchmark_runs(tmp_path: Path) -> None:
     """scripts/recipe_bench.py with tiny numbers (1 epoch, 2 images per class to train on and 3 to
-    validate), so that it cannot rot: the default's row and the timm script's."""
+    validate), so that it cannot rot: the default's row, a preset row that sets its passes
+    (epoch_repeats over the preset's epoch_images) and the timm script's."""
     script = Path(__file__).parents[1] / "scripts" / "recipe_bench.py"
-    only = ["default", "a thirty-line timm script"]
+    only = ["default", "scratch.yaml, three passes per epoch", "a thirty-line timm script"]
     options = ["--seeds", "0", "--epochs", "1", "--per-class", "2", "--val-per-class", "3"]
     done = subprocess.run(
         [sys.executable, str(script), *options, "--only", *only],
