@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import inspect
 import io
 import os
 import statistics
@@ -149,9 +150,10 @@ def main() -> None:
     against = args.against and importlib.import_module(f"{args.against}.data.labels_csv")
 
     def encode(table, module=labels):
-        if not hasattr(module, "label_reading"):  # a bake without `label_kind`
-            return module.encode_labels(table, module.classes_from_labels(table))
-        reading = module.label_reading(table, "auto")
+        if "reading" not in inspect.signature(module.classes_from_labels).parameters:
+            return module.encode_labels(table, module.classes_from_labels(table))  # no label_kind
+        values = set(table.values)  # "auto": indices only when the labels are exactly 0..K-1
+        reading = "index" if values == {str(i) for i in range(len(values))} else "name"
         return module.encode_labels(table, module.classes_from_labels(table, reading), reading)
 
     steps = {}

@@ -384,7 +384,7 @@ def test_ci_none_and_slurm_no_leave_no_trace(cookies) -> None:
 # What each bake-time capability leaves in a bake that has it: none of it where it is "no".
 CAPABILITY_TRACES = {
     "serve": r"litserve|LitServe|serve_bench|`serve`|\"serve\"|,serve\b|serve --|[/_]serve\b",
-    "shards": r"litdata|LitData|Shards|`shard`|shard --|stream\b|s3://|moto",
+    "shards": r"litdata|LitData|Shards|`shard`|shard --|stream\b|s3://|\bmoto\b",
 }
 
 

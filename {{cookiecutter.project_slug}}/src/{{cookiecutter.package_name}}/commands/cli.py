@@ -75,6 +75,7 @@ class ImageCLI(LightningCLI):
     """LightningCLI with the data-dependent model arguments linked from the DataModule."""
 
     ckpt_contents: dict | None = None  # of --ckpt_path, read and checked once
+    starting_last = False  # `--ckpt_path last` of a run that has no last.ckpt yet
     typed: Namespace = Namespace()  # the options given, without defaults (`_typed_options`)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
@@ -90,6 +91,7 @@ class ImageCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             ckpt_path = config.ckpt_path = _run_last(config, subcommand)
+            self.starting_last = ckpt_path is None  # in its folder, as a killed job left it
         if ckpt_path:
             self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
             saved = resume_base(self.ckpt_contents, typed)
@@ -195,7 +197,7 @@ class ImageCLI(LightningCLI):
         refuse_run_among(config)
         if self.subcommand == "fit":  # another fit training the run now: the first thing to say
             hold_run(config)
-            if self.ckpt_contents is None:
+            if self.ckpt_contents is None and not self.starting_last:
                 refuse_run_taken(config)
 
     def before_fit(self) -> None:

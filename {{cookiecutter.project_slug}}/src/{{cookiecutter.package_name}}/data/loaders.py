@@ -12,6 +12,7 @@ from functools import partial
 import numpy as np
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
+from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from {{ cookiecutter.package_name }}.data.transforms import Draw
@@ -68,6 +69,14 @@ def make_loader(
         persistent_workers=num_workers > 0,
         worker_init_fn=partial(_worker_init, rank=shard[0] if shard else 0, owner=os.getpid()),
     )
+
+
+def placement(trainer) -> dict:
+    """Pinned memory on CUDA; each rank's share of the dataset under DDP."""
+    on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
+    if trainer is not None and trainer.world_size > 1:
+        return {"pin_memory": on_cuda, "shard": (trainer.global_rank, trainer.world_size)}
+    return {"pin_memory": on_cuda}
 
 
 # What `timeout`, systemd, SLURM and a terminal send every process of a job: a worker dead of one

@@ -6,16 +6,12 @@ branch per source. To add one, subclass `Source` (ARCHITECTURE.md, "Adding a sou
 
 from __future__ import annotations
 
-import inspect
 import logging
-from abc import ABC, abstractmethod
 from functools import cached_property, partial
 from importlib import import_module
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
-from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.cache import cached
@@ -28,99 +24,29 @@ from {{ cookiecutter.package_name }}.data.index import (
     interleave_classes,
     refuse_repeats,
     stratified_split,
-    unlabelled_folder,
     write_split,
 )
 from {{ cookiecutter.package_name }}.data.labels_csv import LABEL_KINDS, CsvLabels, find_csv
-from {{ cookiecutter.package_name }}.data.loaders import make_loader
+{%- if cookiecutter.shards == "yes" %}
+from {{ cookiecutter.package_name }}.data.loaders import placement
+{%- endif %}
 from {{ cookiecutter.package_name }}.data.once import once
-from {{ cookiecutter.package_name }}.data.scan import drop_unreadable
-from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
+from {{ cookiecutter.package_name }}.data.source_base import (
+    ImageDataModule,
+    Source,
+    eval_dataset,
+    fields,
+    readable,
+    skip_unreadable,
+)
+from {{ cookiecutter.package_name }}.data.transforms import {{ "eval_transform, " if cookiecutter.shards == "yes" else "" }}train_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
 __all__ = ["ClassFolders", "LabelsCsv"{{ ', "Shards"' if cookiecutter.shards == "yes" else "" }}, "Source"]
 
 log = logging.getLogger(__name__)
-ImageDataModule = L.LightningDataModule  # `datamodule.py`'s, which imports this module
 
 SPLIT_FILE = "val_files.csv"
-
-
-class Source(ABC):
-    """Where the images of a run come from; `data` in each method is the `ImageDataModule`.
-    Each option is kept under its own name: `config()` reads them back."""
-
-    skip_bad_images: bool = False  # also what a `predict_root` folder does with unreadable images
-
-    def config(self) -> dict:
-        """The source as LightningCLI writes it (`class_path`, `init_args`): kept in checkpoints."""
-        kind, plain = type(self), lambda v: str(v) if isinstance(v, Path) else v
-        args = {name: plain(getattr(self, name)) for name in inspect.signature(kind).parameters}
-        return {"class_path": f"{kind.__module__}.{kind.__qualname__}", "init_args": args}
-
-    def inputs(self) -> list[tuple[str, Path | str | None]]:
-        """(option, path) of each file or folder the source reads: outputs must stay out of them."""
-        names = inspect.signature(type(self)).parameters
-        return [(f"--data.source.{name}", getattr(self, name)) for name in names
-                if isinstance(getattr(self, name), Path)]  # fmt: skip
-
-    def prepare(self, predicting: bool) -> None:  # noqa: B027 (optional: most sources need none)
-        """Work done once per machine before `setup` (LightningDataModule.prepare_data)."""
-
-    @abstractmethod
-    def class_names(self) -> list[str]:
-        """The classes, in label order."""
-
-    @abstractmethod
-    def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
-        """The training and validation datasets."""
-
-    @abstractmethod
-    def test_dataset(self, data: ImageDataModule) -> Dataset:
-        """The labelled images `test` reads."""
-
-    def predict_dataset(self, data: ImageDataModule) -> Dataset:
-        """The images `predict` reads when no `--data.predict_root` is given."""
-        raise DataError("predict needs --data.predict_root: a folder of images")
-
-    def loader(self, data: ImageDataModule, dataset: Dataset, train: bool, **options) -> DataLoader:
-        """The DataLoader of `dataset`: each process reads its own share of each epoch."""
-        options |= {"train": train, "seed": data.seed, **placement(data)}
-        return make_loader(dataset, data.batch_size, data.resolve_num_workers(), **options)
-
-
-def predict_folder(data: ImageDataModule, folder: Path) -> ImageFolderDataset:
-    """The images below `folder`, for `predict`; unreadable ones skipped as the source says."""
-    index = once(data.trainer, partial(unlabelled_folder, folder))
-    return _readable(data, eval_dataset(data, index))
-
-
-def eval_dataset(data: ImageDataModule, index: ImageIndex) -> ImageFolderDataset:
-    transform = eval_transform(data.image_size)
-    return ImageFolderDataset(*fields(index), transform, data.class_names, data.image_size)
-
-
-def _readable(data: ImageDataModule, dataset: ImageFolderDataset) -> ImageFolderDataset:
-    return skip_unreadable(data, dataset)[0] if data.source.skip_bad_images else dataset
-
-
-def skip_unreadable(data: ImageDataModule, *datasets: ImageFolderDataset) -> list:
-    writer = data.trainer is None or data.trainer.is_global_zero
-    options = (data.resolve_num_workers(), writer, data.log_dir(), writer)
-    return drop_unreadable(datasets, *options, partial(once, data.trainer))
-
-
-def placement(data: ImageDataModule) -> dict:
-    """Pinned memory on CUDA; each rank's share of the dataset under DDP."""
-    trainer = data.trainer
-    on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
-    if trainer is not None and trainer.world_size > 1:
-        return {"pin_memory": on_cuda, "shard": (trainer.global_rank, trainer.world_size)}
-    return {"pin_memory": on_cuda}
-
-
-def fields(index: ImageIndex) -> tuple:
-    return index.root, index.paths, index.targets
 
 
 class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as a --data.source
@@ -255,7 +181,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         root = self.test_root or self.root or self.test_csv.parent
         source = self._labelled(root, self.test_csv, "test", self.labelled)
         index = once(data.trainer, partial(source.index, data.class_names))
-        return _readable(data, eval_dataset(data, index))
+        return readable(data, eval_dataset(data, index))
 
     def passes(self, images: int) -> int:
         """Passes per epoch over `images` training images: `epoch_repeats`, or by `epoch_images`."""
@@ -387,7 +313,7 @@ class Shards(Source):
             return super().loader(data, dataset, train)
         # LitData splits each epoch between the processes itself.
         processes = data.trainer.world_size if data.trainer is not None else 1
-        on_cuda, workers = placement(data)["pin_memory"], data.resolve_num_workers()
+        on_cuda, workers = placement(data.trainer)["pin_memory"], data.resolve_num_workers()
         shards = require_shards()
         return shards.streaming_loader(dataset, data.batch_size, workers, on_cuda, processes)
 

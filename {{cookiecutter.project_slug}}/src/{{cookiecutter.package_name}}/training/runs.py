@@ -174,7 +174,7 @@ def refuse_run_taken(config) -> None:
             f"it with --ckpt_path last, or {'name a new run' if run else 'give another folder'}"
         )
     place = runs_folder(config) / run if run is not None else None
-    if place and place.is_dir() and any(place.iterdir()) and config.ckpt_path != "last":
+    if place and place.is_dir() and any(place.iterdir()):
         raise DataError(  # another command's files, or a run killed before its first save
             f"--run {run}: {place} holds files of another run or command and no last.ckpt; "
             "name a new run (or, if they are this run's, continue it with --ckpt_path last)"
