@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -266,16 +267,23 @@ def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters(
     image_root: Path, tmp_path: Path
 ) -> None:
     """DDP of one process, in this one: the check reads the wrapper Lightning built."""
-    for strategy, refused in (("ddp", True), ("ddp_find_unused_parameters_true", False)):
-        trainer = quiet_trainer(tmp_path, devices=1, strategy=strategy, max_steps=1)
-        model, data = tiny_model(freeze_backbone_epochs=1), tiny_data(image_root)
-        if refused:
-            with pytest.raises(DataError, match="ddp_find_unused_parameters_true"):
+    environment = dict(os.environ)
+    try:
+        for strategy, refused in (("ddp", True), ("ddp_find_unused_parameters_true", False)):
+            trainer = quiet_trainer(tmp_path, devices=1, strategy=strategy, max_steps=1)
+            model, data = tiny_model(freeze_backbone_epochs=1), tiny_data(image_root)
+            if refused:
+                with pytest.raises(DataError, match="ddp_find_unused_parameters_true"):
+                    trainer.fit(model, data)
+            else:
                 trainer.fit(model, data)
-        else:
-            trainer.fit(model, data)
-    if torch.distributed.is_initialized():  # the other tests run without a process group
-        torch.distributed.destroy_process_group()
+    finally:
+        if torch.distributed.is_initialized():  # the other tests run without a process group
+            torch.distributed.destroy_process_group()
+        # Lightning's DDP sets LOCAL_RANK, MASTER_PORT...: a later DDP command started from this
+        # process would take its ranks as started by someone else, and wait for them forever.
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 @pytest.mark.slow  # a subprocess: the fast tier's one real command line is test_cli's
