@@ -91,34 +91,16 @@ def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str
     return python
 
 
-# The default bake's whole suite runs in two halves, on two workers at once: these test files
-# (the two-process DDP and shard runs, the HTTP server, the recipe presets, the salted dataset)
-# and the rest, which also holds the fast tier; each half about 10 minutes on 2 cores.
-FIRST_HALF = (
-    "test_ddp.py",
-    "test_mid_epoch.py",
-    "test_presets.py",
-    "test_hostile.py",
-)
-HALVES = {
-    "processes": [f"tests/{name}" for name in FIRST_HALF],
-    "the-rest": [f"--ignore=tests/{name}" for name in FIRST_HALF],
-}
-
-
 @pytest.mark.minutes(12)
-@pytest.mark.parametrize("half", HALVES.values(), ids=HALVES.keys())
 def test_default_bake_passes_all_its_tests_and_lint(
-    cookies, tmp_path: Path, dependencies: Path, half: list[str]
+    cookies, tmp_path: Path, dependencies: Path
 ) -> None:
-    """`make test-all`: its whole suite, with every extra it has (onnx, timm), so that ONNX
-    export and inference and timm models are tested."""
+    """`make lint` and `make test-all` (one pytest worker per CPU): its whole suite, with every
+    extra it has (onnx, timm), so that ONNX export and inference and timm models are tested."""
     project = bake(cookies, **DEFAULT)
     python = install(project, tmp_path / "venv", dependencies, "dev,onnx,timm")
-    if half == HALVES["the-rest"]:
-        run("make", "lint", f"PYTHON={python}", cwd=project)
-    args = f"PYTEST_ARGS={' '.join(half)}"
-    result = run("make", "test-all", f"PYTHON={python}", args, cwd=project, timeout=2700)
+    run("make", "lint", f"PYTHON={python}", cwd=project)
+    result = run("make", "test-all", f"PYTHON={python}", cwd=project, timeout=2700)
     assert " passed" in result.stdout and "failed" not in result.stdout
     assert_no_package_skipped(result.stdout)
 
