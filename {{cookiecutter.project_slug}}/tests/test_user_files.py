@@ -1,6 +1,6 @@
 """The user's dataset folders are never written to: caches live in the per-user cache folder, a
-cache folder among the images is refused, run folders of the working folder are no classes, and
-pruning and the skipped-image list touch only what the project made."""
+cache or run folder among the images is refused, run folders of the working folder are no
+classes, and pruning and the skipped-image list touch only what the project made."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 TINY = ["--data.image_size", "16", "--data.batch_size", "4", "--data.num_workers", "0"]
 ONE_EPOCH = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu"]
+# The files a run writes into its folder, and a user may have in the working folder.
+RUN_FILES = ("config.yaml", "metrics.csv", "hparams.yaml", "val_files.csv", "history.json")
+RUN_FILES += ("report.html", "confusion_matrix.png", "learning_curves.png", "predictions.csv")
 
 
 def write_classes(root: Path, count: int = 4) -> Path:
@@ -50,41 +53,26 @@ def snapshot(root: Path) -> tuple[str, set[str]]:
     return digest.hexdigest(), folders
 
 
-# The files a run writes into its folder, and a user may have in the working folder.
-RUN_FILES = (
-    "config.yaml",
-    "metrics.csv",
-    "hparams.yaml",
-    "val_files.csv",
-    "history.json",
-    "report.html",
-    "confusion_matrix.png",
-    "learning_curves.png",
-    "predictions.csv",
-)
-
-
 def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> None:
     """With this project's logger, with a run name, and without a logger, `fit` writes nothing
-    over the user's files in the working folder (their own `config.yaml` above all); `validate`,
-    `test` and `predict` of a named run leave that run's files (its metrics and config) alone."""
-    write_classes(tmp_path / "data")
+    over the user's files in the working folder (their own `config.yaml` above all) nor in the
+    data; `validate`, `test` and `predict` of a named run leave that run's files alone."""
+    data = write_classes(tmp_path / "data")
+    before = snapshot(data)
     work = tmp_path / "work"
     work.mkdir()
     for name in RUN_FILES:
         (work / name).write_text(f"the user's {name}")
     mine = {name: (work / name).read_text() for name in RUN_FILES}
-    data = [*TINY, "--data.root", "../data"]
     no_logger = ["--trainer.logger", "false"]
     for options in ([], ["--run", "a"], no_logger, [*no_logger, "--run", "b"]):
-        run = run_main("fit", *data, *ONE_EPOCH, *options, cwd=work)
+        run = run_main("fit", *TINY, "--data.root", "../data", *ONE_EPOCH, *options, cwd=work)
         assert run.returncode == 0, run.stderr[-3000:]
         last = re.findall(r"resume with --ckpt_path (\S+)", run.stdout)[-1]
         folder = work / Path(last).parent.parent  # the run's: where its report is
         assert folder != work and (folder / "report.html").is_file(), last
     assert (work / "lightning_logs" / "b" / "checkpoints" / "last.ckpt").is_file()
-    run_a = work / "lightning_logs" / "a"
-    before = snapshot(run_a)
+    run_a = snapshot(work / "lightning_logs" / "a")
     for command, options in (
         ("validate", []),
         ("test", ["--data.source.test_root", "../data"]),
@@ -92,51 +80,50 @@ def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> 
     ):
         run = run_main(command, "--run", "a", "--ckpt_path", "last", *options, cwd=work)
         assert run.returncode == 0, run.stderr[-3000:]
-        assert snapshot(run_a) == before, command
+        assert snapshot(work / "lightning_logs" / "a") == run_a, command
     assert {name: (work / name).read_text() for name in RUN_FILES} == mine
+    assert snapshot(data) == before
+
+
+def test_fit_from_inside_the_data_leaves_it_unchanged(tmp_path: Path, run_main) -> None:
+    """`cd data && fit --data.root . --trainer.default_root_dir ../runs`: the run folders are no
+    classes, and `data/` is unchanged."""
+    data = write_classes(tmp_path / "data")
+    before = snapshot(data)
+    options = ["--data.root", ".", "--trainer.default_root_dir", "../runs"]
+    run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=data)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert snapshot(data) == before
+    [checkpoint] = (tmp_path / "runs").rglob("last.ckpt")  # the folders are the logger's
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert saved["hyper_parameters"]["class_names"] == list(CLASSES)
 
 
 @pytest.mark.parametrize(
-    ("where", "options", "named"),
+    ("where", "options", "refusal"),
     [
-        ("data", ["--data.root", "."], "the working folder "),
-        (".", ["--data.root", "data", "--trainer.default_root_dir", "data/runs"], "--trainer"),
-        (".", ["--data.root", "data", "--checkpoint.dirpath", "data"], "--checkpoint.dirpath data"),
-        ("data", ["--data.root", "../other", "--data.predict_root", "."], "the working folder "),
+        ("data", "--data.root .", "the working folder .*would land among the images"),
+        (".", "--data.root data --trainer.default_root_dir data/runs", "--trainer.*would land"),
+        (".", "--data.root data --checkpoint.dirpath data", "--checkpoint.dirpath data .*would"),
+        ("data", "--data.root ../other --data.predict_root .", "the working folder .*would land"),
+        (
+            ".",
+            "--data.root data --data.cache_dir data/cache",
+            "--data.cache_dir data/cache lies among the images of --data.source.root data",
+        ),
     ],
 )
-def test_a_run_inside_a_dataset_is_refused_before_anything_is_written(
-    tmp_path: Path, run_main, where: str, options: list[str], named: str
+def test_a_run_or_cache_inside_a_dataset_is_refused_before_anything_is_written(
+    tmp_path: Path, run_main, where: str, options: str, refusal: str
 ) -> None:
-    """Logs, checkpoints, history and report are never written among the images, whatever the
-    working folder: a run folder that is or lies inside a dataset it reads is refused."""
+    """Logs, checkpoints, history, report and caches are never written among the images,
+    whatever the working folder: one line, and the dataset unchanged."""
     data = write_classes(tmp_path / "data")
     write_classes(tmp_path / "other")
     before = snapshot(data)
-    run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=tmp_path / where)
-    line = one_error(run.returncode, run.stderr)
-    assert line.startswith(f"error: {named}") and "would land among the images" in line
+    run = run_main("fit", *TINY, *ONE_EPOCH, *options.split(), cwd=tmp_path / where)
+    assert re.match(f"error: {refusal}", one_error(run.returncode, run.stderr))
     assert snapshot(data) == before
-
-
-def test_fit_on_data_and_from_inside_it_leaves_it_unchanged(tmp_path: Path, run_main) -> None:
-    """`fit --data.root data`, then `cd data && fit --data.root . --trainer.default_root_dir
-    ../runs` twice: all train, the run folders are never classes, and `data/` is unchanged."""
-    data = write_classes(tmp_path / "data")
-    before = snapshot(data)
-    run = run_main("fit", *TINY, *ONE_EPOCH, "--data.root", "data", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert snapshot(data) == before
-    for _ in range(2):
-        options = ["--data.root", ".", "--trainer.default_root_dir", "../runs"]
-        run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=data)
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert snapshot(data) == before
-    checkpoints = list((tmp_path / "runs").rglob("last.ckpt"))  # the folders are the logger's
-    assert checkpoints
-    for path in checkpoints:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        assert saved["hyper_parameters"]["class_names"] == list(CLASSES)
 
 
 def test_run_folder_names_are_classes_except_in_the_working_folder(
@@ -144,8 +131,7 @@ def test_run_folder_names_are_classes_except_in_the_working_folder(
 ) -> None:
     """A class folder named as a folder `fit` writes (`lightning_logs`, ...) is a class, its images
     in subfolders included; only in the working folder, where `fit` writes them, are such folders
-    left out unless they hold images themselves. A warning names them either way. `data` and
-    `demo` are no run folders: `fit` writes the demo set to the per-user cache folder."""
+    left out unless they hold images themselves. A warning names them either way."""
     root = write_classes(tmp_path / "images")
     write_image(root / "data" / "2019" / "a.png", (0, 0, 0))  # the user's class "data", nested
     write_image(root / "mlruns" / "2019" / "a.png", (0, 0, 0))  # the user's class "mlruns"
@@ -155,9 +141,8 @@ def test_run_folder_names_are_classes_except_in_the_working_folder(
     with pytest.warns(UserWarning, match=r"folders lightning_logs, mlruns hold no .* read as"):
         module = ImageDataModule(ClassFolders(root), num_workers=0)
         module.setup("fit")
-    assert module.class_names == sorted(
-        [*CLASSES, "checkpoints", "data", "lightning_logs", "mlruns"]
-    )
+    names = [*CLASSES, "checkpoints", "data", "lightning_logs", "mlruns"]
+    assert module.class_names == sorted(names)
     indexed = {os.fsdecode(p) for p in (*module.train_dataset.paths, *module.val_dataset.paths)}
     assert {os.path.join(name, "2019", "a.png") for name in ("data", "mlruns")} <= indexed
     monkeypatch.chdir(root)  # the same folder as the working folder: its run folders are no class
@@ -165,11 +150,12 @@ def test_run_folder_names_are_classes_except_in_the_working_folder(
         assert find_classes(Path(".")) == sorted([*CLASSES, "checkpoints", "data"])
 
 
+@pytest.mark.slow
 def test_fit_without_data_makes_the_demo_set_in_the_cache_folder_not_in_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_main
 ) -> None:
-    """`fit` with no data option generates the demo set in the per-user cache folder and trains on
-    it: the user's ./data of class folders, the commonest layout, gets nothing."""
+    """`fit` with no data option generates the demo set (750 images: slow) in the per-user cache
+    folder and trains on it: the user's ./data of class folders gets nothing."""
     monkeypatch.delenv(CACHE_ENV)
     for variable in ("XDG_CACHE_HOME", "LOCALAPPDATA"):  # the per-user cache folder's base
         monkeypatch.setenv(variable, str(tmp_path / "cache"))
@@ -225,43 +211,25 @@ def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
         (".", "--data.source.root data"),  # contains
         ("val/cache", "--data.source.val_root val"),  # inside another dataset folder
         ("csvs/cache", "--data.source.val_csv "),  # the folder of a labels CSV
+        (None, "--data.source.root "),  # the per-user cache folder, inside the data
     ],
 )
 def test_a_cache_folder_among_the_images_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: str, among: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: str | None, among: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    write_classes(tmp_path / "data")
+    monkeypatch.setenv(CACHE_ENV, str(write_classes(tmp_path / "data") / "cache"))
     write_classes(tmp_path / "val")
     csv = tmp_path / "csvs" / "val.csv"
     csv.parent.mkdir()
     csv.write_text("filename,label\nant/ant_0.png,ant\n")
     source = ClassFolders("data", val_root="val", val_csv=str(csv))
-    message = f"--data.cache_dir {folder} lies among the images of {among}"
-    with pytest.raises(DataError, match=re.escape(message)):
+    message = re.escape(f"--data.cache_dir {folder} lies among the images of {among}")
+    if folder is None:  # and the way out
+        message = r"^--data\.cache_dir .*per-user cache folder\).*"
+        message += rf"\(set --data\.cache_dir or {CACHE_ENV}"
+    with pytest.raises(DataError, match=message):
         ImageDataModule(source, cache_dir=folder)
-
-
-def test_a_per_user_cache_folder_inside_the_dataset_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    data = write_classes(tmp_path / "data")
-    monkeypatch.setenv(CACHE_ENV, str(data / "cache"))
-    way_out = (
-        rf"^--data\.cache_dir .*per-user cache folder\).*\(set --data\.cache_dir or {CACHE_ENV}"
-    )
-    with pytest.raises(DataError, match=way_out):
-        ImageDataModule(ClassFolders(data))
-
-
-def test_the_cli_refuses_a_cache_dir_inside_the_root(tmp_path: Path, run_main) -> None:
-    data = write_classes(tmp_path / "data")
-    before = snapshot(data)
-    options = ["--data.source.root", "data", "--data.cache_dir", "data/cache"]
-    run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=tmp_path)
-    line = one_error(run.returncode, run.stderr)
-    assert "--data.cache_dir data/cache" in line and "--data.source.root data" in line
-    assert snapshot(data) == before
 
 
 def dataset_of(root: Path) -> ImageFolderDataset:
@@ -290,15 +258,14 @@ def test_the_skipped_image_list_is_this_runs_and_never_inside_the_dataset(tmp_pa
     root = write_classes(tmp_path / "images")
     write_corrupt(root / "bee" / "broken.jpg")
     logs = tmp_path / "logs"
-    for _ in range(2):
-        with pytest.warns(UserWarning, match="skipped 1 of"):
-            drop_unreadable([dataset_of(root)], 0, False, str(logs), True)
-        lines = (logs / SKIPPED_FILE).read_text().splitlines()
-        assert len(lines) == 1 and "broken.jpg" in lines[0]
+    with pytest.warns(UserWarning, match="skipped 1 of"):
+        drop_unreadable([dataset_of(root)], 0, False, str(logs), True)
+    lines = (logs / SKIPPED_FILE).read_text().splitlines()
+    assert len(lines) == 1 and "broken.jpg" in lines[0]
     inside = root / "lightning_logs" / "version_0"
     with pytest.warns(UserWarning, match="not listed in .* it lies inside the dataset"):
         drop_unreadable([dataset_of(root)], 0, False, str(inside), True)
     assert not inside.exists()
-    (root / "bee" / "broken.jpg").unlink()  # mended: a resumed run skips nothing
+    (root / "bee" / "broken.jpg").unlink()  # mended: the next run's list replaces the last's
     drop_unreadable([dataset_of(root)], 0, False, str(logs), True)
     assert (logs / SKIPPED_FILE).read_text() == ""
