@@ -1,8 +1,11 @@
-"""infer: an exported model classifies images as predict does, without Lightning."""
+"""predict writes one CSV row per image from a checkpoint alone; infer classifies images with the
+exported model, without Lightning, as predict does."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import shutil
 import subprocess
 import sys
@@ -10,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_corrupt, write_image
+from conftest import CSV_LOGGER, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands import infer
 from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
+from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 from {{ cookiecutter.package_name }}.training.predictions import HEADER
 
 # infer's own main in a fresh interpreter, which must not have imported Lightning when done.
@@ -25,6 +29,7 @@ code = main(sys.argv[1:])
 assert "lightning" not in sys.modules, "infer imported lightning"
 sys.exit(code)
 """
+NO_BAR = ["--data.num_workers", "0", "--trainer.enable_progress_bar", "false"]
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -51,17 +56,42 @@ def image_folder(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFact
 def predict_rows(
     trained_checkpoint: Path, image_folder: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, str]]:
-    """What `predict` writes from the checkpoint for `image_folder`."""
+    """What `predict` writes from the checkpoint alone (no data options) for `image_folder`, in
+    a folder of its own: into its run folder, as it says, with no demo set made."""
     workdir = tmp_path_factory.mktemp("predict")
-    with pytest.MonkeyPatch.context() as patch:
+    options = ["--data.predict_root", str(image_folder), *NO_BAR, *CSV_LOGGER]
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
         patch.chdir(workdir)
-        main(
-            ["predict", "--ckpt_path", str(trained_checkpoint)]
-            + ["--data.predict_root", str(image_folder), "--data.num_workers", "0"]
-            + ["--predictions.output", "predictions.csv", "--trainer.logger", "false"]
-            + ["--trainer.enable_progress_bar", "false"]
-        )
-    return read_rows(workdir / "predictions.csv")
+        patch.setenv(CACHE_ENV, str(workdir / "cache"))  # module fixtures precede user_cache
+        main(["predict", "--ckpt_path", str(trained_checkpoint), *options])
+    written = Path("lightning_logs/version_0/predictions.csv")
+    assert f"predictions: {written}" in out.getvalue()
+    assert not (workdir / "cache" / "demo").exists()
+    return read_rows(workdir / written)
+
+
+def test_predict_rows_name_each_image_and_its_top_classes(predict_rows: list) -> None:
+    assert list(predict_rows[0]) == HEADER == ["path", "label", "probability", "top_k"]
+    assert len(predict_rows) == 26  # 24 JPEGs, the large one and the nested PNG
+    folders = [(Path(row["path"]).parent.name, row["label"]) for row in predict_rows]
+    assert sum(folder == label for folder, label in folders) >= 22  # of the 24 trained on
+    for row in predict_rows:
+        top = [item.rsplit(":", 1) for item in row["top_k"].split()]
+        assert top[0][0] == row["label"] and len(top) == 3
+        assert float(top[0][1]) == pytest.approx(float(row["probability"]))
+        assert sum(float(p) for _, p in top) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_predict_output_option_and_top_k(trained_checkpoint: Path, tmp_path: Path, run_main):
+    output = tmp_path / "out" / "preds.csv"
+    options = ["--data.predict_root", str(trained_checkpoint.parent / "images" / "bee"), *NO_BAR]
+    options += ["--predictions.output", str(output), "--predictions.top_k", "2"]
+    result = run_main("predict", "--ckpt_path", str(trained_checkpoint), *options, cwd=tmp_path)
+    assert f"predictions: {output}" in result.stdout
+    rows = read_rows(output)
+    assert len(rows) == 8 and all(len(row["top_k"].split()) == 2 for row in rows)
+    result = run_main("predict", "--ckpt_path", str(trained_checkpoint), *NO_BAR, cwd=tmp_path)
+    assert result.returncode == 2 and "predict needs --data.predict_root" in result.stderr
 
 
 def assert_same_predictions(rows: list[dict[str, str]], expected: list[dict[str, str]]) -> None:
@@ -93,12 +123,12 @@ def test_infer_predicts_as_predict_does_without_importing_lightning(
     )
     assert result.returncode == 0, result.stderr
     assert f"predictions: {output}" in result.stdout
-    assert len(predict_rows) == 26  # 24 JPEGs, the large one and the nested PNG
     assert_same_predictions(read_rows(output), predict_rows)
 
 
 @pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
 def test_each_format_infers_as_predict_does(
+    model_pt2: Path,
     trained_checkpoint: Path,
     image_folder: Path,
     predict_rows: list[dict[str, str]],
@@ -106,10 +136,11 @@ def test_each_format_infers_as_predict_does(
     fmt: str,
 ) -> None:
     """In this process (the test above runs pt2 in a fresh one, without Lightning)."""
+    model = model_pt2
     if fmt == "onnx":
         for name in ("onnx", "onnxscript", "onnxruntime"):
             pytest.importorskip(name)
-    model = export_checkpoint(trained_checkpoint, tmp_path / f"model.{fmt}", fmt)[0]
+        model = export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")[0]
     output = tmp_path / "infer.csv"
     assert infer.main(["--model", str(model), str(image_folder), "--csv", str(output)]) == 0
     assert_same_predictions(read_rows(output), predict_rows)
