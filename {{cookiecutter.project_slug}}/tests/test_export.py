@@ -41,17 +41,18 @@ def validation_batch(trained_checkpoint: Path) -> torch.Tensor:
     return torch.stack([transform(read_image(str(path), 16)) for path in paths])
 
 
-def checkpoint_logits(ckpt: Path, images: torch.Tensor) -> torch.Tensor:
-    """The checkpoint's model in eval mode on a uint8 batch, normalised as validation does."""
-    model = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
+def normalised(model: ImageClassifier, images: torch.Tensor) -> torch.Tensor:
+    """A uint8 batch normalised as validation does, for `model`."""
     data = ImageDataModule(None, image_size=16, mean=model.hparams.mean, std=model.hparams.std)
-    with torch.no_grad():
-        return model(data.on_after_batch_transfer((images, None), 0)[0])
+    return data.on_after_batch_transfer((images, None), 0)[0]
 
 
 @pytest.fixture(scope="module")
 def expected_logits(trained_checkpoint: Path, validation_batch: torch.Tensor) -> torch.Tensor:
-    return checkpoint_logits(trained_checkpoint, validation_batch)
+    """The checkpoint's model in eval mode on the validation batch."""
+    model = ImageClassifier.load_from_checkpoint(trained_checkpoint, map_location="cpu").eval()
+    with torch.no_grad():
+        return model(normalised(model, validation_batch))
 
 
 @pytest.fixture(scope="module")
@@ -86,60 +87,45 @@ def load_with_its_library(path: Path, fmt: str) -> tuple:
     return torch.export.load(path, extra_files=files).module(), files["metadata.json"]
 
 
-@pytest.mark.parametrize(
-    ("fmt", "metadata_format"),
-    [
-        ("pt2", "torch.export"),
-        pytest.param("onnx", "onnx", marks=pytest.mark.slow),
-    ],
-)
-def test_each_format_gives_the_checkpoint_logits_on_validation_images(
+@pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
+def test_each_format_gives_the_checkpoint_logits_and_its_flip_average(
     fmt: str,
-    metadata_format: str,
     trained_checkpoint: Path,
     validation_batch: torch.Tensor,
     expected_logits: torch.Tensor,
     tmp_path: Path,
+    monkeypatch,
+    capsys,
 ) -> None:
-    """Through the real command's `main`, read back by the format's own library."""
-    if fmt == "onnx":
-        pytest.importorskip("onnxscript")
-    output = tmp_path / f"model.{fmt}"
-    options = ["--format", fmt, "--output", str(output)]
-    main(["export", "--ckpt_path", str(trained_checkpoint), *options])
-    run, text = load_with_its_library(output, fmt)
-    with torch.no_grad():  # 24 images; exported with a batch of 2
-        assert_same_predictions(run(validation_batch), expected_logits)
-    metadata = json.loads(text)
-    assert metadata == json.loads(output.with_suffix(".json").read_text())
-    assert metadata["format"] == metadata_format
-
-
-@pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
-def test_a_flip_tta_checkpoint_exports_the_flip_average_that_predict_gives(
-    trained_checkpoint: Path, tmp_path: Path, fmt: str
-) -> None:
-    """With `--model.tta_flip`, the exported model averages each image and its mirror as
-    validation and `predict` do, so what loads it (`load_exported`) predicts as `predict`."""
+    """Through the real command's `main` (pt2 by default), read back by the format's own library.
+    With `--model.tta_flip` the export averages each image and its mirror as `predict` does, so
+    what loads it (`load_exported`) predicts as `predict`."""
     if fmt == "onnx":
         pytest.importorskip("onnxscript")
         pytest.importorskip("onnxruntime")
+    monkeypatch.chdir(tmp_path)
+    onnx = ["--format", "onnx", "--output", "model.onnx"] if fmt == "onnx" else []
+    main(["export", "--ckpt_path", str(trained_checkpoint), *onnx])
+    assert capsys.readouterr().out.splitlines() == [f"wrote model.{fmt}", "wrote model.json"]
+    run, text = load_with_its_library(tmp_path / f"model.{fmt}", fmt)
+    with torch.no_grad():  # 24 images; exported with a batch of 2
+        assert_same_predictions(run(validation_batch), expected_logits)
+    metadata = json.loads(text)
+    assert metadata == json.loads((tmp_path / "model.json").read_text())
+    assert metadata["format"] == {"pt2": "torch.export", "onnx": "onnx"}[fmt]
+
     checkpoint = torch.load(trained_checkpoint, weights_only=True)
     checkpoint["hyper_parameters"]["tta_flip"] = True  # as `fit --model.tta_flip true` saves it
-    ckpt = tmp_path / "tta.ckpt"
-    torch.save(checkpoint, ckpt)
-    path, _ = export_checkpoint(ckpt, tmp_path / f"model.{fmt}", fmt)
-    seeded = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (5, 3, 16, 16), dtype=torch.uint8, generator=seeded)
-    probs = load_exported(path).probabilities(images)
-    model = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
-    data = ImageDataModule(None, image_size=16, mean=model.hparams.mean, std=model.hparams.std)
+    torch.save(checkpoint, tmp_path / "tta.ckpt")
+    path, _ = export_checkpoint(tmp_path / "tta.ckpt", tmp_path / f"tta.{fmt}", fmt)
+    images = validation_batch[::5]
+    model = ImageClassifier.load_from_checkpoint(tmp_path / "tta.ckpt", map_location="cpu").eval()
     with torch.no_grad():
-        batch = (data.on_after_batch_transfer((images, None), 0)[0], torch.arange(5))
+        batch = (normalised(model, images), torch.arange(len(images)))
         expected = model.predict_step(batch, 0)["probs"]
-    plain = checkpoint_logits(trained_checkpoint, images).softmax(dim=1)
-    assert (expected - plain).abs().max() > 1e-3  # so the check below could fail
-    torch.testing.assert_close(probs, expected, atol=1e-5, rtol=0)
+    assert (expected - expected_logits[::5].softmax(dim=1)).abs().max() > 1e-3  # could fail
+    probabilities = load_exported(path).probabilities(images)
+    torch.testing.assert_close(probabilities, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow
@@ -175,20 +161,16 @@ def test_git_commit_of_the_working_directory_or_none(tmp_path: Path) -> None:
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=tmp_path, check=True)
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True, check=True
-    )
-    assert git_commit(tmp_path) == head.stdout.strip()
+    for command in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "x"]):
+        subprocess.run([*git, *command], cwd=tmp_path, check=True)
+    head = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=tmp_path, text=True)
+    assert git_commit(tmp_path) == head.strip()
 
 
-def test_pt2_is_the_default_and_the_name_does_not_choose_the_format(
+def test_the_name_does_not_choose_the_format(
     trained_checkpoint: Path, tmp_path: Path, monkeypatch, capsys
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    main(["export", "--ckpt_path", str(trained_checkpoint)])
-    assert capsys.readouterr().out.splitlines() == ["wrote model.pt2", "wrote model.json"]
     main(["export", "--ckpt_path", str(trained_checkpoint), "--output", "old/model.pt"])
     captured = capsys.readouterr()
     assert "note: writing pt2 to old/model.pt: --format decides the format" in captured.err
