@@ -1,11 +1,7 @@
-"""Writing commands never write among their inputs, nor over a file this project did not write.
-
-Through the CLI's entry point (the `main` that `python -m` runs, here in the test's process):
-`export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` refuse, in one line that
-names the path and the way out, an output that is or lies inside what they read,
-and an existing file that is not their own earlier output unless told `--overwrite`; the user's
-file is then byte-for-byte what it was. Their own earlier output is replaced without asking.
-"""
+"""`export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` (through `main`) refuse,
+in one line naming the path and the way out, an output among their inputs or a file that is not
+their own earlier output unless told to overwrite; the user's file is left byte for byte, their
+own output replaced without asking."""
 
 from __future__ import annotations
 
@@ -49,9 +45,6 @@ def model(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return export_checkpoint(trained_checkpoint, folder / "model.pt2")[0]
 
 
-# export: --output and the .json beside it
-
-
 def test_export_refuses_a_users_file_and_the_checkpoint_and_replaces_its_own(
     run_main, trained_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -89,9 +82,6 @@ def test_export_refuses_a_users_file_and_the_checkpoint_and_replaces_its_own(
     assert onnx.read_bytes() == USERS
 
 
-# infer --csv
-
-
 def test_infer_refuses_a_users_csv_and_one_among_the_images_and_replaces_its_own(
     run_main, model: Path, images: Path, tmp_path: Path
 ) -> None:
@@ -117,53 +107,28 @@ def test_infer_refuses_a_users_csv_and_one_among_the_images_and_replaces_its_own
     assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 9
 
 
-# predict: --predictions.output
-
-
-def predict(run_main, checkpoint: Path, images: Path, cwd: Path, *options: str | Path):
-    return run_main(
-        "predict",
-        "--ckpt_path",
-        checkpoint,
-        "--data.predict_root",
-        images,
-        "--data.num_workers",
-        "0",
-        "--trainer.enable_progress_bar",
-        "false",
-        *CSV_LOGGER,
-        *options,
-        cwd=cwd,
-    )
-
-
 def test_predict_refuses_a_users_csv_and_one_among_the_images_and_replaces_its_own(
     run_main, trained_checkpoint: Path, images: Path, tmp_path: Path
 ) -> None:
     mine = users_file(tmp_path / "labels.csv")
-    result = predict(run_main, trained_checkpoint, images, tmp_path, "--predictions.output", mine)
+    predict = ["predict", "--ckpt_path", trained_checkpoint, "--data.predict_root", images / "ant"]
+    predict += ["--data.num_workers", "0", "--trainer.enable_progress_bar", "false", *CSV_LOGGER]
+    result = run_main(*predict, "--predictions.output", mine, cwd=tmp_path)
     refused(result, mine, "--predictions.overwrite true")
-    inside = images / "cat" / "predictions.csv"
+    inside = images / "ant" / "predictions.csv"
     options = ("--predictions.output", inside, "--predictions.overwrite", "true")
-    result = predict(run_main, trained_checkpoint, images, tmp_path, *options)
-    refused(result, inside, "lies inside --data.predict_root")
+    refused(run_main(*predict, *options, cwd=tmp_path), inside, "lies inside --data.predict_root")
     assert mine.read_bytes() == USERS and not inside.exists()
 
-    output = mine  # with --overwrite, the user's file is replaced
-    options = ("--predictions.output", output)
-    overwrite = ("--predictions.overwrite", "true")
-    result = predict(run_main, trained_checkpoint, images, tmp_path, *options, *overwrite)
+    output = ("--predictions.output", mine)  # with --overwrite, the user's file is replaced
+    result = run_main(*predict, *output, "--predictions.overwrite", "true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert output.read_text().splitlines()[0] == HEADER
-    with open(output, "a") as file:
+    assert mine.read_text().splitlines()[0] == HEADER
+    with open(mine, "a") as file:
         file.write("a row the next run drops\r\n")
-    # its own earlier CSV: no --overwrite needed
-    result = predict(run_main, trained_checkpoint, images, tmp_path, *options)
+    result = run_main(*predict, *output, cwd=tmp_path)  # its own earlier CSV: no --overwrite
     assert result.returncode == 0, result.stderr
-    assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 25
-
-
-# report: report.html and its PNGs in the run folder
+    assert "drops" not in mine.read_text() and len(mine.read_text().splitlines()) == 9
 
 
 def run_folder(folder: Path) -> Path:
@@ -200,9 +165,6 @@ def test_report_keeps_a_users_files_in_the_run_folder_and_replaces_its_own(
     result = run_main("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite
     assert result.returncode == 0, result.stderr
     assert mine.read_text(encoding="utf-8") == page
-
-
-# bench --json: refused before the measuring starts
 
 
 def test_bench_refuses_a_users_json_and_one_among_the_images(
