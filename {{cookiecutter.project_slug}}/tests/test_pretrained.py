@@ -98,28 +98,23 @@ def unreachable(
     listener.close()
 
 
-def test_timm_weights_out_of_reach_stop_at_once(unreachable: Path) -> None:
-    """Not cached and the hub out of reach: one DataError within seconds (huggingface_hub's own
-    retries took 45 s offline, and minutes where packets are dropped)."""
+@pytest.mark.parametrize("network", [TIMM_MODEL, "resnet18"])
+def test_weights_out_of_reach_stop_at_once(unreachable: Path, network: str) -> None:
+    """Not cached and the hub or torch's download site out of reach: one DataError naming the
+    model, its file and the folder, within seconds (huggingface_hub's own retries took 45 s
+    offline, and minutes where packets are dropped; urllib would wait for ever for a silent
+    site), and no partial download left."""
     started = time.monotonic()
-    with pytest.raises(DataError, match=f"weights of {TIMM_MODEL} are not in the Hugging") as e:
-        build_network(TIMM_MODEL, 3, 160, pretrained=True)
+    with pytest.raises(DataError, match=f"weights of {network} .*are not in ") as e:
+        build_network(network, 3, 160 if network == TIMM_MODEL else 64, pretrained=True)
     assert time.monotonic() - started < 5
-    assert str(unreachable / "hf" / "hub") in str(e.value) and "cannot be reached" in str(e.value)
-
-
-def test_torchvision_weights_out_of_reach_stop_at_once(unreachable: Path) -> None:
-    """Not in torch's hub folder and the download site out of reach: one DataError naming the
-    model, its file and the folder, within seconds (urllib alone would wait for ever for a
-    silent site)."""
-    folder = unreachable / "torch" / "hub" / "checkpoints"
-    started = time.monotonic()
-    missing = r"weights of resnet18 \(resnet18-f37072fd.pth\) are not in torch's hub folder"
-    with pytest.raises(DataError, match=missing) as e:
-        build_network("resnet18", 3, 64, pretrained=True)
-    assert time.monotonic() - started < 5
-    assert str(folder) in str(e.value)
-    assert not folder.is_dir() or not list(folder.iterdir())  # no partial download left there
+    said, folder = str(e.value), unreachable / "torch" / "hub" / "checkpoints"
+    if network == TIMM_MODEL:
+        assert f"weights of {TIMM_MODEL} are not in the Hugging" in said
+        assert str(unreachable / "hf" / "hub") in said and "cannot be reached" in said
+    else:
+        assert "(resnet18-f37072fd.pth) are not in torch's hub folder" in said
+        assert str(folder) in said and (not folder.is_dir() or not list(folder.iterdir()))
 
 
 def test_timm_model_from_the_hub_cache_or_a_refusal_naming_it(offline_hub: Path) -> None:
@@ -200,17 +195,18 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     """`fit --model.architecture <timm> --model.pretrained true`, offline, from a hub cache: the
     weights' image size and normalisation are taken (and said), recorded in the checkpoint and
     in the export's metadata."""
-    home = tmp_path / "hf"
-    hub_cache(home)
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    hub_cache(tmp_path / "hf")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     options = [o for o in tiny_run_options(image_root) if o not in ("--data.image_size", "16")]
-    done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options,
-         "--model.architecture", TIMM_MODEL, "--model.pretrained", "true",
-         "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
-         "--trainer.logger", "false", "--checkpoint.dirpath", "ckpts"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    options += ["--model.architecture", TIMM_MODEL, "--trainer.max_epochs", "1"]
+    options += ["--trainer.limit_train_batches", "2", "--trainer.logger", "false"]
+
+    def fit(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options, *args]
+        run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(command, **run)
+
+    done = fit("--model.pretrained", "true", "--checkpoint.dirpath", "ckpts")
     assert done.returncode == 0, done.stderr[-3000:]
     said = f"--model.pretrained {TIMM_MODEL}: --data.image_size 160, --data.mean (0.5, 0.5, 0.5)"
     assert said in done.stdout
@@ -223,14 +219,8 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     assert inputs == (160, [0.5] * 3, [0.5] * 3)  # test_resnet's weights': not ImageNet's
     # From a local file (1000 classes): the classifier re-made for three, and said so.
     save_file(timm.create_model(TIMM_MODEL).state_dict(), tmp_path / "w.safetensors")
-    local = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options,
-         "--model.architecture", TIMM_MODEL, "--model.weights", str(tmp_path / "w.safetensors"),
-         "--data.image_size", "32", "--trainer.max_epochs", "1",
-         "--trainer.limit_train_batches", "2", "--trainer.logger", "false",
-         "--checkpoint.dirpath", "local"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    weights = ["--model.weights", str(tmp_path / "w.safetensors"), "--data.image_size", "32"]
+    local = fit(*weights, "--checkpoint.dirpath", "local")
     assert local.returncode == 0, local.stderr[-3000:]
     assert "classifier is re-made for 3 classes" in local.stderr
     assert f"--model.weights {TIMM_MODEL}: --data.mean (0.5, 0.5, 0.5)" in local.stdout
@@ -241,11 +231,7 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     del env["HF_HUB_OFFLINE"]
     env["HF_HOME"] = str(tmp_path / "empty")
     env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
-    failed = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options,
-         "--model.architecture", TIMM_MODEL, "--model.pretrained", "true"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    failed = fit("--model.pretrained", "true")
     closed.close()
     line = one_error(failed.returncode, failed.stderr)
     assert TIMM_MODEL in line and str(tmp_path / "empty") in line
