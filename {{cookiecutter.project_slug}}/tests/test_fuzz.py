@@ -1,10 +1,7 @@
-"""Damaged image files through `read_image` in child processes: none may crash, hang or chatter.
-
-Each source image is mutated in seeded, reproducible ways (`MUTATIONS`), and every mutant read the
-four ways of `READS` in a worker process (this file run as a script): a decoder that kills its
-process fails the test naming the file. Every read must give a uint8 (3, H, W) tensor or raise
-DataError naming the file, and print nothing.
-"""
+"""Damaged image files through `read_image` in a child process (this file run as a script): each
+source image mutated in seeded ways, each mutant read the four ways of `READS`. Every read gives a
+uint8 (3, H, W) tensor or raises DataError naming the file, and prints nothing; a decoder that
+kills its process fails the test naming the file."""
 
 from __future__ import annotations
 
@@ -16,8 +13,6 @@ import subprocess
 import sys
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +26,7 @@ SEED = 14
 
 
 def photo(flip: bool = False) -> Image.Image:
-    """A small photo-like RGB image: gradients, a dark square, noise (so the data is not flat)."""
+    """A small RGB image: gradients, a dark square, noise (so the data is not flat)."""
     width, height = SIZE
     rng = np.random.default_rng(0)
     ys, xs = np.mgrid[0:height, 0:width]
@@ -238,26 +233,15 @@ def write_mutants(folder: Path, per_kind: int, seed: int = SEED) -> list[Path]:
     return paths
 
 
-# --- running reads in worker processes ---
-
-
-@dataclass
-class Outcome:
-    """What became of one job: the worker's answer, or how the worker died on it."""
-
-    job: list
-    answer: list | None  # ["ok", dtype, shape] or ["raised", type name, message]
-    died: str | None  # "killed by SIGSEGV", "no answer in 120 s", ...
-    stderr: str  # what the worker printed (to stderr, or stdout) while on this job
-
+# --- running jobs in a worker process ---
 
 _MARK = "\x00job "
+Outcome = tuple  # (job, answer or None, how the worker died on it or None, what it printed)
 
 
 def serve(handle: Callable[[list], list]) -> None:
-    """The worker: JSON jobs `[index, *job]` from stdin, each answered on stdout after a
-    `["start", index]` line (and a mark on stderr): which job a dead worker was on, and what
-    each job printed."""
+    """The worker: JSON jobs `[index, *job]` from stdin, each announced on stdout and marked on
+    stderr before it runs (which job a dead worker was on, what each printed), then answered."""
     for line in sys.stdin:
         index, *job = json.loads(line)
         print(json.dumps(["start", index]), flush=True)
@@ -269,122 +253,84 @@ def serve(handle: Callable[[list], list]) -> None:
         print(json.dumps(["done", index, answer]), flush=True)
 
 
-def run_isolated(jobs: list[list], command: list[str], processes: int = 2) -> list[Outcome]:
-    """Run `jobs` in workers started with `command` (which calls serve()), spread over
-    `processes`; a dead worker's later jobs go to a new one."""
-    processes = min(processes, 1 + len(jobs) // 200)  # starting one costs more than 200 reads
-    batches = [list(range(len(jobs)))[i::processes] for i in range(processes)]
+def run_isolated(jobs: list[list], command: list[str]) -> list[Outcome]:
+    """Run `jobs` in a worker started with `command` (which calls serve()); after a death or a
+    hang, the jobs left go to a new one."""
     outcomes: dict[int, Outcome] = {}
-    with ThreadPoolExecutor(processes) as pool:
-        for done in pool.map(lambda batch: _run_batch(jobs, batch, command), batches):
-            outcomes.update(done)
-    return [outcomes[i] for i in range(len(jobs))]
-
-
-def _run_batch(jobs: list[list], pending: list[int], command: list[str]) -> dict[int, Outcome]:
-    outcomes: dict[int, Outcome] = {}
+    pending = list(range(len(jobs)))
     while pending:
         feed = "".join(json.dumps([i, *jobs[i]]) + "\n" for i in pending)
         limit = 180 + 0.5 * len(pending)  # starting Python and torch: a minute on a busy machine
-        worker = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-        )
         try:
-            out, err = worker.communicate(feed, timeout=limit)
-            died = _how_it_died(worker.returncode)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            out, err = worker.communicate()
+            done = subprocess.run(
+                command, input=feed, capture_output=True, text=True, errors="replace", timeout=limit
+            )
+            out, err, code = done.stdout, done.stderr, done.returncode
+            died = None if code == 0 else f"exited with code {code}"
+            died = f"killed by {signal.Signals(-code).name}" if code < 0 else died
+        except subprocess.TimeoutExpired as hung:
+            out, err = (
+                b.decode(errors="replace") for b in (hung.stdout or b"", hung.stderr or b"")
+            )
             died = f"no answer in {limit:.0f} s"
-        started, answers, printed = None, {}, _split_stderr(err)
+        printed: dict[int | None, str] = {}
+        first, *rest = err.split(_MARK)  # stderr by the job it was printed during
+        printed[None] = first
+        for part in rest:
+            index, _, text = part.partition("\n")
+            printed[int(index)] = text
+        started, answers = None, {}
         for line in out.splitlines():
             try:
                 kind, index, *answer = json.loads(line)
             except (ValueError, TypeError):  # not ours: a decoder printed to stdout
                 printed[started] = printed.get(started, "") + line + "\n"
                 continue
-            if kind == "start":
-                started = index
-            else:
+            started = index
+            if kind == "done":
                 answers[index] = answer[0]
-        if printed.get(None):
-            raise RuntimeError(f"the worker printed before any job: {printed[None]}")
-        for i in answers:
-            outcomes[i] = Outcome(jobs[i], answers[i], None, printed.get(i, ""))
+        assert not printed[None], f"the worker printed before any job: {printed[None]}"
+        for i, answer in answers.items():
+            outcomes[i] = (jobs[i], answer, None, printed.get(i, ""))
         if started is None or started in answers:
-            if len(answers) < len(pending):
-                raise RuntimeError(f"the worker stopped ({died}) before its jobs were done")
+            assert len(answers) == len(pending), f"the worker stopped ({died}) before its jobs"
             break
-        outcomes[started] = Outcome(jobs[started], None, died or "exited", printed.get(started, ""))
+        outcomes[started] = (jobs[started], None, died or "exited", printed.get(started, ""))
         pending = pending[pending.index(started) + 1 :]
-    return outcomes
-
-
-def _how_it_died(returncode: int) -> str | None:
-    if returncode == 0:
-        return None
-    if returncode < 0:
-        return f"killed by {signal.Signals(-returncode).name}"
-    return f"exited with code {returncode}"
-
-
-def _split_stderr(err: str) -> dict[int | None, str]:
-    """stderr by the job it was printed during (None: before the first)."""
-    printed: dict[int | None, str] = {}
-    first, *rest = err.split(_MARK)
-    if first:
-        printed[None] = first
-    for part in rest:
-        index, _, text = part.partition("\n")
-        if text:
-            printed[int(index)] = text
-    return printed
-
-
-# --- the read path under test ---
+    return [outcomes[i] for i in range(len(jobs))]
 
 
 def _read(job: list) -> list:
     from {{ cookiecutter.package_name }}.data.images import read_image
     from {{ cookiecutter.package_name }}.errors import DataError
 
-    path, min_size, approximate = job
     try:
-        image = read_image(path, min_size, approximate)
+        image = read_image(*job)
     except DataError as err:
         return ["raised", "DataError", str(err)]
     return ["ok", str(image.dtype), list(image.shape)]
 
 
-def read_in_workers(paths: list[Path]) -> list[Outcome]:
-    """Every file read the four ways of `READS`, each in a worker process."""
+def read_in_worker(paths: list[Path]) -> list[Outcome]:
+    """Every file read the four ways of `READS`, in a worker process."""
     jobs = [[str(path), min_size, approximate] for path in paths for min_size, approximate in READS]
     return run_isolated(jobs, [sys.executable, __file__])
 
 
 def broken_contract(outcome: Outcome) -> str | None:
     """What is wrong with an outcome, or None if the read kept `read_image`'s contract."""
-    path, min_size, approximate = outcome.job
+    (path, min_size, approximate), answer, died, printed = outcome
     read = f"{Path(path).name} read with min_size={min_size}, approximate={approximate}"
-    if outcome.died:
-        return f"{read}: worker {outcome.died}"
-    if outcome.stderr:
-        return f"{read}: printed {outcome.stderr!r}"
-    status, *detail = outcome.answer
+    if died or printed:
+        return f"{read}: worker {died}" if died else f"{read}: printed {printed!r}"
+    status, *detail = answer
     if status == "ok":
         dtype, shape = detail
         if dtype != "torch.uint8" or len(shape) != 3 or shape[0] != 3 or min(shape) < 1:
             return f"{read}: gave a {dtype} tensor of shape {shape}"
         return None
     kind, message = detail
-    if kind != "DataError" or path not in message:
-        return f"{read}: raised {kind}: {message}"
-    return None
+    return None if kind == "DataError" and path in message else f"{read}: raised {kind}: {message}"
 
 
 def assert_contract_kept(outcomes: list[Outcome]) -> None:
@@ -393,7 +339,20 @@ def assert_contract_kept(outcomes: list[Outcome]) -> None:
     assert not problems, f"{len(problems)} of {len(outcomes)} reads went wrong:\n{shown}"
 
 
-# --- the tests ---
+def write_chatty(folder: Path) -> list[Path]:
+    """Damage that makes libjpeg and libpng warn on stderr, naming no file."""
+    jpeg = folder / "extraneous bytes.jpg"  # "Corrupt JPEG data: 91 extraneous bytes ..."
+    photo().save(jpeg, quality=90)
+    data = jpeg.read_bytes()
+    jpeg.write_bytes(data[:-2] + bytes(range(1, 92)) + data[-2:])
+    png = folder / "bit flip.png"  # what killed torchvision's PNG decoder
+    photo().save(png)
+    data = bytearray(png.read_bytes())
+    start, end = _first_idat(data)
+    data[start + 208] ^= 0x10
+    struct.pack_into(">I", data, end - 4, zlib.crc32(data[start + 4 : end - 4]))  # CRC passes
+    png.write_bytes(bytes(data))
+    return [jpeg, png]
 
 
 def test_fuzzed_files_never_crash_the_reader(tmp_path: Path) -> None:
@@ -404,22 +363,24 @@ def test_fuzzed_files_never_crash_the_reader(tmp_path: Path) -> None:
     originals = {name.split(".")[0]: (tmp_path / "first" / name).read_bytes() for name in SOURCES}
     changed = [p.read_bytes() != originals[p.name.split("-")[0]] for p in paths]
     assert sum(changed) >= 0.95 * len(paths)  # a mutation that did nothing tested nothing
-    assert_contract_kept(read_in_workers(paths))
+    outcomes = read_in_worker([*write_chatty(tmp_path), *paths])
+    assert_contract_kept(outcomes)  # which includes: nothing printed
+    assert all(o[1][0] == "ok" for o in outcomes[:4])  # the JPEG decodes anyway
+    assert all(o[1][:2] == ["raised", "DataError"] for o in outcomes[4:8])
 
 
 @pytest.mark.slow
 def test_fuzzed_files_never_crash_the_reader_at_length(tmp_path: Path) -> None:
     paths = write_mutants(tmp_path, per_kind=14, seed=SEED + 1)  # 1089 files, 4356 reads
     assert len(paths) >= 1000
-    assert_contract_kept(read_in_workers(paths))
+    assert_contract_kept(read_in_worker(paths))
 
 
 def test_a_dead_worker_is_named_and_the_rest_still_run(tmp_path: Path) -> None:
-    jobs = [["fine"], ["crash"], ["fine"], ["chatter"]]
+    """The harness itself: a crash, and what a job prints, are told against that job."""
     script = tmp_path / "worker.py"
     script.write_text(
-        "import os, signal, sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"import os, signal, sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_fuzz import serve\n"
         "def handle(job):\n"
         "    if job[0] == 'crash':\n"
@@ -430,29 +391,11 @@ def test_a_dead_worker_is_named_and_the_rest_still_run(tmp_path: Path) -> None:
         "    return ['ok']\n"
         "serve(handle)\n"
     )
-    outcomes = run_isolated(jobs, [sys.executable, str(script)], processes=1)
-    assert [o.died for o in outcomes] == [None, "killed by SIGSEGV", None, None]
-    assert [o.answer for o in outcomes] == [["ok"], None, ["ok"], ["ok"]]
-    assert outcomes[3].stderr.splitlines() == ["libpng error: IDAT: incorrect data check", "stray"]
-
-
-def test_damaged_files_print_nothing(tmp_path: Path) -> None:
-    """libjpeg and libpng warn on stderr, naming no file: the reader must keep them quiet."""
-    jpeg = tmp_path / "extraneous bytes.jpg"  # "Corrupt JPEG data: 91 extraneous bytes ..."
-    photo().save(jpeg, quality=90)
-    data = jpeg.read_bytes()
-    jpeg.write_bytes(data[:-2] + bytes(range(1, 92)) + data[-2:])
-    png = tmp_path / "bit flip.png"  # what killed torchvision's PNG decoder
-    photo().save(png)
-    data = bytearray(png.read_bytes())
-    start, end = _first_idat(data)
-    data[start + 208] ^= 0x10
-    struct.pack_into(">I", data, end - 4, zlib.crc32(data[start + 4 : end - 4]))  # CRC passes
-    png.write_bytes(bytes(data))
-    outcomes = read_in_workers([jpeg, png])
-    assert_contract_kept(outcomes)  # which includes: nothing on stderr
-    assert all(o.answer[0] == "ok" for o in outcomes[:4])  # the JPEG decodes anyway
-    assert all(o.answer[:2] == ["raised", "DataError"] for o in outcomes[4:])
+    jobs = [["fine"], ["crash"], ["fine"], ["chatter"]]
+    outcomes = run_isolated(jobs, [sys.executable, str(script)])
+    assert [o[2] for o in outcomes] == [None, "killed by SIGSEGV", None, None]
+    assert [o[1] for o in outcomes] == [["ok"], None, ["ok"], ["ok"]]
+    assert outcomes[3][3].splitlines() == ["libpng error: IDAT: incorrect data check", "stray"]
 
 
 if __name__ == "__main__":

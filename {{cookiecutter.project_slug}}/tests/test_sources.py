@@ -4,13 +4,11 @@ no change to the DataModule; the file sources' `epoch_images` scales a preset's 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CLASSES, one_error, write_image
+from conftest import CLASSES, CSV_LOGGER, one_error, write_image
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.commands.cli import main
@@ -18,6 +16,7 @@ from {{ cookiecutter.package_name }}.data.sources import Source
 from {{ cookiecutter.package_name }}.model.checkpoint import read_checkpoint
 
 COLOURS = ["red", "green", "blue"]
+PRESET = Path(__file__).parents[1] / "configs" / "recipes" / "scratch.yaml"
 
 
 class SolidColours(Source):
@@ -54,34 +53,12 @@ class _Solid(Dataset):
         return image, label
 
 
-def test_a_source_defined_in_a_test_trains_through_the_cli(tmp_path: Path) -> None:
-    main(
-        [
-            "fit",
-            "--data.source",
-            f"{__name__}.SolidColours",
-            "--data.source.per_class",
-            "6",
-            "--data.image_size",
-            "16",
-            "--data.batch_size",
-            "6",
-            "--data.num_workers",
-            "0",
-            "--model.lr",
-            "0.01",
-            "--trainer.max_epochs",
-            "4",
-            "--trainer.logger",
-            "lightning.pytorch.loggers.CSVLogger",  # whichever logger the bake chose: its CSV
-            "--trainer.logger.save_dir",
-            str(tmp_path),
-            "--trainer.logger.name",
-            "lightning_logs",
-            "--run",
-            "solid",
-        ]
-    )
+def test_a_source_defined_in_a_test_trains_through_the_cli(tmp_path: Path, run_main) -> None:
+    options = "--data.source.per_class 6 --data.image_size 16 --data.batch_size 6"
+    options += " --data.num_workers 0 --model.lr 0.01 --trainer.max_epochs 4 --run solid"
+    source = ["--data.source", f"{__name__}.SolidColours"]
+    done = run_main("fit", *source, *options.split(), *CSV_LOGGER, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "lightning_logs" / "solid"
     with open(run / "metrics.csv", encoding="utf-8") as file:
         accuracies = [float(row["val_acc"]) for row in csv.DictReader(file) if row["val_acc"]]
@@ -119,28 +96,23 @@ def test_the_commands_that_read_image_files_refuse_another_source(
 @pytest.mark.slow
 @pytest.mark.parametrize(("per_class", "draws"), [(14, 33 * 45), (430, 1032)])
 def test_the_scratch_preset_draws_about_1500_images_per_epoch(
-    tmp_path: Path, per_class: int, draws: int
+    tmp_path: Path, run_main, per_class: int, draws: int
 ) -> None:
-    """42 images, 33 of them training: 45 passes; 1,290 (1,032 training): one pass. Batches of 32
-    rather than the preset's 8: a quarter of the steps, the same images drawn."""
+    """42 images (33 training): 45 passes; 1,290 (1,032 training): one. Batches of 32, not the
+    preset's 8: a quarter of the steps, the same images drawn."""
     for name in CLASSES:
         for i in range(per_class):
             write_image(tmp_path / "images" / name / f"{i}.png", (9, 9, 9), size=(8, 8))
-    options = ["--data.source.root", "images", "--data.image_size", "8", "--data.batch_size", "32"]
-    options += ["--data.num_workers", "0", "--trainer.max_epochs", "1"]
-    options += ["--trainer.limit_val_batches", "0", "--trainer.logger", "false"]
-    preset = Path(__file__).parents[1] / "configs" / "recipes" / "scratch.yaml"
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--config", str(preset)]
-    done = subprocess.run(
-        [*command, *options, "--checkpoint.dirpath", "ckpts"], cwd=tmp_path, capture_output=True
-    )
+    options = "--data.source.root images --data.image_size 8 --data.batch_size 32"
+    options += " --data.num_workers 0 --trainer.max_epochs 1 --trainer.limit_val_batches 0"
+    options += " --trainer.logger false --checkpoint.dirpath ckpts"
+    done = run_main("fit", "--config", PRESET, *options.split(), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_checkpoint(tmp_path / "ckpts" / "last.ckpt")["global_step"] == draws // 32
 
 
 def test_epoch_images_and_epoch_repeats_are_refused_together(tmp_path: Path, run_main) -> None:
-    preset = Path(__file__).parents[1] / "configs" / "recipes" / "scratch.yaml"
-    refused = run_main("fit", "--config", preset, "--data.source.epoch_repeats", "3", cwd=tmp_path)
+    refused = run_main("fit", "--config", PRESET, "--data.source.epoch_repeats", "3", cwd=tmp_path)
     assert one_error(refused.returncode, refused.stderr).endswith(
         "--data.source.epoch_images 1500 and --data.source.epoch_repeats 3 both set the passes "
         "per epoch: give one of them"
