@@ -56,6 +56,15 @@ def test_stored_pixels_match_the_files(image_root: Path, tmp_path: Path) -> None
     sizes = index[:, 1] * index[:, 2] * 3
     assert index[0, 0] == 0 and (index[1:, 0] == np.cumsum(sizes)[:-1]).all()
     assert (served.cache.folder / "pixels.u8").stat().st_size == sizes.sum()
+    keep = np.zeros(len(served), dtype=bool)  # a subset, and a pickle, still served from it
+    keep[[1, 5, 9]] = True
+    part = served.subset(keep)
+    assert isinstance(part, MemmapImageDataset) and len(part) == 3
+    assert torch.equal(stored(part, 1), stored(served, 5))
+    assert served.cache._pixels is not None  # mapped in this process; a pickle travels without
+    copy = pickle.loads(pickle.dumps(served))
+    assert copy.cache._pixels is None
+    assert torch.equal(stored(copy, 3), stored(served, 3))
 
 
 def test_large_images_are_stored_at_the_size_asked_for(tmp_path: Path) -> None:
@@ -88,23 +97,7 @@ def test_a_second_run_reuses_the_cache_a_new_file_or_size_selects_another(
 
 
 def test_changed_image_bytes_never_serve_stale_pixels(image_root: Path, tmp_path: Path) -> None:
-    dataset = folder_dataset(image_root, 64)
-    before = serve(dataset, 64, tmp_path)
-    old = stored(before, 0).clone()
-    target = Path(dataset.path(0))
-    stat = target.stat()
-    write_image(target, (0, 0, 0))  # same name, new pixels
-    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    after = serve(folder_dataset(image_root, 64), 64, tmp_path)
-    assert after.cache.folder != before.cache.folder
-    assert torch.equal(stored(after, 0), read_image(str(target)))
-    assert not torch.equal(stored(after, 0), old)
-
-
-def test_rewrite_with_the_old_modification_time_restored_is_seen(
-    image_root: Path, tmp_path: Path
-) -> None:
-    """`cp -p`, `rsync -t` and `touch -d` restore mtimes; the change time still moves."""
+    """Even with the old mtime restored (`cp -p`, `rsync -t`, `touch -d`): the change time moves."""
     dataset = folder_dataset(image_root, 64)
     before = serve(dataset, 64, tmp_path)
     target = Path(dataset.path(0))
@@ -116,8 +109,14 @@ def test_rewrite_with_the_old_modification_time_restored_is_seen(
     target.write_bytes(content)
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (target.stat().st_size, target.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    touched = serve(folder_dataset(image_root, 64), 64, tmp_path)
+    assert touched.cache.folder != before.cache.folder
+    write_image(target, (0, 0, 0))  # same name, new pixels
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     after = serve(folder_dataset(image_root, 64), 64, tmp_path)
-    assert after.cache.folder != before.cache.folder
+    assert after.cache.folder not in (before.cache.folder, touched.cache.folder)
+    assert torch.equal(stored(after, 0), read_image(str(target)))
+    assert not torch.equal(stored(after, 0), stored(before, 0))
 
 
 def where_image(path: Path, size: tuple[int, int] = (300, 200)) -> Path:
@@ -139,8 +138,7 @@ def crop_geometry(crop: torch.Tensor) -> tuple[float, ...]:
 
 
 def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
-    # The cache is a speed switch: the same random resized crops (scale, aspect, position, flip)
-    # are drawn from stored pixels as from the file, draw for draw.
+    """A speed switch: the same random crops (scale, aspect, position, flip), draw for draw."""
     root = tmp_path / "images"
     where_image(root / "ant" / "a.png")
     for name in CLASSES[1:]:
@@ -172,8 +170,7 @@ def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
 
 
 def test_cache_on_and_off_give_the_same_validation_tensors(tmp_path: Path) -> None:
-    # Validation must see the inputs that predict sees: the cache stores images at the training
-    # crop's short side (48 here), and a second resize from there changes the pixels.
+    """Validation sees what predict sees (a resize from the cache's 48 px would change pixels)."""
     root = tmp_path / "images"
     for label, name in enumerate(CLASSES):
         colour = tuple(220 if c == label else 40 for c in range(3))
@@ -237,22 +234,6 @@ def test_skipped_images_are_left_out_of_a_cache_of_the_whole_dataset(
     assert images.shape[1:] == (3, 16, 16)
 
 
-def test_a_subset_and_a_pickle_are_still_served_from_the_cache(
-    image_root: Path, tmp_path: Path
-) -> None:
-    served = serve(folder_dataset(image_root), 16, tmp_path)
-    keep = np.zeros(len(served), dtype=bool)
-    keep[[1, 5, 9]] = True
-    part = served.subset(keep)
-    assert isinstance(part, MemmapImageDataset) and len(part) == 3
-    assert torch.equal(stored(part, 1), stored(served, 5))
-    served[0]  # opens the map in this process; a pickle, as for workers, travels without it
-    assert served.cache._pixels is not None
-    copy = pickle.loads(pickle.dumps(served))
-    assert copy.cache._pixels is None
-    assert torch.equal(stored(copy, 3), stored(served, 3))
-
-
 def test_only_the_newest_caches_are_kept(image_root: Path, tmp_path: Path) -> None:
     pytest.importorskip("fcntl", reason="without file locks (Windows) no cache is removed")
     cache_dir = tmp_path / "cache"
@@ -278,8 +259,8 @@ def test_mtime_key_survives_a_copy_that_keeps_times(image_root: Path, tmp_path: 
 
 @pytest.fixture
 def being_built(image_root: Path, tmp_path: Path):
-    """A cache that "another process" is building: (dataset, its folder, the finished build
-    kept aside, the build lock), the lock held exclusively by this process for that builder."""
+    """A cache "another process" builds: (dataset, its folder, the finished build kept aside, the
+    build lock held exclusively here)."""
     fcntl = pytest.importorskip("fcntl", reason="POSIX file locks; Windows builds without one")
     dataset = folder_dataset(image_root)
     folder = serve(dataset, 16, tmp_path / "cache").cache.folder  # its name; then started over
@@ -305,9 +286,8 @@ def test_a_waiting_process_uses_what_the_builder_built(being_built) -> None:
 
 
 def test_a_process_waiting_to_build_does_not_outwait_the_builder(being_built) -> None:
-    """A process that found no cache and then the builder's lock waits for the build, not for
-    the lock: the builder goes on to hold it shared while it reads, and under DDP then waits for
-    the other process (the two-process deadlock this guards against)."""
+    """It waits for the build, not the lock: the builder goes on to hold it shared while it reads,
+    and under DDP then waits for the other process (a two-process deadlock)."""
     dataset, folder, built, lock = being_built
     waiter = threading.Thread(target=build, args=(dataset, folder, 16, 0, False))
     waiter.start()
@@ -343,9 +323,6 @@ def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) 
     val_images, _ = next(iter(dm.val_dataloader()))
     expected = eval_transform(32)(read_image(dm.val_dataset.path(0)))
     assert torch.equal(val_images[0], expected)
-
-
-def test_unknown_cache_mode_is_refused(image_root: Path) -> None:
     with pytest.raises(DataError, match="--data.source.cache must be 'none' or 'memmap', got 'di"):
         ImageDataModule(ClassFolders(image_root, cache="disk"))
 

@@ -45,33 +45,23 @@ def rows(labels: list[str], names: list[str] | None = None) -> str:
 CLASS_LABELS = ["ant", "bee", "cat"] * 4
 
 
-def test_class_name_labels(flat_root: Path, tmp_path: Path) -> None:
-    csv_file = write_csv(tmp_path / "labels.csv", "filename,label\n" + rows(CLASS_LABELS))
-    dm = ImageDataModule(LabelsCsv(csv_file, root=flat_root, val_fraction=0.25), num_workers=0)
+def test_class_name_labels_from_a_spreadsheet_export(flat_root: Path, tmp_path: Path) -> None:
+    """BOM, CRLF, spaces around fields, extra and reordered columns, other column names."""
+    names = ["sub/img_0.png"] + [f"img_{i}.png" for i in range(1, 12)]
+    lines = [" Label , notes, File "]
+    lines += [
+        f" {label} , any text , {name} " for name, label in zip(names, CLASS_LABELS, strict=True)
+    ]
+    csv_file = write_csv(tmp_path / "export.csv", "\r\n".join(lines) + "\r\n\r\n", "utf-8-sig")
+    columns = {"filename_column": "File", "label_column": "Label"}
+    source = LabelsCsv(csv_file, root=flat_root, val_fraction=0.25, **columns)
+    dm = ImageDataModule(source, num_workers=0)
     assert dm.class_names == ["ant", "bee", "cat"]
     dm.setup("fit")
     assert len(dm.train_dataset) == 9 and len(dm.val_dataset) == 3
     assert sorted(dm.val_dataset.targets.tolist()) == [0, 1, 2]
     image, target = dm.train_dataset[0]
     assert image.shape[0] == 3 and 0 <= target < 3
-
-
-def test_spreadsheet_quirks(flat_root: Path, tmp_path: Path) -> None:
-    """BOM, CRLF, spaces around fields, extra and reordered columns, other column names."""
-    lines = [" Label , notes, File "] + [
-        f" {label} , any text , {name} "
-        for name, label in zip(
-            ["sub/img_0.png"] + [f"img_{i}.png" for i in range(1, 12)], CLASS_LABELS, strict=True
-        )
-    ]
-    csv_file = write_csv(tmp_path / "export.csv", "\r\n".join(lines) + "\r\n\r\n", "utf-8-sig")
-    dm = ImageDataModule(
-        LabelsCsv(csv_file, root=flat_root, filename_column="File", label_column="Label"),
-        num_workers=0,
-    )
-    assert dm.class_names == ["ant", "bee", "cat"]
-    dm.setup("fit")
-    assert len(dm.train_dataset) + len(dm.val_dataset) == 12
 
 
 def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
@@ -81,6 +71,8 @@ def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
     no_root = ImageDataModule(LabelsCsv(flat_root / "labels.csv"), num_workers=0)
     no_root.setup("fit")
     assert no_root.source.root == flat_root and len(no_root.train_dataset) > 0
+    with pytest.raises(DataError, match=r"--data\.source\.csv .*nowhere\.csv does not exist"):
+        ImageDataModule(LabelsCsv("nowhere.csv", root=flat_root))
 
 
 def test_bad_csv_is_refused_with_line_and_value(flat_root: Path, tmp_path: Path) -> None:
@@ -164,8 +156,8 @@ def test_labels_outside_the_given_classes(
 def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
     user_cache: Path, tmp_path: Path
 ) -> None:
-    """The csv layout's labels_csv config leaves `csv` unset: that reads the labels.csv of the demo
-    set, in the per-user cache folder; a `root` without a `csv` is refused."""
+    """No `csv` (the labels_csv config) reads the demo set's, in the per-user cache folder; a
+    `root` without a `csv` is refused."""
     ensure_demo_data(user_cache / "demo", images_per_class=2)  # `prepare_data` keeps it
     module = ImageDataModule(LabelsCsv(), num_workers=0)
     module.prepare_data()
@@ -176,11 +168,6 @@ def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
     assert len(module.train_dataset) + len(module.val_dataset) == 8
     with pytest.raises(DataError, match=r"--data\.source\.root .* needs --data\.source\.csv"):
         LabelsCsv(root=tmp_path)
-
-
-def test_missing_csv_option_is_named(flat_root: Path) -> None:
-    with pytest.raises(DataError, match=r"--data\.source\.csv .*nowhere\.csv does not exist"):
-        ImageDataModule(LabelsCsv("nowhere.csv", root=flat_root))
 
 
 @pytest.mark.slow
