@@ -59,8 +59,9 @@ def test_print_config_output_reloads_unchanged(config: Path, tmp_path: Path, cap
 )  # fmt: skip
 def test_flat_source_options_are_short_for_the_full_ones(short, full, capsys) -> None:
     """`--data.root DIR` (README) is `--data.source.root DIR`, through the real entry point."""
-    assert print_config(capsys, *short) == print_config(capsys, *full)
-    assert "class_path" in print_config(capsys, *short)
+    printed = print_config(capsys, *short)
+    assert printed == print_config(capsys, *full) and "class_path" in printed
+    assert "data_monitor:\n  threshold: 0.2\n" in printed  # the starvation monitor, by default
 
 
 def test_every_source_option_has_its_short_spelling() -> None:

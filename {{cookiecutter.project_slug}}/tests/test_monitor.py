@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 
 
@@ -66,8 +65,8 @@ def fit(tmp_path, data_delay: float, step_delay: float, epochs: int = 2) -> Data
 
 def test_a_starved_loop_is_measured_and_warned_about_once(tmp_path) -> None:
     with pytest.warns(UserWarning, match="waited for data") as record:
-        monitor = fit(tmp_path, data_delay=0.1, step_delay=0.0)
-    assert monitor.fraction > 0.5  # 200 ms of loading per batch against a few ms of step
+        monitor = fit(tmp_path, data_delay=0.05, step_delay=0.0)
+    assert monitor.fraction > 0.5  # 100 ms of loading per batch against a few ms of step
     advice = [str(w.message) for w in record if "waited for data" in str(w.message)]
     assert len(advice) == 1  # two starved epochs, one warning
     assert "Raise --data.num_workers from 0 to" in advice[0]
@@ -77,14 +76,6 @@ def test_a_starved_loop_is_measured_and_warned_about_once(tmp_path) -> None:
 def test_a_busy_step_is_not_starved(tmp_path) -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        monitor = fit(tmp_path, data_delay=0.0, step_delay=0.1, epochs=1)
+        monitor = fit(tmp_path, data_delay=0.0, step_delay=0.05, epochs=1)
     assert monitor.fraction < 0.2
     assert not [w for w in record if "waited for data" in str(w.message)]
-
-
-def test_the_cli_uses_the_monitor_by_default(capsys) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(["fit", "--print_config"])
-    assert done.value.code in (0, None)
-    out = capsys.readouterr().out
-    assert "data_monitor:\n  threshold: 0.2\n" in out
