@@ -7,7 +7,6 @@ import graphlib
 import re
 from pathlib import Path
 
-
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
 SOURCE = PROJECT / "src" / PACKAGE
