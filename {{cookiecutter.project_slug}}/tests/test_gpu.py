@@ -44,35 +44,20 @@ class Probe(L.Callback):
             Path(os.environ["PROBE_FILE"]).write_text(json.dumps(record))
 
 
-def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    run = subprocess.run(
-        [sys.executable, "-m", PACKAGE, *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def cli(*args: str, cwd: Path, env: dict | None = None) -> None:
+    path = {"PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}  # test_gpu.Probe
+    command = [sys.executable, "-m", PACKAGE, *args]
+    run = subprocess.run(command, cwd=cwd, env={**os.environ, **path, **(env or {})},
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    return run
 
 
 def fit_on_gpu(data: list[str], tmp_path: Path) -> dict:
     probe = tmp_path / "probe.json"
-    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "2"]
-    gpu = ["--trainer.accelerator", "gpu", "--trainer.devices", "1"]
-    cli(
-        "fit",
-        *data,
-        *gpu,
-        "--trainer.precision",
-        "bf16-mixed",
-        *quiet,
-        *CSV_LOGGER,
-        "--trainer.callbacks+=test_gpu.Probe",
-        cwd=tmp_path,
-        env={"PROBE_FILE": str(probe)},
-    )
+    options = ["--trainer.accelerator", "gpu", "--trainer.devices", "1", "--trainer.precision"]
+    options += ["bf16-mixed", "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "2"]
+    options += [*CSV_LOGGER, "--trainer.callbacks+=test_gpu.Probe"]
+    cli("fit", *data, *options, cwd=tmp_path, env={"PROBE_FILE": str(probe)})
     return json.loads(probe.read_text())
 
 
@@ -92,21 +77,11 @@ def test_fit_on_one_gpu_normalises_on_the_device_and_predicts_as_the_cpu(
     checkpoint = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
     assert checkpoint.is_file()
 
-    outputs = {}
-    for accelerator in ("gpu", "cpu"):
-        outputs[accelerator] = tmp_path / f"{accelerator}.csv"
-        cli(
-            "predict",
-            "--ckpt_path",
-            str(checkpoint),
-            "--data.predict_root",
-            str(image_root),
-            "--trainer.accelerator",
-            accelerator,
-            "--predictions.output",
-            str(outputs[accelerator]),
-            cwd=tmp_path,
-        )
+    outputs = {accelerator: tmp_path / f"{accelerator}.csv" for accelerator in ("gpu", "cpu")}
+    for accelerator, output in outputs.items():
+        options = ["--data.predict_root", str(image_root), "--trainer.accelerator", accelerator]
+        options += ["--predictions.output", str(output)]
+        cli("predict", "--ckpt_path", str(checkpoint), *options, cwd=tmp_path)
     on_gpu, on_cpu = predictions(outputs["gpu"]), predictions(outputs["cpu"])
     assert on_gpu.keys() == on_cpu.keys() and len(on_gpu) == 24
     for path, (label, probability) in on_gpu.items():
