@@ -1,23 +1,18 @@
 """`shard` and the user's files: never an output among the images it reads, never a file it did
-not write removed (`--overwrite` or not), a failed run's leftovers known as its own, and S3
-prefixes of more than one page (1,000 keys) replaced whole."""
+not write removed (`--overwrite` or not), a failed run's leftovers known as its own. (On S3:
+test_shards.)"""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import CLASSES, one_error, write_image
-from test_mid_epoch import colour_root as colour_root  # the fixture, shared
-from test_shards import PACKAGE, needs_litdata, shard
-from test_shards import s3 as s3  # the fixture, shared
+from test_shards import PACKAGE, from_shards, needs_litdata, shard, shards_own
 
-from {{ cookiecutter.package_name }}.commands.shard_output import ShardOutput
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -38,23 +33,6 @@ def files(folder: Path) -> dict[str, bytes]:
     """Every file under `folder`, by its path relative to it, with its bytes."""
     found = (path for path in folder.rglob("*") if path.is_file())
     return {path.relative_to(folder).as_posix(): path.read_bytes() for path in found}
-
-
-def shards_own(names: set[str]) -> bool:
-    """Whether `names` are all files `shard` writes: LitData's in the split folders, its own."""
-    litdata = re.compile(r"(train|val)/(chunk-[\d-]+\.bin|index\.json)")
-    own = {"dataset.json", "shard-manifest.json"}
-    return all(litdata.fullmatch(name) or name in own for name in names) and own <= names
-
-
-def run_shard(cwd: Path, *options: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", PACKAGE, "shard", "--data.num_workers", "1", *options],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
@@ -112,25 +90,21 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
     refuse_overlap("s3://bucket/D", "--output", [("--data.source.root", tmp_path / "D")])
 
 
-def refusal(run_main, root: Path, output: str, *options: str, cwd: Path):
-    """`shard` (as test_shards.shard) where it refuses before reading an image: in this process."""
-    return run_main("shard", "--data.source.root", root, "--output", output, *options, cwd=cwd)
-
-
 @pytest.mark.slow
 @needs_litdata
 def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
-    colour_root: Path, tmp_path: Path, run_main
+    train_and_val: Path, tmp_path: Path, run_main
 ) -> None:
     out = tmp_path / "shards"
     out.mkdir()
     (out / "notes.txt").write_text("the user's")
-    refused = refusal(run_main, colour_root, str(out), cwd=tmp_path)
+    root = train_and_val / "train"
+    refused = shard(run_main, root, out, cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
     assert f"--output {out} holds files that shard did not write" in error, error
     assert "--overwrite true" in error and files(out) == {"notes.txt": b"the user's"}
 
-    beside = shard(colour_root, str(out), "--overwrite", "true", cwd=tmp_path)
+    beside = shard(run_main, root, out, "--overwrite", "true", cwd=tmp_path)
     assert beside.returncode == 0, beside.stderr[-3000:]
     written = set(files(out)) - {"notes.txt"}
     assert json.loads((out / "shard-manifest.json").read_text())["folders"] == ["train", "val"]
@@ -138,13 +112,13 @@ def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
 
     (out / "train" / "mine.txt").write_text("also the user's")  # where the shards go
     options = ["--resize", "8", "--overwrite", "true"]
-    in_the_way = refusal(run_main, colour_root, str(out), *options, cwd=tmp_path)
+    in_the_way = shard(run_main, root, out, *options, cwd=tmp_path)
     error = one_error(in_the_way.returncode, in_the_way.stderr)
     assert f"{out}/train/mine.txt, which shard did not write" in error, error
     assert set(files(out)) == written | {"notes.txt", "train/mine.txt"}
 
     (out / "train" / "mine.txt").unlink()
-    replaced = shard(colour_root, str(out), *options, cwd=tmp_path)
+    replaced = shard(run_main, root, out, *options, cwd=tmp_path)
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert json.loads((out / "dataset.json").read_text())["made_of"]["resize"] == 8
     assert (out / "notes.txt").read_text() == "the user's"
@@ -154,89 +128,52 @@ def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
 @pytest.mark.slow
 @needs_litdata
 def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
-    train_and_val: Path, tmp_path: Path
+    train_and_val: Path, tmp_path: Path, run_main
 ) -> None:
-    """An unreadable validation image stops `--resize` half-way, with the training shards
-    written: one error names the image, and the next run (no `--overwrite`) replaces them."""
+    """An unreadable validation image stops `--resize` half-way (through `python -m`), with the
+    training shards written: one error names the image, `fit` refuses the incomplete shards, and
+    the next run (no `--overwrite`) replaces them."""
     image = train_and_val / "val" / "bee" / "1.png"
     good = image.read_bytes()
     image.write_bytes(good[: len(good) // 3])
     data = ["--data.source.root", "D/train", "--data.source.val_root", "D/val", "--resize", "8"]
-    failed = run_shard(tmp_path, *data, "--output", "out")
+    failed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            PACKAGE,
+            "shard",
+            "--data.num_workers",
+            "1",
+            *data,
+            "--output",
+            "out",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     error = one_error(failed.returncode, failed.stderr)
     assert "cannot read image D/val/bee/1.png" in error, error
     assert "--data.source.skip_bad_images true" in error, error
     left = files(tmp_path / "out")
     assert "train/index.json" in left and "dataset.json" not in left
     assert json.loads(left["shard-manifest.json"])["folders"] == ["train", "val"]  # claimed
+    refused = run_main("fit", *from_shards(tmp_path / "out"), cwd=tmp_path)
+    error = one_error(refused.returncode, refused.stderr)
+    assert "no complete shards" in error and str(tmp_path / "out") in error, error
 
     image.write_bytes(good)
     # A file put in a folder the failed run claimed is the user's: in the way, never removed.
     mine = tmp_path / "out" / "train" / "mine.txt"
     mine.write_text("the user's")
-    refused = run_shard(tmp_path, *data, "--output", "out", "--overwrite", "true")
+    again = ["shard", *data, "--output", "out"]
+    refused = run_main(*again, "--overwrite", "true", cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
     assert f"holds {Path('out/train/mine.txt')}, which shard did not write" in error, error
     assert mine.read_text() == "the user's" and "train/index.json" in files(tmp_path / "out")
     mine.unlink()
-    done = run_shard(tmp_path, *data, "--output", "out")
+    done = run_main(*again, cwd=tmp_path)
     assert done.returncode == 0 and "wrote 18 train, 6 val" in done.stdout, done.stderr[-3000:]
     assert shards_own(set(files(tmp_path / "out")))
-
-
-@needs_litdata
-@pytest.mark.slow
-def test_an_s3_prefix_of_shards_own_objects_is_replaced_under_overwrite(
-    colour_root: Path, tmp_path: Path, s3, run_main
-) -> None:
-    """Real shards on a real S3 API (moto's server), then more chunks of shard's own, as a longer
-    run leaves them: in the folders its manifest claims, replaced by `--overwrite`; then in the
-    folder a killed run had claimed, replaced by the next run. Every one goes; the user's object
-    stays. (More keys than S3 lists or deletes in one request: the test below, on the same
-    `ShardOutput` that `shard` removes them with.)"""
-    url, prefix, bucket = "s3://shards/many", "many/", "shards"
-    s3.put_object(Bucket=bucket, Key=f"{prefix}notes.txt", Body=b"the user's")
-    refused = refusal(run_main, colour_root, url, cwd=tmp_path)
-    assert "holds files that shard did not write" in one_error(refused.returncode, refused.stderr)
-    done = shard(colour_root, url, "--overwrite", "true", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    def keys() -> set[str]:
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return {item["Key"][len(prefix) :] for page in pages for item in page.get("Contents", [])}
-
-    for finished, options in ((True, ["--overwrite", "true"]), (False, [])):
-        old = [f"{prefix}train/chunk-9-{i}.bin" for i in range(40)]
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda key: s3.put_object(Bucket=bucket, Key=key, Body=b"x"), old))
-        if not finished:  # as a run killed while writing leaves it
-            s3.delete_object(Bucket=bucket, Key=f"{prefix}dataset.json")
-        assert len(keys()) > 40
-        resize = "8" if finished else "12"
-        replaced = shard(colour_root, url, "--resize", resize, *options, cwd=tmp_path)
-        assert replaced.returncode == 0, replaced.stderr[-3000:]
-        assert shards_own(keys() - {"notes.txt"}) and "notes.txt" in keys()
-        assert not {key[len(prefix) :] for key in old} & keys() and "train/index.json" in keys()
-        meta = s3.get_object(Bucket=bucket, Key=f"{prefix}dataset.json")["Body"].read()
-        assert json.loads(meta)["made_of"]["resize"] == int(resize)
-        assert json.loads(meta)["images"] == {"train": 24, "val": 6}
-
-
-@needs_litdata
-@pytest.mark.slow
-def test_s3_deletes_go_a_page_of_at_most_1000_keys_at_a_time(s3) -> None:
-    """moto deletes any number of keys in one request, S3 at most 1,000: counted here."""
-    names = [f"train/chunk-0-{i}.bin" for i in range(1500)]
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda name: s3.put_object(Bucket="shards", Key=f"paged/{name}"), names))
-    output, sizes = ShardOutput("s3://shards/paged"), []
-    delete = output.s3.delete_objects
-
-    def counted(**request):
-        sizes.append(len(request["Delete"]["Objects"]))
-        return delete(**request)
-
-    output.s3.delete_objects = counted
-    assert len(output.files()) == 1500  # listed a page of 1,000 at a time too
-    output.remove(set(names))
-    assert sizes == [1000, 500] and output.files() == []

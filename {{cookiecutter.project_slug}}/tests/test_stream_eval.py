@@ -1,6 +1,5 @@
 """Evaluation from shards: `validate`, `test` and `predict --data.source Shards` give what the
-folders give, in one process and in two (DDP) with every image counted once; how `shard` stores
-them."""
+folders give, in one process and in two (DDP) with every image counted once."""
 
 from __future__ import annotations
 
@@ -9,29 +8,29 @@ import os
 import re
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import CLASSES, one_error, write_image
-from test_mid_epoch import colour_root as colour_root  # the fixture, shared
+from test_mid_epoch import colour_images
 from test_shards import PACKAGE, from_shards, needs_litdata, shard
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+pytestmark = [pytest.mark.slow, needs_litdata]
 
 
 @pytest.fixture
-def eval_sets(tmp_path: Path) -> tuple[Path, Path]:
-    """A test folder of 11 images in the three classes, and 7 unlabelled images, some nested."""
+def eval_sets(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The colour images; a test folder of 11 images in the three classes; 7 unlabelled images,
+    some nested."""
     test_root, predict_root = tmp_path / "test", tmp_path / "unlabelled"
     for i in range(11):
         colour = tuple(255 if c == i % 3 else 30 for c in range(3))
         write_image(test_root / CLASSES[i % 3] / f"t{i}.jpg", colour)
     for i in range(7):
         write_image(predict_root / ("nested" if i % 2 else "") / f"u{i}.png", (40 * i, 90, 160))
-    return test_root, predict_root
+    return colour_images(tmp_path / "colours"), test_root, predict_root
 
 
 def cli(
@@ -72,22 +71,17 @@ def predictions(path: Path, root: Path | None = None) -> dict[str, list[str]]:
     return named
 
 
-@needs_litdata
-@pytest.mark.slow
 def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
-    colour_root: Path,
-    eval_sets: tuple[Path, Path],
-    trained_checkpoint: Path,
-    tmp_path: Path,
-    run_main,
+    eval_sets: tuple[Path, Path, Path], trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
     """Test and predict sets written by `shard` beside training and validation. From them `test`
     scores and `predict` labels as from the folders; with 2 processes (DDP) too, each image once,
-    also where the images are fewer than the processes' batches (7 to predict, batches of 4)."""
-    test_root, predict_root = eval_sets
+    also where the images are fewer than the processes' batches (7 to predict, batches of 4), and
+    11 test images, not a multiple of 2 (validation goes through the same loader)."""
+    colours, test_root, predict_root = eval_sets
     out = tmp_path / "shards"
     sets = ["--data.source.test_root", str(test_root), "--data.predict_root", str(predict_root)]
-    done = shard(colour_root, str(out), *sets, cwd=tmp_path)
+    done = shard(run_main, colours, out, *sets, cwd=tmp_path)
     assert done.returncode == 0 and "11 test, 7 predict" in done.stdout, done.stderr[-3000:]
     stream = from_shards(out)
 
@@ -107,20 +101,30 @@ def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
     for processes in ([], DDP):
         run("predict", *stream, *processes, "--predictions.output", str(tmp_path / "stream.csv"))
         assert predictions(tmp_path / "stream.csv") == expected, processes
-
-    # validation: 6 images, each counted once with 2 processes as with one
-    one = scores(run("validate", *stream))
-    two = scores(run("validate", *stream, *DDP))
-    assert two == pytest.approx(one, rel=1e-5)
+    one = scores(run("validate", "--data.source.root", str(colours)))
+    assert scores(run("validate", *stream)) == pytest.approx(one, rel=1e-5)  # the same 6 images
 
 
-@pytest.mark.slow
-@needs_litdata
-def test_test_and_predict_need_their_split_in_the_shards(
-    colour_root: Path, trained_checkpoint: Path, tmp_path: Path, run_main
+def test_evaluation_needs_its_split_and_refuses_folder_only_options(
+    eval_sets: tuple[Path, Path, Path], trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
+    """`test` and `predict` from shards written without their sets name the option that adds
+    them. The pixel cache, the skipping of unreadable images and the class-balanced sampler work
+    on image files only: given to `Shards`, they stop a run before it starts."""
     out = tmp_path / "shards"
-    assert shard(colour_root, str(out), cwd=tmp_path).returncode == 0
+    assert shard(run_main, eval_sets[0], out, cwd=tmp_path).returncode == 0
+    for option, value in (
+        ("balance_classes", "true"),
+        ("cache", "memmap"),
+        ("skip_bad_images", "true"),
+    ):
+        option_given = [f"--data.source.{option}", value]
+        run = run_main("fit", *from_shards(out), *option_given, cwd=tmp_path)
+        error = one_error(run.returncode, run.stderr)
+        assert '"data.source"' in error, error
+        assert f"class_path '{PACKAGE}.data.sources.Shards'" in run.stderr, run.stderr[-3000:]
+        assert f"Option '{option}' is not accepted" in run.stderr, run.stderr[-3000:]
+        assert not (tmp_path / "lightning_logs").exists()  # nothing started
     for command, option in (
         ("test", "--data.source.test_root"),
         ("predict", "--data.predict_root"),
@@ -129,60 +133,3 @@ def test_test_and_predict_need_their_split_in_the_shards(
         run = run_main(command, *checkpoint, *from_shards(out), *QUIET, cwd=tmp_path)
         error = one_error(run.returncode, run.stderr)
         assert f"holds no {command} images" in error and option in error, error
-
-
-@pytest.mark.slow
-@needs_litdata
-def test_shard_shuffles_training_images_and_keeps_to_its_own_staging_folders(
-    colour_root: Path, tmp_path: Path
-) -> None:
-    """Training images are stored in a seeded random order, not class by class (LitData shuffles
-    only within a few chunks); LitData's staging folders in $TMPDIR, which it empties, are left
-    to other jobs."""
-    import litdata
-
-    temp = tmp_path / "tmp"
-    others = [temp / "chunks" / "other-job.bin", temp / "data" / "other-job.bin"]
-    for path in others:
-        path.parent.mkdir(parents=True)
-        path.write_bytes(b"another job's chunk")
-    out = tmp_path / "shards"
-    env = {**os.environ, "TMPDIR": str(temp)}
-    command = [sys.executable, "-m", PACKAGE, "shard", "--data.source.root", str(colour_root)]
-    done = subprocess.run(
-        [*command, "--output", str(out), "--data.num_workers", "2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert all(path.read_bytes() == b"another job's chunk" for path in others)
-
-    stored = litdata.StreamingDataset(str(out / "train"))
-    labels = [int(stored[i]["label"]) for i in range(len(stored))]
-    assert Counter(labels) == {0: 8, 1: 8, 2: 8}
-    assert np.any(np.diff(labels) < 0) and labels != sorted(labels), labels
-
-
-@pytest.mark.slow
-@needs_litdata
-def test_folder_options_that_shards_cannot_honour_are_refused(
-    colour_root: Path, tmp_path: Path, run_main
-) -> None:
-    """The pixel cache, the skipping of unreadable images and the class-balanced sampler work on
-    image files only: `Shards` has no such options, and a run given one stops before it starts."""
-    assert shard(colour_root, str(tmp_path / "shards"), cwd=tmp_path).returncode == 0
-    for option, value in (
-        ("balance_classes", "true"),
-        ("cache", "memmap"),
-        ("skip_bad_images", "true"),
-    ):
-        option_given = [f"--data.source.{option}", value]
-        run = run_main("fit", *from_shards(tmp_path / "shards"), *option_given, cwd=tmp_path)
-        error = one_error(run.returncode, run.stderr)
-        assert '"data.source"' in error, error
-        assert f"class_path '{PACKAGE}.data.sources.Shards'" in run.stderr, run.stderr[-3000:]
-        assert f"Option '{option}' is not accepted" in run.stderr, run.stderr[-3000:]
-        assert not (tmp_path / "lightning_logs").exists()  # nothing started
