@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.__main__ import main
@@ -25,8 +27,7 @@ CLASSES = ("ant", "bee", "cat")
 
 @pytest.fixture(autouse=True)
 def user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The per-user cache folder (`data/cache_dirs.py`), a fresh temporary one for each test:
-    tests never write to the real one in the home folder. Commands started by a test inherit it."""
+    """A fresh per-user cache folder for each test and the commands it starts, not the real one."""
     folder = tmp_path_factory.mktemp("user-cache")
     monkeypatch.setenv(CACHE_ENV, str(folder))
     return folder
@@ -34,8 +35,7 @@ def user_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 
 @pytest.fixture(scope="session", autouse=True)
 def working_folder_untouched() -> Iterator[None]:
-    """No test writes into the folder pytest runs in (the project's, under `make test`): a run
-    without a folder of its own would leave `lightning_logs/` or a PNG among the user's files."""
+    """No test writes into the folder pytest runs in (the project's, under `make test`)."""
     before = set(os.listdir())
     yield
     new = sorted(n for n in set(os.listdir()) - before if not n.startswith((".", "__pycache__")))
@@ -68,33 +68,18 @@ def image_root(tmp_path: Path) -> Path:
 
 # Tests that read metrics.csv ask for the CSV logger, whatever the bake's default logger is. The
 # name too: a new class keeps the arguments of the default's that it shares (WandbLogger's name).
-CSV_LOGGER = [
-    "--trainer.logger",
-    "lightning.pytorch.loggers.CSVLogger",
-    "--trainer.logger.save_dir",
-    ".",
-    "--trainer.logger.name",
-    "lightning_logs",
-]
+CSV_LOGGER = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger"]
+CSV_LOGGER += ["--trainer.logger.save_dir", ".", "--trainer.logger.name", "lightning_logs"]
 
 
 def tiny_run_options(root: Path, batch_size: int = 4) -> list[str]:
     """CLI options for a fast run on the fixture images: 16 px, no loader workers."""
-    return [
-        "--data.source.root",
-        str(root),
-        "--data.image_size",
-        "16",
-        "--data.batch_size",
-        str(batch_size),
-        "--data.num_workers",
-        "0",
-    ]
+    data = ["--data.source.root", str(root), "--data.image_size", "16"]
+    return [*data, "--data.batch_size", str(batch_size), "--data.num_workers", "0"]
 
 
 def default_ctrl_c() -> None:
-    """A child process's `preexec_fn`: Ctrl-C as in a terminal, whatever the parent had (a shell
-    starts background jobs with SIGINT ignored, and children inherit that)."""
+    """A child's `preexec_fn`: Ctrl-C as in a terminal (a shell's background jobs ignore it)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -106,9 +91,8 @@ class Run(subprocess.CompletedProcess):
 
 
 def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> Run:
-    """Run `args` in a process group of its own, Ctrl-C as in a terminal, and end the whole group
-    (DDP ranks, loader workers) when it returns. Past `timeout` the test fails with its output
-    and each Python process's stack (faulthandler, on SIGABRT)."""
+    """Run `args` in a process group of its own, Ctrl-C as in a terminal; end the whole group
+    when it returns. Past `timeout`, fail with its output and each process's stack."""
     with subprocess.Popen(
         args,
         cwd=cwd,
@@ -138,25 +122,22 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
 
 
 def running_in_group(group: int) -> list[int]:
-    """The processes of process group `group` still running (not ended and waiting to be reaped)."""
+    """The processes of process group `group` still running (zombies left out)."""
     return [pid for pid, pgid in _processes() if pgid == group]
 
 
 def running(pid: int) -> bool:
-    """Whether process `pid` runs (has not ended, nor ended and waits to be reaped)."""
     return any(found == pid for found, _ in _processes())
 
 
 def _processes() -> list[tuple[int, int]]:
-    """(pid, process group) of every process running, as `ps` lists them."""
     table = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], capture_output=True, text=True)
     rows = [line.split() for line in table.stdout.splitlines()]
     return [(int(row[0]), int(row[1])) for row in rows if not row[2].startswith("Z")]
 
 
 def one_error(returncode: int, stderr: str) -> str:
-    """A failed command's one `error:` line, after checking that it exited with status 2 and
-    said nothing else of the kind (no second error, no traceback)."""
+    """A failed command's one `error:` line, after checking its exit status 2 and no traceback."""
     assert returncode == 2, stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
@@ -165,8 +146,8 @@ def one_error(returncode: int, stderr: str) -> str:
 
 @pytest.fixture
 def run_main(capsys, monkeypatch):
-    """A command line run in `cwd` through the `main` that `python -m` runs, in this process
-    (cheaper than importing torch anew): its exit status, stdout and stderr."""
+    """A command line run in `cwd` through `python -m`'s `main`, in this process: its status and
+    output."""
 
     def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
         monkeypatch.chdir(cwd)
@@ -216,14 +197,61 @@ def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def quiet_trainer(folder: Path, **options) -> L.Trainer:
-    """A CPU Trainer that prints nothing of its own (no logger, checkpoint, bar) and writes only
-    into `folder` (the model's confusion matrix at the end of `fit`)."""
-    quiet = dict(
-        default_root_dir=folder,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    """A CPU Trainer that prints nothing of its own and writes only into `folder`."""
+    quiet = dict(default_root_dir=folder, accelerator="cpu", logger=False)
+    quiet |= dict(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     return L.Trainer(**{**quiet, **options})
+
+
+def write_labelled(folder: Path) -> tuple[Path, Path]:
+    """8 training images a class; 5 validation images a class, 2 in the next class's colour: 15
+    in all, which 2 processes do not divide (a padded shard would count one twice)."""
+    colours = [tuple(255 if c == label else 30 for c in range(3)) for label in range(3)]
+    for label, name in enumerate(CLASSES):
+        for i in range(8):
+            write_image(folder / "train" / name / f"{name}_{i}.jpg", colours[label])
+        for i in range(5):
+            write_image(folder / "val" / name / f"{name}_v{i}.jpg", colours[(label + (i < 2)) % 3])
+    return folder / "train", folder / "val"
+
+
+class ThreadRecorder(L.Callback):
+    """Writes torch's thread count as training starts to `threads<rank>` in the working folder."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        Path(f"threads{trainer.global_rank}").write_text(str(torch.get_num_threads()))
+
+
+def cli_fit(folder: Path, *options: str) -> Path:
+    """`fit` as a command on `write_labelled` images in `folder`, OMP_NUM_THREADS unset (the
+    threads noted by ThreadRecorder): the run folder, as this bake's logger names it."""
+    train, val = write_labelled(folder)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *sys.path])
+    done = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *tiny_run_options(train)]
+        + ["--data.source.val_root", str(val), "--model.lr", "0.01", "--trainer.accelerator", "cpu"]
+        + ["--trainer.enable_progress_bar", "false", "--trainer.callbacks+=conftest.ThreadRecorder"]
+        + list(options),
+        cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = re.search(r"^report: (.+) \(written in", done.stdout, re.MULTILINE)
+    assert report, done.stdout[-3000:]
+    return folder / Path(report.group(1)).parent
+
+
+@pytest.fixture(scope="session")
+def fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, 3 epochs, the report showing 4 mistakes (test_report, test_cpus)."""
+    options = ["--trainer.max_epochs", "3", "--history.wrong_images", "4"]
+    return cli_fit(tmp_path_factory.mktemp("fit"), *options)
+
+
+@pytest.fixture(scope="session")
+def ddp_fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two DDP processes, 2 epochs in batches of 64: each process's 12 images are under one
+    batch; the report shows every mistake (test_report, test_ranks, test_cpus)."""
+    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", "64"]
+    options = [*ddp, "--trainer.max_epochs", "2", "--history.wrong_images", "20"]
+    return cli_fit(tmp_path_factory.mktemp("ddp_fit"), *options)

@@ -7,16 +7,15 @@ The cgroup files are real files in a temporary tree laid out as /sys/fs/cgroup a
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
-from conftest import tiny_run_options
+from conftest import tiny_run_options, write_classes
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -153,52 +152,41 @@ def test_threads_are_the_cpu_share_unless_the_user_chose(
         torch.set_num_threads(before)
 
 
-class ThreadRecorder(L.Callback):
-    """Writes each process's torch thread count when training starts to $THREADS_DIR/rank<N>."""
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        out = Path(os.environ["THREADS_DIR"]) / f"rank{trainer.global_rank}"
-        out.write_text(json.dumps(torch.get_num_threads()))
+@functools.cache
+def torch_threads(omp: str | None) -> int:
+    """torch's own reading of OMP_NUM_THREADS (MKL caps a count above the cores), or its default."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the tests set it
+    env |= {"OMP_NUM_THREADS": omp} if omp else {}
+    alone = [sys.executable, "-c", "import torch; print(torch.get_num_threads())"]
+    return int(subprocess.run(alone, env=env, capture_output=True, check=True).stdout)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("processes", "omp"), [(2, None), (2, "2"), (1, None)])
+@pytest.mark.parametrize(("run", "omp"), [("fit_run", None), ("ddp_fit_run", None), (None, "2")])
 def test_training_processes_share_the_cpus_unless_omp_num_threads_says(
-    image_root: Path, tmp_path: Path, processes: int, omp: str | None
+    run: str | None, omp: str | None, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the tests set it
-    if omp is not None:
-        env["OMP_NUM_THREADS"] = omp
-    # torch's own reading of the environment (MKL caps an OMP_NUM_THREADS above the cores)
-    torch_alone = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    devices = ["--trainer.devices", str(processes)]
-    if processes > 1:
-        devices += ["--trainer.strategy", "ddp"]
-    done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *tiny_run_options(image_root)]
-        + ["--trainer.accelerator", "cpu", *devices, "--trainer.max_epochs", "1"]
-        + ["--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "0"]
-        + ["--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
-        + ["--trainer.callbacks+=test_cpus.ThreadRecorder"],
-        cwd=tmp_path,
-        env={
-            **env,
-            "THREADS_DIR": str(tmp_path),
-            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    threads = int(torch_alone.stdout)
-    if omp is None:  # one process alone keeps torch's default; two share the CPUs
+    """conftest's fits (one process, two) and a two-process fit with OMP_NUM_THREADS=2: one
+    process alone keeps torch's default threads, two share the CPUs; OMP_NUM_THREADS wins."""
+    threads = torch_threads(omp)
+    if run is None:
+        tests = os.pathsep.join([str(Path(__file__).parent), *sys.path])
+        done = subprocess.run(
+            [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
+            + [*tiny_run_options(write_classes(tmp_path / "images"))]
+            + ["--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+            + ["--trainer.strategy", "ddp", "--trainer.max_epochs", "1"]
+            + ["--trainer.limit_train_batches", "1"]
+            + ["--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"]
+            + ["--trainer.logger", "false", "--trainer.callbacks+=conftest.ThreadRecorder"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": omp, "PYTHONPATH": tests},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    folder = request.getfixturevalue(run).parent.parent if run else tmp_path
+    processes = len(list(folder.glob("threads*")))
+    assert processes == (1 if run == "fit_run" else 2)
+    if omp is None:
         threads = min(threads, cpus.cpu_share(processes))
-    recorded = [json.loads((tmp_path / f"rank{rank}").read_text()) for rank in range(processes)]
+    recorded = [int((folder / f"threads{rank}").read_text()) for rank in range(processes)]
     assert recorded == [threads] * processes

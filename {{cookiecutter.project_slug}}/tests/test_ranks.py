@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-{%- if cookiecutter.shards == "yes" %}
+{% if cookiecutter.shards == "yes" -%}
 from importlib.util import find_spec
-{%- endif %}
+{% endif -%}
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import CSV_LOGGER, tiny_run_options, write_image
 from torch.utils.data import Dataset
 {% if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.commands.shard import write_shards
@@ -152,25 +149,7 @@ def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Pat
 
 {% endif -%}
 @pytest.mark.slow
-def test_two_cpu_processes_train_when_a_share_is_under_one_batch(tmp_path: Path) -> None:
-    """100 images, 80 for training: 40 per process, under a batch of 64; one step an epoch."""
-    root = tmp_path / "images"
-    for i in range(100):
-        name = "ant" if i % 2 else "bee"
-        write_image(root / name / f"{i}.png", (200 * (i % 2), 90, 90), size=(16, 16))
-    ddp = ("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp")
-    fit = subprocess.run(
-        [
-            *(sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"),
-            *tiny_run_options(root, batch_size=64),
-            *ddp,
-            *("--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false", *CSV_LOGGER),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert fit.returncode == 0, fit.stderr[-3000:]
-    (last,) = tmp_path.rglob("last.ckpt")
+def test_two_cpu_processes_train_when_a_share_is_under_one_batch(ddp_fit_run: Path) -> None:
+    """conftest's DDP fit: 12 images a process in batches of 64, one step an epoch."""
+    last = ddp_fit_run / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 2
