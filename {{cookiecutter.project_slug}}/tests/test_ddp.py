@@ -1,6 +1,6 @@
-"""DDP on CPU (gloo) through the real CLI: every evaluation image once, failures that end every
-rank, whole-dataset work once per job, timed saves. (Disjoint training shards, exact resumes:
-test_mid_epoch.py.)"""
+"""DDP on CPU (gloo) through the real CLI: `test` and `predict` take every image once, failures
+end every rank, whole-dataset work runs once per job, timed saves. (Validation once per image:
+test_report.py on conftest's DDP fit; disjoint shards and exact resumes: test_mid_epoch.py.)"""
 
 from __future__ import annotations
 
@@ -18,23 +18,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import (
-    CSV_LOGGER,
-    run_group,
-    running,
-    tiny_run_options,
-    write_corrupt,
-    write_image,
-)
+from conftest import CSV_LOGGER, run_group, running, tiny_run_options, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.training.processes import STARTED_BY
 
 TESTS = Path(__file__).parent
-# `fit` options for 2-process DDP on the CPU, quiet, logging to CSV
-TWO_CPU_PROCESSES = [
-    *("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"),
-    *("--trainer.enable_progress_bar", "false", *CSV_LOGGER),
-]
+DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
@@ -51,13 +40,8 @@ def logged(run_dir: Path, *keys: str) -> dict[str, float]:
     return {key: float(rows[-1][key]) for key in keys}
 
 
-def ddp(processes: int) -> list[str]:
-    strategy = ["--trainer.strategy", "ddp"] if processes > 1 else []
-    return ["--trainer.accelerator", "cpu", "--trainer.devices", str(processes), *strategy]
-
-
 @pytest.mark.slow
-def test_evaluation_counts_every_image_once_under_ddp(
+def test_test_and_predict_take_every_image_once_under_ddp(
     trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
     # 7 images, which 2 processes do not divide: padded shards would count one twice.
@@ -68,37 +52,29 @@ def test_evaluation_counts_every_image_once_under_ddp(
     write_image(held_out / "cat" / "cat_0.png", (30, 30, 255))
     write_image(held_out / "cat" / "cat_1.png", (200, 60, 60))  # looks like an ant
     common = ["--ckpt_path", str(trained_checkpoint), "--data.num_workers", "0", *CSV_LOGGER]
-    scores = {}
-    validate = ["validate", *common, "--data.source.val_root", str(held_out)]
-    for processes in (1, 2):
-        run_dir = tmp_path / f"validate{processes}"
-        run_dir.mkdir()
-        if processes == 1:  # in this process
-            assert run_main(*validate, *ddp(1), cwd=run_dir).returncode == 0
+    for command, folder in (("validate", "val"), ("test", "test")):
+        (tmp_path / command).mkdir()
+        options = [command, *common, f"--data.source.{folder}_root", str(held_out)]
+        if command == "validate":  # one process, here
+            one = ["--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+            assert run_main(*options, *one, cwd=tmp_path / command).returncode == 0
         else:
-            run_cli(*validate, *ddp(processes), cwd=run_dir)
-        scores[processes] = logged(run_dir, "val_acc", "val_loss")
-    assert scores[2]["val_acc"] == pytest.approx(scores[1]["val_acc"], abs=1e-6)
-    assert scores[2]["val_loss"] == pytest.approx(scores[1]["val_loss"], rel=1e-5)
-    assert 0 < scores[1]["val_acc"] < 1  # the odd cat is wrong, so a repeated image would show
+            run_cli(*options, *DDP, cwd=tmp_path / command)
+    expected = logged(tmp_path / "validate", "val_acc", "val_loss")
+    assert 0 < expected["val_acc"] < 1  # the odd cat is wrong, so a repeated image would show
+    tested = logged(tmp_path / "test", "test_acc", "test_loss")
+    assert tested["test_acc"] == pytest.approx(expected["val_acc"], abs=1e-6)
+    assert tested["test_loss"] == pytest.approx(expected["val_loss"], rel=1e-5)
 
-    test_dir = tmp_path / "test2"
-    test_dir.mkdir()
-    run_cli("test", *common, "--data.source.test_root", str(held_out), *ddp(2), cwd=test_dir)
-    tested = logged(test_dir, "test_acc", "test_loss")
-    assert tested["test_acc"] == pytest.approx(scores[1]["val_acc"], abs=1e-6)
-    assert tested["test_loss"] == pytest.approx(scores[1]["val_loss"], rel=1e-5)
-
-    predict_dir = tmp_path / "predict2"
-    predict_dir.mkdir()
-    output = predict_dir / "predictions.csv"
+    output = tmp_path / "predict" / "predictions.csv"
+    output.parent.mkdir()
     predict = ["--data.predict_root", str(held_out), "--predictions.output", str(output)]
-    run_cli("predict", *common, *predict, *ddp(2), cwd=predict_dir)
+    run_cli("predict", *common, *predict, *DDP, cwd=output.parent)
     with open(output, newline="") as file:
         rows = list(csv.DictReader(file))
     expected = sorted(str(p) for p in held_out.rglob("*.png"))
     assert [row["path"] for row in rows] == expected  # each image once, in order
-    assert list(predict_dir.glob("*.rank*.csv")) == []  # the parts were merged
+    assert list(output.parent.glob("*.rank*.csv")) == []  # the parts were merged
 
 
 @pytest.mark.slow
@@ -109,7 +85,7 @@ def test_one_rank_failing_ends_the_job_with_its_error(image_root: Path, tmp_path
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-        + [*tiny_run_options(image_root), "--data.source.val_fraction", "0", *ddp(2)]
+        + [*tiny_run_options(image_root), "--data.source.val_fraction", "0", *DDP]
         + ["--trainer.max_epochs", "3", "--trainer.enable_progress_bar", "false"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -133,7 +109,7 @@ def test_a_rank_zero_that_fails_before_the_ranks_meet_takes_the_other_rank_with_
         taken.listen()
         env = {**os.environ, "MASTER_PORT": str(taken.getsockname()[1])}
         command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-        done = run_group([*command, *tiny_run_options(image_root), *ddp(2)], tmp_path, env)
+        done = run_group([*command, *tiny_run_options(image_root), *DDP], tmp_path, env)
     assert done.returncode == 1 and "EADDRINUSE" in done.stderr, done.stderr[-3000:]
     assert done.lingering == []
 
@@ -262,10 +238,11 @@ def run_once_script(root: Path, out: Path, *slow: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.slow
-def test_whole_dataset_work_runs_once_per_job(image_root: Path, tmp_path: Path) -> None:
-    """Listing and splitting, the unreadable-image scan and the cache key: rank zero only."""
+def test_whole_dataset_work_runs_once_per_job_however_long(image_root: Path, tmp_path: Path):
+    """Listing and splitting, the unreadable-image scan and the cache key: rank zero only, with
+    a scan of 20 s, twice the process group's timeout, that rank 1 waits for."""
     write_corrupt(image_root / "bee" / "broken.jpg")
-    done = run_once_script(image_root, tmp_path)
+    done = run_once_script(image_root, tmp_path, "20")
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["calls"] == {"split": 1, "scan": 1, "cache key": 1}
@@ -274,18 +251,6 @@ def test_whole_dataset_work_runs_once_per_job(image_root: Path, tmp_path: Path) 
     assert ranks[0]["cache"] == ranks[1]["cache"]
     everything = ranks[0]["train"] + ranks[0]["val"]
     assert len(everything) == 24 and not any("broken" in path for path in everything)
-
-
-@pytest.mark.slow
-def test_work_done_once_may_outlast_the_collective_timeout(
-    image_root: Path, tmp_path: Path
-) -> None:
-    """Rank zero's scan takes 20 s, twice the process group's timeout: rank 1 waits on."""
-    done = run_once_script(image_root, tmp_path, "20")
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["calls"]["scan"] == 1 and ranks[1]["calls"]["scan"] == 0
-    assert ranks[0]["train"] == ranks[1]["train"]
 
 
 @pytest.mark.slow
@@ -300,25 +265,25 @@ def test_an_error_on_rank_zero_reaches_every_rank(tmp_path: Path) -> None:
 
 
 class MidEpochSave(L.Callback):
-    """Rank zero writes the step `last.ckpt` holds after batch 17 (saves are checked at 16, 32)."""
+    """Rank zero notes the step `last.ckpt` holds after batch 17 (saves are checked at 16, 32)."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.is_global_zero and trainer.current_epoch == 0 and batch_idx == 16:
+        if trainer.is_global_zero and batch_idx == 16:
             path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
             step = torch.load(path, map_location="cpu", weights_only=False)["global_step"]
-            (Path(os.environ["SHARD_DIR"]) / "mid_epoch_step").write_text(str(step))
+            Path("mid_epoch_step").write_text(str(step))
 
 
 @pytest.mark.slow
 def test_periodic_checkpoints_under_ddp(image_root: Path, tmp_path: Path) -> None:
     """Ranks agree when a timed save is due (saving is collective): no hang, a mid-epoch save."""
-    for label, name in enumerate(("ant", "bee", "cat")):
-        colour = tuple(255 if c == label else 30 for c in range(3))
-        for i in range(16):  # 64 images: 24 training batches of 1 per rank and epoch
-            write_image(image_root / name / f"more_{i}.jpg", colour)
-    options = [*tiny_run_options(image_root, batch_size=1), "--data.source.val_fraction", "0.25"]
-    options += ["--last_checkpoint.every_minutes", "1e-9", "--trainer.max_epochs", "1"]
-    options += [*TWO_CPU_PROCESSES, "--trainer.callbacks+=test_ddp.MidEpochSave"]
-    env = {"SHARD_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
-    run_cli("fit", *options, cwd=tmp_path, env=env)
+    for i in range(4):  # 36 images: 18 training batches of 1 per rank
+        write_image(image_root / "ant" / f"more_{i}.jpg", (255, 30, 30))
+        write_image(image_root / "bee" / f"more_{i}.jpg", (30, 255, 30))
+        write_image(image_root / "cat" / f"more_{i}.jpg", (30, 30, 255))
+    options = [*tiny_run_options(image_root, batch_size=1), "--data.source.val_fraction", "0"]
+    options += ["--last_checkpoint.every_minutes", "1e-9", "--trainer.max_epochs", "1", *DDP]
+    options += ["--trainer.enable_progress_bar", "false", *CSV_LOGGER]
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
+    run_cli("fit", *options, "--trainer.callbacks+=test_ddp.MidEpochSave", cwd=tmp_path, env=env)
     assert (tmp_path / "mid_epoch_step").read_text() == "16"
