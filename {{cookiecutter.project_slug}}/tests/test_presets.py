@@ -25,15 +25,6 @@ EMA = "{{ cookiecutter.package_name }}.training.ema.EMAWeights"
 SCRIPT = "scripts/recipe_bench.py"
 
 
-def command(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
 def short_run(root: Path, *extra: str) -> list[str]:
     return [
         *tiny_run_options(root),
@@ -107,32 +98,6 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
     weights = timm.get_pretrained_cfg(architecture)
     assert tuple(checkpoint["hyper_parameters"]["mean"]) == tuple(weights.mean)  # the weights'
     assert "averaging_state" in checkpoint  # EMA was on
-
-
-@pytest.mark.slow
-def test_ema_weights_are_checkpointed_exported_and_resumed(image_root: Path, tmp_path: Path):
-    """With EMAWeights, `last.ckpt` holds the average as the model's weights (the raw ones beside
-    it), export writes the average, and a resumed run restores it."""
-    ema = [f"--trainer.callbacks+={EMA}", "--trainer.callbacks.decay", "0.9"]
-    command("fit", *short_run(image_root, *ema, "--run", "ema"), cwd=tmp_path)
-    last = tmp_path / "ckpts" / "last.ckpt"
-    checkpoint = torch.load(last, weights_only=True)
-    averaged, raw = checkpoint["state_dict"], checkpoint["current_model_state"]
-    differ = [k for k in raw if k.endswith("weight") and not torch.equal(raw[k], averaged[k])]
-    assert differ, "the average equals the raw weights"
-    exported, _ = load_for_export(last)
-    for key, value in exported.net.state_dict().items():
-        torch.testing.assert_close(value, averaged[f"net.{key}"])
-    # Resumed for one more epoch: the average goes on from the saved one, not from the raw
-    # weights (which would make it equal to them after Lightning's first update of a fresh one).
-    more = short_run(image_root, *ema, "--run", "ema", "--trainer.max_epochs", "3")
-    said = command("fit", *more, "--ckpt_path", "last", cwd=tmp_path)
-    assert "current_model_state" in said.stdout + said.stderr  # Lightning: average restored
-    resumed = torch.load(last, weights_only=True)
-    assert resumed["epoch"] > checkpoint["epoch"]  # it trained on
-    assert any(
-        not torch.equal(resumed["state_dict"][k], resumed["current_model_state"][k]) for k in differ
-    )
 
 
 def test_the_ema_decay_warms_up() -> None:
@@ -222,16 +187,36 @@ class AverageDevice(L.Callback):
             not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
     ],
 )  # fmt: skip
-def test_the_ema_average_lives_on_the_training_device(
+def test_ema_lives_on_the_training_device_and_is_checkpointed_exported_and_resumed(
     image_root: Path, tmp_path: Path, run_main, accelerator: str
 ) -> None:
-    """On a GPU, an average left on the CPU would copy every weight there at every step."""
-    probe = ["--trainer.callbacks+=test_presets.AverageDevice", f"--trainer.callbacks+={EMA}"]
-    device = ["--trainer.accelerator", accelerator, "--trainer.devices", "1"]
-    fit = run_main("fit", *short_run(image_root, *probe, *device), cwd=tmp_path)
+    """The average stays on the training device (one on the CPU would copy every weight there at
+    every GPU step); `last.ckpt` holds it as the model's weights (the raw ones beside), export
+    writes it, and a resumed run goes on averaging from it."""
+    ema = [f"--trainer.callbacks+={EMA}", "--trainer.callbacks.decay", "0.9", "--run", "ema"]
+    ema += ["--trainer.accelerator", accelerator, "--trainer.devices", "1"]
+    probe = ["--trainer.callbacks+=test_presets.AverageDevice"]
+    fit = run_main("fit", *short_run(image_root, *probe, *ema), cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert AverageDevice.seen["average"] == AverageDevice.seen["model"]
     assert AverageDevice.seen["model"].type == ("cuda" if accelerator == "gpu" else "cpu")
+    last = tmp_path / "ckpts" / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    averaged, raw = checkpoint["state_dict"], checkpoint["current_model_state"]
+    differ = [k for k in raw if k.endswith("weight") and not torch.equal(raw[k], averaged[k])]
+    assert differ, "the average equals the raw weights"
+    exported, _ = load_for_export(last)
+    for key, value in exported.net.state_dict().items():
+        torch.testing.assert_close(value, averaged[f"net.{key}"])
+    # One more epoch of 2 steps: the average restored goes on (a fresh one would count 2).
+    more = short_run(image_root, *ema, "--trainer.max_epochs", "3", "--ckpt_path", "last")
+    assert run_main("fit", *more, cwd=tmp_path).returncode == 0
+    resumed = torch.load(last, map_location="cpu", weights_only=True)
+    counted = [c["averaging_state"]["n_averaged"].item() for c in (checkpoint, resumed)]
+    assert counted[1] == counted[0] + 2 and resumed["epoch"] == checkpoint["epoch"] + 1
+    assert any(
+        not torch.equal(resumed["state_dict"][k], resumed["current_model_state"][k]) for k in differ
+    )
 
 
 class WeightsBeforeValidation(L.Callback):

@@ -7,8 +7,6 @@ import csv
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -59,9 +57,7 @@ class EpochRecord(L.Callback):
         )
 
 
-def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate(
-    image_root: Path,
-) -> None:
+def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate(image_root):
     L.seed_everything(0)
     model = tiny_model(freeze_backbone_epochs=1, warmup_fraction=0.0)
     record = EpochRecord()
@@ -70,11 +66,7 @@ def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate
 
     first, second, third = record.epochs
     assert [e["epoch"] for e in record.epochs] == [0, 1, 2]
-    assert (first["backbone_grad"], first["head_grad"], first["backbone_bn_trains"]) == (
-        False,
-        True,
-        False,
-    )
+    assert not first["backbone_grad"] and first["head_grad"] and not first["backbone_bn_trains"]
     for later in (second, third):
         assert later["backbone_grad"] and later["head_grad"] and later["backbone_bn_trains"]
     # The frozen epoch left the backbone's weights and BatchNorm statistics alone, not the head.
@@ -116,10 +108,8 @@ def test_a_run_resumed_inside_the_frozen_phase_is_frozen_again_and_mixes_alike(
     def run(ckpt_path: Path | None, callbacks: list) -> ImageClassifier:
         L.seed_everything(0)
         model = tiny_model(**options)
-        callbacks = [ResumeInEpoch(), LastCheckpoint(every_minutes=1e-9), *callbacks]
-        trainer = quiet_trainer(
-            tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=callbacks
-        )
+        cbs = [ResumeInEpoch(), LastCheckpoint(every_minutes=1e-9), *callbacks]
+        trainer = quiet_trainer(tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=cbs)
         trainer.fit(model, tiny_data(image_root), ckpt_path=ckpt_path)
         return model
 
@@ -204,24 +194,21 @@ def test_the_learning_rate_follows_the_global_batch(
     image_root: Path, batch_size: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = tiny_model(lr=0.01, lr_reference_batch=8)
-    trainer = quiet_trainer(
-        image_root.parent, max_steps=1, limit_val_batches=0, accumulate_grad_batches=2
-    )
+    options = dict(max_steps=1, limit_val_batches=0, accumulate_grad_batches=2)
+    trainer = quiet_trainer(image_root.parent, **options)
     with caplog.at_level(logging.INFO):
         trainer.fit(model, tiny_data(image_root, batch_size=batch_size))
     peak = 0.01 * batch_size * 2 / 8
-    assert [g["initial_lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx(
-        [peak, peak]
-    )
+    initial = [g["initial_lr"] for g in trainer.optimizers[0].param_groups]
+    assert initial == pytest.approx([peak, peak])
     said = f"learning rate 0.01 x {2 * batch_size}/8 = {peak:g} for a global batch of "
     assert said + str(2 * batch_size) in caplog.text
 
 
 def test_layer_decay_scales_timm_layer_groups_and_is_refused_elsewhere() -> None:
     pytest.importorskip("timm")
-    model = ImageClassifier(
-        list(CLASSES), image_size=32, architecture="test_convnext", layer_decay=0.5
-    )
+    options = dict(image_size=32, architecture="test_convnext", layer_decay=0.5)
+    model = ImageClassifier(list(CLASSES), **options)
     model.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
     groups = model.configure_optimizers()["optimizer"].param_groups
     rates = sorted({g["lr"] for g in groups}, reverse=True)
@@ -286,25 +273,14 @@ def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters(
         os.environ.update(environment)
 
 
-@pytest.mark.slow  # a subprocess: the fast tier's one real command line is test_cli's
-def test_early_stopping_through_the_command_line(image_root: Path, tmp_path: Path) -> None:
+def test_early_stopping_through_the_command_line(image_root: Path, tmp_path: Path, run_main):
     """Lightning's EarlyStopping, as docs/training.md gives it: no improvement of val_loss by
     more than `min_delta` (here more than it can improve) for `patience` epochs stops the run."""
-    early = [
-        "--trainer.callbacks+=EarlyStopping",
-        "--trainer.callbacks.monitor",
-        "val_loss",
-        "--trainer.callbacks.patience",
-        "1",
-        "--trainer.callbacks.min_delta",
-        "100",
-    ]
+    early = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"]
+    early += ["--trainer.callbacks.patience", "1", "--trainer.callbacks.min_delta", "100"]
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
     options = [*tiny_run_options(image_root), "--trainer.max_epochs", "5", *quiet, *CSV_LOGGER]
-    done = subprocess.run(
-        [*command, *options, *early], cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    done = run_main("fit", *options, *early, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(tmp_path / "lightning_logs/version_0/metrics.csv", newline="") as file:
         validated = [row["epoch"] for row in csv.DictReader(file) if row["val_loss"]]
