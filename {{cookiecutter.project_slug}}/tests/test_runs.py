@@ -26,6 +26,14 @@ def fit(image_root: Path, *options: str) -> None:
     main(["fit", *tiny_run_options(image_root), *QUIET, *CSV_LOGGER, *options])
 
 
+def refusal(capsys, image_root: Path, *options: str) -> str:
+    """The one error line of a `fit` that must be refused."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        fit(image_root, *options)
+    return one_error(refused.value.code, capsys.readouterr().err)
+
+
 def progress(path: Path) -> tuple[int, int]:
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     return checkpoint["epoch"], checkpoint["global_step"]
@@ -41,28 +49,13 @@ def in_tmp(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
-def test_a_second_experiment_in_the_same_folder_starts_fresh(
-    image_root: Path, in_tmp: Path, capsys
-) -> None:
-    """Two experiments in one folder: the second `fit --model.lr 0.5 --ckpt_path last` is a new
-    run, and trains; the first, finished run's last.ckpt is untouched."""
-    fit(image_root, "--trainer.max_epochs", "2")
-    first = last_of("version_0").read_bytes()
-    capsys.readouterr()
-    fit(image_root, "--model.lr", "0.5", "--ckpt_path", "last", "--trainer.max_epochs", "1")
-    out = capsys.readouterr().out
-    assert "a new run has no last.ckpt" in out and "runs here: version_0" in out
-    assert progress(last_of("version_1")) == (0, 4)  # trained one epoch of its own
-    assert torch.load(last_of("version_1"), weights_only=False)["hyper_parameters"]["lr"] == 0.5
-    assert last_of("version_0").read_bytes() == first
-
-
 def test_a_run_resumes_only_itself_and_keeps_its_options(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
     """`--ckpt_path last` is the named run's own, not the newest; a finished run says so and exits
     0 (its own max_epochs applies, not the default); a fresh fit of it, or a resume that changes
-    what it trains, is refused naming the options; none of them touches its last.ckpt."""
+    what it trains, is refused naming the options; none of them touches its last.ckpt. Without
+    `--run`, `--ckpt_path last` starts a new run and leaves the others alone."""
     fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
     fit(image_root, "--run", "b", "--trainer.max_epochs", "2")  # newer, and further on
     before = last_of("b").read_bytes()
@@ -72,15 +65,11 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     assert stopped.value.code == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("run b already finished at epoch 2 of --trainer.max_epochs 2")
-    with pytest.raises(SystemExit) as refused:
-        fit(image_root, "--run", "b", "--trainer.max_epochs", "1")
-    error = one_error(refused.value.code, capsys.readouterr().err)
+    error = refusal(capsys, image_root, "--run", "b", "--trainer.max_epochs", "1")
     assert "--run b: that run exists" in error and "--ckpt_path last" in error
     changed = ["--model.lr", "0.5", "--data.image_size", "24", "--data.num_workers", "0"]
     changed += ["--data.augment.policy", "rand", "--trainer.max_epochs", "3"]
-    with pytest.raises(SystemExit) as refused:
-        fit(image_root, "--run", "b", "--ckpt_path", "last", *changed)
-    error = one_error(refused.value.code, capsys.readouterr().err)
+    error = refusal(capsys, image_root, "--run", "b", "--ckpt_path", "last", *changed)
     assert "--model.lr 0.5 (the run's: 0.003)" in error
     assert "--data.image_size 24 (the run's: 16)" in error
     assert "--data.augment.policy rand (the run's: None)" in error
@@ -97,6 +86,13 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
         main(["validate", "--ckpt_path", "last", *QUIET, *CSV_LOGGER])
     error = one_error(refused.value.code, capsys.readouterr().err)
     assert "name the run with --run NAME (runs here: a, b)" in error
+    finished = last_of("a").read_bytes()
+    fit(image_root, "--model.lr", "0.5", "--ckpt_path", "last", "--trainer.max_epochs", "1")
+    out = capsys.readouterr().out
+    assert "a new run has no last.ckpt" in out and "runs here: a, b" in out
+    assert progress(last_of("version_0")) == (0, 4)  # trained one epoch of its own
+    assert torch.load(last_of("version_0"), weights_only=False)["hyper_parameters"]["lr"] == 0.5
+    assert (last_of("a").read_bytes(), last_of("b").read_bytes()) == (finished, before)
 
 
 def test_a_resume_applies_a_new_place_and_reading_options_and_says_so(
@@ -167,10 +163,7 @@ def test_a_named_run_is_not_started_over_another_commands_files(
     theirs = in_tmp / "lightning_logs" / "version_0"
     theirs.mkdir(parents=True)
     (theirs / "metrics.csv").write_text("epoch,val_acc\n0,0.5\n")
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as refused:
-        fit(image_root, "--run", "version_0", "--trainer.max_epochs", "1")
-    error = one_error(refused.value.code, capsys.readouterr().err)
+    error = refusal(capsys, image_root, "--run", "version_0", "--trainer.max_epochs", "1")
     assert f"--run version_0: {Path('lightning_logs/version_0')} holds files" in error
     assert (theirs / "metrics.csv").read_text() == "epoch,val_acc\n0,0.5\n"
     assert sorted(p.name for p in theirs.iterdir()) == ["metrics.csv"]
@@ -187,11 +180,8 @@ def test_a_fresh_fit_into_a_checkpoint_folder_with_a_last_ckpt_is_refused(
     shared = ["--checkpoint.dirpath", "shared"]
     fit(image_root, "--trainer.max_epochs", "1", *shared)
     first = Path("shared/last.ckpt").read_bytes()
-    capsys.readouterr()
     for folder, kept in (("mine", b"the user's own file"), ("shared", first)):
-        with pytest.raises(SystemExit) as refused:
-            fit(image_root, "--trainer.max_epochs", "2", "--checkpoint.dirpath", folder)
-        error = one_error(refused.value.code, capsys.readouterr().err)
+        error = refusal(capsys, image_root, "--checkpoint.dirpath", folder)
         assert f"--checkpoint.dirpath: a checkpoint exists ({Path(folder, 'last.ckpt')})" in error
         assert Path(folder, "last.ckpt").read_bytes() == kept
     fit(image_root, "--trainer.max_epochs", "2", *shared, "--ckpt_path", "last")
@@ -209,22 +199,17 @@ def test_a_run_being_trained_is_not_started_or_resumed_by_a_second_fit(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
         + [*tiny_run_options(image_root), *QUIET, *CSV_LOGGER, "--run", "a"]
         + ["--trainer.max_epochs", "100000"],
-        cwd=in_tmp,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+        cwd=in_tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     lock = in_tmp / "lightning_logs" / ".a.lock"
     try:
         deadline = time.time() + 120
         while not (lock.exists() and f"pid {first.pid}" in lock.read_text()):
             assert first.poll() is None and time.time() < deadline, first.stderr.read()[-3000:]
             time.sleep(0.1)
+        twenty_s = ["--run", "a", "--trainer.max_time", "00:00:00:20"]  # or else train, and fail
         for resume in ([], ["--ckpt_path", "last"]):
-            capsys.readouterr()
-            with pytest.raises(SystemExit) as refused:  # or else train 20 s, and fail here
-                fit(image_root, "--run", "a", "--trainer.max_time", "00:00:00:20", *resume)
-            error = one_error(refused.value.code, capsys.readouterr().err)
+            error = refusal(capsys, image_root, *twenty_s, *resume)
             assert f"--run a: that run is being trained now (fit, pid {first.pid} on" in error
         assert first.poll() is None  # the refusals left the first run training
     finally:
