@@ -270,35 +270,26 @@ def being_built(image_root: Path, tmp_path: Path):
         yield dataset, folder, tmp_path / "built", lock
 
 
-def test_a_waiting_process_uses_what_the_builder_built(being_built) -> None:
+@pytest.mark.parametrize("waiter", ["cached", "build"])
+def test_a_waiting_process_uses_what_the_builder_built(being_built, waiter: str) -> None:
+    """`build` (no cache found, then the lock) waits for the build, not the lock: the builder goes
+    on to hold it shared while it reads, and under DDP waits for the other process (deadlock)."""
     dataset, folder, built, lock = being_built
     results = []
-    waiter = threading.Thread(target=lambda: results.append(serve(dataset, 16, folder.parent)))
-    waiter.start()
+    if waiter == "cached":
+        wait = lambda: results.append(serve(dataset, 16, folder.parent).cache.folder)  # noqa: E731
+    else:
+        wait = lambda: results.append(build(dataset, folder, 16, 0, False) or folder)  # noqa: E731
+    thread = threading.Thread(target=wait)
+    thread.start()
     time.sleep(0.5)
-    assert waiter.is_alive() and not folder.exists()
-    built.rename(folder)  # the builder finishes: renames its folder into place
-    marker = (folder / "pixels.u8").stat().st_ino
-    lock.close()  # and lets go of the lock
-    waiter.join(timeout=30)
-    assert results and results[0].cache.folder == folder
-    assert (folder / "pixels.u8").stat().st_ino == marker  # used as it was, not rebuilt
-
-
-def test_a_process_waiting_to_build_does_not_outwait_the_builder(being_built) -> None:
-    """It waits for the build, not the lock: the builder goes on to hold it shared while it reads,
-    and under DDP then waits for the other process (a two-process deadlock)."""
-    dataset, folder, built, lock = being_built
-    waiter = threading.Thread(target=build, args=(dataset, folder, 16, 0, False))
-    waiter.start()
-    time.sleep(0.5)
-    built.rename(folder)  # the builder finishes...
+    assert thread.is_alive() and not folder.exists()
+    built.rename(folder)  # the builder finishes: renames its folder into place...
     marker = (folder / "pixels.u8").stat().st_ino
     fcntl = pytest.importorskip("fcntl")
-    fcntl.flock(lock, fcntl.LOCK_SH)  # ...and reads it, as `cached` does
-    waiter.join(timeout=30)
-    assert not waiter.is_alive()
-    assert (folder / "pixels.u8").stat().st_ino == marker  # used as it was, not rebuilt
+    fcntl.flock(lock, fcntl.LOCK_SH if waiter == "build" else fcntl.LOCK_UN)  # ...reads or leaves
+    thread.join(timeout=30)
+    assert results == [folder] and (folder / "pixels.u8").stat().st_ino == marker  # not rebuilt
 
 
 def test_an_unreadable_image_is_named(image_root: Path, tmp_path: Path) -> None:
@@ -430,38 +421,29 @@ def no_file_locks(monkeypatch):
     monkeypatch.setattr(cache_dirs, "_warned", set())
 
 
-def test_without_file_locks_the_cache_is_built_and_none_removed(
-    image_root: Path, tmp_path: Path, no_file_locks, caplog
+def test_without_file_locks_a_cache_is_built_kept_and_the_first_finished_wins(
+    image_root: Path, tmp_path: Path, no_file_locks, monkeypatch, caplog
 ) -> None:
-    dataset = folder_dataset(image_root)
-    cache_dir = tmp_path / "cache"
-    with caplog.at_level(logging.WARNING):
-        first = serve(dataset, 16, cache_dir, keep=1)
-    assert f"File locks do not work in {cache_dir} (No locks available)" in caplog.text
-    assert torch.equal(first[3][0], dataset[3][0])
-    serve(dataset, 20, cache_dir, keep=1)
-    assert (first.cache.folder / "index.npy").exists()  # nobody can tell if it is read: kept
-
-
-def test_a_build_finished_second_keeps_the_first(
-    image_root: Path, tmp_path: Path, no_file_locks, monkeypatch
-) -> None:
-    """Without locks two nodes may build the same cache at once: the first rename wins."""
-    write = cache_module._write
-    finished_first = []
+    """Without locks two nodes may build the same cache at once: the first rename wins; and as
+    nobody can tell whether a cache is read, none is removed."""
+    write, finished_first = cache_module._write, []
 
     def racing_write(dataset, staging, size, *args):
         write(dataset, staging, size, *args)
         if not finished_first:  # another node finishes the same cache while we write ours
             folder = staging.parent / staging.name[1:].rsplit("-", 1)[0]
-            finished_first.append(folder)
+            finished_first.append(folder)  # before: that build writes through here too
             cache_module.build(dataset, folder, size, 0, False)
             finished_first.append((folder / "pixels.u8").stat().st_ino)
 
     monkeypatch.setattr(cache_module, "_write", racing_write)
-    dataset = folder_dataset(image_root)
-    served = serve(dataset, 16, tmp_path / "cache")
+    dataset, cache_dir = folder_dataset(image_root), tmp_path / "cache"
+    with caplog.at_level(logging.WARNING):
+        served = serve(dataset, 16, cache_dir, keep=1)
+    assert f"File locks do not work in {cache_dir} (No locks available)" in caplog.text
     folder, inode = finished_first
     assert served.cache.folder == folder and (folder / "pixels.u8").stat().st_ino == inode
     assert torch.equal(served[5][0], dataset[5][0])
-    assert not list((tmp_path / "cache").glob(f".{folder.name}-*"))  # our copy discarded
+    assert not list(cache_dir.glob(f".{folder.name}-*"))  # our copy discarded
+    serve(dataset, 20, cache_dir, keep=1)
+    assert (folder / "index.npy").exists()  # kept

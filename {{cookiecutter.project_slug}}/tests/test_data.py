@@ -298,13 +298,8 @@ def test_balanced_sampler_under_two_process_ddp(tmp_path: Path) -> None:
     root = skewed_root(tmp_path / "skewed", common=58, rare=6)
     script = tmp_path / "ddp_count.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
-    done = subprocess.run(
-        [sys.executable, str(script), str(root), str(tmp_path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    command = [sys.executable, str(script), str(root), str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(rank["sampler"] == "BalancedSampler" for rank in ranks)
@@ -366,18 +361,17 @@ def test_scan_takes_the_data_section_of_a_training_config(
     assert "scanned 24 images: 0 unreadable" in capsys.readouterr().err
 
 
-def _crops(dataset, start_method: str | None = None) -> torch.Tensor:
+def _crops(dataset, start_method: str | None = None, workers: int = 2) -> torch.Tensor:
     L.seed_everything(7, workers=True, verbose=False)
-    loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context=start_method)
-    return torch.cat([images for images, _ in loader])
+    options = dict(num_workers=workers, multiprocessing_context=start_method)
+    return torch.cat([images for images, _ in DataLoader(dataset, batch_size=2, **options)])
 
 
 @pytest.fixture
 def one_image_four_times(tmp_path: Path):
     """A training set of one image four times over: only the random crop tells items apart."""
     write_image(tmp_path / "same" / "only" / "0.png", (128, 128, 128), size=(64, 64))
-    source = ClassFolders(tmp_path / "same", val_fraction=0)
-    dm = ImageDataModule(source, image_size=16, num_workers=0)
+    dm = ImageDataModule(ClassFolders(tmp_path / "same", val_fraction=0), image_size=16)
     dm.setup("validate")
     dataset = dm.train_dataset
     dataset.paths = np.repeat(dataset.paths, 4)
@@ -385,14 +379,18 @@ def one_image_four_times(tmp_path: Path):
     return dataset
 
 
-@pytest.mark.parametrize("start", [None, pytest.param("spawn", marks=pytest.mark.slow)])
-def test_workers_draw_different_crops_repeatably(one_image_four_times, start) -> None:
-    """Spawn is what Windows, macOS and Python 3.14 do: the dataset is pickled to each worker."""
-    first = _crops(one_image_four_times, start)
-    assert first.shape == (4, 3, 16, 16) and first.dtype == torch.uint8
-    if start is None:  # repeatable under seed_everything
-        assert torch.equal(first, _crops(one_image_four_times))
+def test_workers_draw_different_crops_repeatably(one_image_four_times) -> None:
+    first = _crops(one_image_four_times)
+    assert torch.equal(first, _crops(one_image_four_times))  # repeatable under seed_everything
     assert not torch.equal(first[0], first[2])  # worker 0 and worker 1 drew different crops
+
+
+@pytest.mark.slow
+def test_spawn_workers(one_image_four_times) -> None:
+    """What Windows, macOS and Python 3.14 do by default: the dataset is pickled to the worker."""
+    crops = _crops(one_image_four_times, "spawn", workers=1)  # one: a torch start per worker
+    assert crops.shape == (4, 3, 16, 16) and crops.dtype == torch.uint8
+    assert not torch.equal(crops[0], crops[2])
 
 
 def test_class_folders_outside_given_class_names_are_reported(image_root: Path) -> None:

@@ -42,13 +42,8 @@ def salt(root: Path, seed: int = 5) -> list[Path]:
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     cwd.mkdir(exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
