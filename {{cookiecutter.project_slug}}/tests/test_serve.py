@@ -369,23 +369,6 @@ def server(model_pt2: Path):
         kill_group(process)
 
 
-def ask_at_once(port: int, model: Path, images: list[Path]) -> None:
-    """Every image from 8 clients at once, as raw bodies and forms in turn: each answer is
-    infer's, and the model saw a batch."""
-
-    def ask(number: int) -> tuple[int, dict]:
-        data = images[number].read_bytes()
-        return post(port, *(form(data) if number % 2 else (data, "image/jpeg")))
-
-    with ThreadPoolExecutor(8) as pool:  # at once, so that the server batches them
-        answers = list(pool.map(ask, range(len(images))))
-    expected = infer_answers(model, images)
-    for path, (status, answer) in zip(images, answers, strict=True):
-        assert status == 200, answer
-        assert_infers_answer(answer, expected[path])
-    assert max(answer["batch_size"] for _, answer in answers) > 1
-
-
 @pytest.mark.slow
 def test_the_readmes_curl_gets_infers_answer(server, images: list[Path]) -> None:
     _, port, cwd = server
@@ -481,32 +464,24 @@ def test_hostile_uploads_are_refused_while_good_ones_are_answered(
 # --- SIGTERM ---
 
 
-def answers_across_sigterm(
-    process: subprocess.Popen, port: int, data: bytes, *, group: bool, sent_whole: int = 0
-) -> list[tuple[int, dict]]:
-    """Four uploads of `data` half sent and `sent_whole` more sent whole when SIGTERM comes, to
-    the server (as Docker and Kubernetes send it) or its whole process group (as systemd,
-    dumb-init and `kill -TERM -PGID` do); their answers."""
+def assert_sigterm_finishes_the_requests_in_flight(
+    process: subprocess.Popen, port: int, data: bytes, expected: list, cwd: Path, *, group: bool
+) -> None:
+    """Four uploads of `data` half sent (and, with `group`, four sent whole) when SIGTERM comes,
+    to the server (as Docker and Kubernetes send it) or its whole process group (as systemd,
+    dumb-init and `kill -TERM -PGID` do): each is answered `expected`, as `infer` answers; then
+    the server exits 0 and leaves none of its processes running."""
+    started = descendants(process.pid)
+    assert len(started) >= 3  # LitServe's manager, inference worker and HTTP server
     head = {"Content-Type": "image/jpeg", "Content-Length": str(len(data))}
     with ThreadPoolExecutor(8) as pool:
-        jobs = [pool.submit(post, port, data, "image/jpeg") for _ in range(sent_whole)]
+        jobs = [pool.submit(post, port, data, "image/jpeg") for _ in range(4 * group)]
         # the headers and 100 bytes now, the rest 2 s later, after SIGTERM
         jobs += [pool.submit(raw_post, port, head, [data[:100], data[100:]], 2) for _ in range(4)]
         time.sleep(1)
         (os.killpg if group else os.kill)(process.pid, signal.SIGTERM)
-        return [job.result(timeout=120) for job in jobs]
-
-
-def assert_sigterm_answers_them(
-    process: subprocess.Popen, port: int, data: bytes, expected: dict, cwd: Path, **sigterm
-) -> None:
-    """`answers_across_sigterm`: every upload is answered `expected`, as `infer` answers; then
-    the server exits 0 and leaves none of its processes running."""
-    started = descendants(process.pid)
-    assert len(started) >= 3  # LitServe's manager, inference worker and HTTP server
-    answers = answers_across_sigterm(process, port, data, **sigterm)
-    uploads = 4 + sigterm.get("sent_whole", 0)
-    assert [status for status, _ in answers] == [200] * uploads, answers
+        answers = [job.result(timeout=120) for job in jobs]
+    assert [status for status, _ in answers] == [200] * len(jobs), answers
     for _, answer in answers:
         assert_infers_answer(answer, expected)
     assert process.wait(timeout=120) == 0, server_log(cwd)
@@ -531,16 +506,25 @@ def test_an_onnx_model_is_served_and_a_sigterm_to_its_group_finishes_the_request
     options = ["--batch_timeout", "1.5", "--max_batch_size", "8"]  # uploads wait for a batch
     process = launch([*command, "--log_level", "warning", *options], port, tmp_path)
     try:
-        data = images[0].read_bytes()
-        expected = infer_answers(model, [images[0]])[images[0]]
+        everyone = infer_answers(model, images)
+        data, expected = images[0].read_bytes(), everyone[images[0]]
         status, answer = post(port, data, "image/jpeg")
         assert status == 200 and answer["batch_size"] == 1, answer
         assert_infers_answer(answer, expected)
         status, answer = post(port, b"not an image", "image/png")
         assert status == 422 and answer["detail"].endswith("not a known image format"), answer
-        ask_at_once(port, model, images)
-        assert_sigterm_answers_them(
-            process, port, data, expected, tmp_path, group=True, sent_whole=4
+        with ThreadPoolExecutor(8) as pool:  # at once, raw bodies and forms: batched
+            bodies = [
+                form(p.read_bytes()) if n % 2 else (p.read_bytes(), "image/jpeg")
+                for n, p in enumerate(images)
+            ]
+            answers = list(pool.map(lambda body: post(port, *body), bodies))
+        assert max(answer["batch_size"] for _, answer in answers) > 1
+        for path, (status, answer) in zip(images, answers, strict=True):
+            assert status == 200, answer
+            assert_infers_answer(answer, everyone[path])
+        assert_sigterm_finishes_the_requests_in_flight(
+            process, port, data, expected, tmp_path, group=True
         )
     finally:
         kill_group(process)
@@ -577,4 +561,5 @@ def test_a_sigterm_to_the_readmes_server_finishes_the_requests_in_flight(
     here: it stops the module's server."""
     process, port, cwd = server
     expected = infer_answers(cwd / "model.pt2", [images[1]])[images[1]]
-    assert_sigterm_answers_them(process, port, images[1].read_bytes(), expected, cwd, group=False)
+    data = images[1].read_bytes()
+    assert_sigterm_finishes_the_requests_in_flight(process, port, data, expected, cwd, group=False)
