@@ -189,17 +189,25 @@ def test_cache_on_and_off_give_the_same_validation_tensors(tmp_path: Path) -> No
         assert torch.equal(image, cached_image)
 
 
-def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path) -> None:
-    options = dict(image_size=16, num_workers=0, cache_dir=tmp_path / "c")
-    first = ImageDataModule(
-        ClassFolders(image_root, val_fraction=0.25, cache="memmap"), **options, seed=0
-    )
+def test_datamodule_builds_the_cache_in_setup_and_reuses_it_for_other_splits(
+    image_root: Path, tmp_path: Path
+) -> None:
+    options = {"image_size": 32, "batch_size": 4, "cache_dir": tmp_path / "c"}
+    source = ClassFolders(image_root, val_fraction=0.25, cache="memmap")
+    first = ImageDataModule(source, **options, num_workers=1, seed=0)  # a worker maps the cache
     first.setup("fit")
     [folder] = [p for p in (tmp_path / "c").iterdir() if p.is_dir()]
     built = (folder / "pixels.u8").stat().st_mtime_ns
-    second = ImageDataModule(
-        ClassFolders(image_root, val_fraction=0.5, cache="memmap"), **options, seed=3
-    )
+    assert isinstance(first.train_dataset, MemmapImageDataset)
+    assert not isinstance(first.val_dataset, MemmapImageDataset)  # validation reads the files
+    images, targets = next(iter(first.train_dataloader()))
+    assert images.dtype == torch.uint8 and images.shape == (4, 3, 32, 32)
+    assert targets.dtype == torch.int64
+    val_images, _ = next(iter(first.val_dataloader()))
+    expected = eval_transform(32)(read_image(first.val_dataset.path(0)))
+    assert torch.equal(val_images[0], expected)
+    source = ClassFolders(image_root, val_fraction=0.5, cache="memmap")
+    second = ImageDataModule(source, **options, num_workers=0, seed=3)
     second.setup("fit")
     assert [p for p in (tmp_path / "c").iterdir() if p.is_dir()] == [folder]
     assert (folder / "pixels.u8").stat().st_mtime_ns == built
@@ -211,6 +219,8 @@ def test_split_and_seed_changes_reuse_the_cache(image_root: Path, tmp_path: Path
     assert 0 < len(shared) < len(dataset)  # the second split trains on some first-split val
     for i in shared:  # each item, its own pixels
         assert torch.equal(stored(dataset, i), before[dataset.path(i)])
+    with pytest.raises(DataError, match="--data.source.cache must be 'none' or 'memmap', got 'di"):
+        ImageDataModule(ClassFolders(image_root, cache="disk"))
 
 
 @pytest.mark.slow
@@ -298,24 +308,6 @@ def test_an_unreadable_image_is_named(image_root: Path, tmp_path: Path) -> None:
         serve(folder_dataset(image_root), 16, tmp_path / "cache")
     # Nothing half-built is left behind.
     assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
-
-
-def test_datamodule_builds_the_cache_in_setup(image_root: Path, tmp_path: Path) -> None:
-    source = ClassFolders(image_root, val_fraction=0.25, cache="memmap")
-    options = {"image_size": 32, "batch_size": 4, "num_workers": 1}  # a worker maps the cache
-    dm = ImageDataModule(source, **options, cache_dir=tmp_path / "cache")
-    dm.setup("fit")
-    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1
-    assert isinstance(dm.train_dataset, MemmapImageDataset)
-    assert not isinstance(dm.val_dataset, MemmapImageDataset)  # validation reads the files
-    images, targets = next(iter(dm.train_dataloader()))
-    assert images.dtype == torch.uint8 and images.shape == (4, 3, 32, 32)
-    assert targets.dtype == torch.int64
-    val_images, _ = next(iter(dm.val_dataloader()))
-    expected = eval_transform(32)(read_image(dm.val_dataset.path(0)))
-    assert torch.equal(val_images[0], expected)
-    with pytest.raises(DataError, match="--data.source.cache must be 'none' or 'memmap', got 'di"):
-        ImageDataModule(ClassFolders(image_root, cache="disk"))
 
 
 def test_a_dead_builds_staging_folder_is_swept(image_root: Path, tmp_path: Path) -> None:

@@ -199,7 +199,7 @@ def test_a_root_that_is_no_class_folder_tree_is_named(image_root: Path, make, me
         ImageDataModule(ClassFolders(make(image_root)), num_workers=0).setup("fit")
 
 
-def test_explicit_validation_folder(image_root: Path, tmp_path: Path) -> None:
+def test_explicit_validation_folder_and_class_names(image_root: Path, tmp_path: Path) -> None:
     val_root = tmp_path / "val"
     write_image(val_root / "bee" / "b.jpg", (30, 255, 30))
     dm = ImageDataModule(ClassFolders(image_root, val_root=val_root), num_workers=0)
@@ -209,6 +209,10 @@ def test_explicit_validation_folder(image_root: Path, tmp_path: Path) -> None:
     other = ImageDataModule(ClassFolders(image_root, val_root=val_root), num_workers=0)
     with pytest.raises(DataError, match=r"class folder .*wasp is not one of the training classes"):
         other.setup("fit")
+    dm = ImageDataModule(ClassFolders(image_root), class_names=["ant", "cat"], num_workers=0)
+    with pytest.warns(UserWarning, match=r"leaves out 1 class folders of .*not used: bee"):
+        dm.setup("fit")  # class folders outside the given class names
+    assert set(dm.train_dataset.targets.tolist()) == {0, 1}
 
 
 def test_mostly_small_training_images_are_named_at_setup(tmp_path: Path, capsys) -> None:
@@ -391,13 +395,6 @@ def test_spawn_workers(one_image_four_times) -> None:
     crops = _crops(one_image_four_times, "spawn", workers=1)  # one: a torch start per worker
     assert crops.shape == (4, 3, 16, 16) and crops.dtype == torch.uint8
     assert not torch.equal(crops[0], crops[2])
-
-
-def test_class_folders_outside_given_class_names_are_reported(image_root: Path) -> None:
-    dm = ImageDataModule(ClassFolders(image_root), class_names=["ant", "cat"], num_workers=0)
-    with pytest.warns(UserWarning, match=r"leaves out 1 class folders of .*not used: bee"):
-        dm.setup("fit")
-    assert set(dm.train_dataset.targets.tolist()) == {0, 1}
 
 
 class EpochOrders(L.Callback):

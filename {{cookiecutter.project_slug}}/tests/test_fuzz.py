@@ -36,27 +36,19 @@ def photo(flip: bool = False) -> Image.Image:
     return Image.fromarray(pixels[:, ::-1] if flip else pixels)
 
 
-def save_exif_jpeg(path: Path) -> None:
-    exif = Image.Exif()
-    exif[0x0112] = 6  # orientation: turned 90 degrees clockwise
-    photo().save(path, quality=90, exif=exif)
-
-
-def save_gray16_png(path: Path) -> None:
-    Image.fromarray(np.asarray(photo().convert("L"), dtype=np.uint16) * 257).save(path)
-
-
 def save_animated_gif(path: Path) -> None:
     frames = [photo().quantize(16), photo(flip=True).quantize(16)]
     frames[0].save(path, save_all=True, append_images=frames[1:])
 
 
+ROTATED = Image.Exif()
+ROTATED[0x0112] = 6  # orientation: turned 90 degrees clockwise
 SOURCES: dict[str, Callable[[Path], None]] = {
     "baseline.jpg": lambda p: photo().save(p, quality=90),
     "progressive.jpg": lambda p: photo().save(p, quality=90, progressive=True),
-    "exif.jpg": save_exif_jpeg,
+    "exif.jpg": lambda p: photo().save(p, quality=90, exif=ROTATED),
     "rgb.png": lambda p: photo().save(p),
-    "gray16.png": save_gray16_png,
+    "gray16.png": lambda p: Image.fromarray(np.uint16(photo().convert("L")) * 257).save(p),
     "animated.gif": save_animated_gif,
     "rgb.bmp": lambda p: photo().save(p),
     "lossy.webp": lambda p: photo().save(p, quality=80),
