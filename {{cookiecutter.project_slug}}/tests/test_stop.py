@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CSV_LOGGER, default_ctrl_c, tiny_run_options
-from test_mid_epoch import colour_images, fit, recorded
+from test_mid_epoch import colour_root as colour_root  # the fixture, shared
+from test_mid_epoch import fit, recorded
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -96,29 +97,19 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
         shards = tmp_path / "shards"
         made = subprocess.run(
             [*command, "shard", "--data.source.root", str(image_root), "--output", str(shards)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
         assert made.returncode == 0, made.stderr[-3000:]
         data = ["--data.source", "Shards", "--data.source.path", str(shards)]
         data += ["--data.image_size", "16", "--data.batch_size", "4"]
 {%- endif %}
-    command.append("fit")
-    options = data + ["--data.num_workers", "1", *CSV_LOGGER]
-    options += ["--trainer.max_epochs", "6", "--trainer.enable_progress_bar", "false"]
-    options += ["--trainer.log_every_n_steps", "1"]
+    options = [*data, "--data.num_workers", "1", *CSV_LOGGER, "--trainer.max_epochs", "6"]
+    options += ["--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
     options += ["--trainer.logger.flush_logs_every_n_steps", "1"]
     run = subprocess.Popen(
-        [*command, *options],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=default_ctrl_c,  # the workers' own handling is tested, not this shell's
-    )
+        [*command, "fit", *options], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, preexec_fn=default_ctrl_c,  # not this shell's handling
+    )  # fmt: skip
     try:
         # Once training runs (a step logged): the workers have started and set their handling.
         metrics = tmp_path / "lightning_logs/version_0/metrics.csv"
@@ -128,8 +119,7 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
         ):
             assert run.poll() is None and time.monotonic() < deadline, run.communicate()
             time.sleep(0.05)
-        workers = _children(run.pid)
-        for worker in workers:
+        for worker in _children(run.pid):
             os.kill(worker, signal.SIGINT)
         out, err = run.communicate(timeout=300)
     finally:
@@ -138,11 +128,6 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
             run.wait()
     assert run.returncode == 0, err[-3000:]
     assert "SIGINT" not in out
-
-
-@pytest.fixture
-def colour_root(tmp_path: Path) -> Path:
-    return colour_images(tmp_path / "colours")
 
 
 @pytest.mark.slow
