@@ -52,11 +52,11 @@ def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int] 
     return path
 
 
-def write_classes(root: Path) -> Path:
-    """`root/<class>/<image>` with three classes of eight small JPEGs each."""
+def write_classes(root: Path, count: int = 8) -> Path:
+    """`root/<class>/<image>` with three classes of `count` small JPEGs each."""
     for label, name in enumerate(CLASSES):
         colour = tuple(255 if c == label else 30 for c in range(3))
-        for i in range(8):
+        for i in range(count):
             write_image(root / name / f"{name}_{i}.jpg", colour)
     return root
 
@@ -222,22 +222,39 @@ class ThreadRecorder(L.Callback):
         Path(f"threads{trainer.global_rank}").write_text(str(torch.get_num_threads()))
 
 
-def cli_fit(folder: Path, *options: str) -> Path:
-    """`fit` as a command on `write_labelled` images in `folder`, OMP_NUM_THREADS unset (the
-    threads noted by ThreadRecorder): the run folder, as this bake's logger names it."""
-    train, val = write_labelled(folder)
+class SavedAfter17(L.Callback):
+    """Rank zero writes the step `last.ckpt` holds after batch 17 to `saved_after_17`."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.is_global_zero and batch_idx == 16:
+            last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+            step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+            Path("saved_after_17").write_text(str(step))
+
+
+def cli_fit(folder: Path, *options: str, omp: str | None = None) -> str:
+    """`fit` as a command in `folder`, with ThreadRecorder and OMP_NUM_THREADS `omp` (None:
+    unset): what it printed."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env |= {"OMP_NUM_THREADS": omp} if omp else {}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *sys.path])
     done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *tiny_run_options(train)]
-        + ["--data.source.val_root", str(val), "--model.lr", "0.01", "--trainer.accelerator", "cpu"]
-        + ["--trainer.enable_progress_bar", "false", "--trainer.callbacks+=conftest.ThreadRecorder"]
-        + list(options),
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options]
+        + ["--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
+        + ["--trainer.callbacks+=conftest.ThreadRecorder"],
         cwd=folder, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    report = re.search(r"^report: (.+) \(written in", done.stdout, re.MULTILINE)
-    assert report, done.stdout[-3000:]
+    return done.stdout
+
+
+def labelled_fit(folder: Path, *options: str) -> Path:
+    """`cli_fit` on `write_labelled` images: the run folder, as this bake's logger names it."""
+    train, val = write_labelled(folder)
+    data = [*tiny_run_options(train), "--data.source.val_root", str(val), "--model.lr", "0.01"]
+    said = cli_fit(folder, *data, *options)
+    report = re.search(r"^report: (.+) \(written in", said, re.MULTILINE)
+    assert report, said[-3000:]
     return folder / Path(report.group(1)).parent
 
 
@@ -245,13 +262,28 @@ def cli_fit(folder: Path, *options: str) -> Path:
 def fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One process, 3 epochs, the report showing 4 mistakes (test_report, test_cpus)."""
     options = ["--trainer.max_epochs", "3", "--history.wrong_images", "4"]
-    return cli_fit(tmp_path_factory.mktemp("fit"), *options)
+    return labelled_fit(tmp_path_factory.mktemp("fit"), *options)
+
+
+DDP = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
 
 
 @pytest.fixture(scope="session")
 def ddp_fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two DDP processes, 2 epochs in batches of 64: each process's 12 images are under one
     batch; the report shows every mistake (test_report, test_ranks, test_cpus)."""
-    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", "64"]
-    options = [*ddp, "--trainer.max_epochs", "2", "--history.wrong_images", "20"]
-    return cli_fit(tmp_path_factory.mktemp("ddp_fit"), *options)
+    options = [*DDP, "--data.batch_size", "64", "--trainer.max_epochs", "2"]
+    options += ["--history.wrong_images", "20"]
+    return labelled_fit(tmp_path_factory.mktemp("ddp_fit"), *options)
+
+
+@pytest.fixture(scope="session")
+def ddp_timed_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two DDP processes with OMP_NUM_THREADS=2, a timed save due after every batch, 18 batches
+    of 1 image a process (test_ddp, test_cpus): its folder."""
+    folder = tmp_path_factory.mktemp("ddp_timed")
+    root = write_classes(folder / "images", count=12)
+    options = [*tiny_run_options(root, batch_size=1), "--data.source.val_fraction", "0", *DDP]
+    options += ["--last_checkpoint.every_minutes", "1e-9", "--trainer.max_epochs", "1"]
+    cli_fit(folder, *options, *CSV_LOGGER, "--trainer.callbacks+=conftest.SavedAfter17", omp="2")
+    return folder

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run_options, write_classes
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, cpus
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -162,31 +161,20 @@ def torch_threads(omp: str | None) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("run", "omp"), [("fit_run", None), ("ddp_fit_run", None), (None, "2")])
+@pytest.mark.parametrize(
+    ("run", "processes", "omp"),
+    [("fit_run", 1, None), ("ddp_fit_run", 2, None), ("ddp_timed_fit", 2, "2")],
+)
 def test_training_processes_share_the_cpus_unless_omp_num_threads_says(
-    run: str | None, omp: str | None, tmp_path: Path, request: pytest.FixtureRequest
+    run: str, processes: int, omp: str | None, request: pytest.FixtureRequest
 ) -> None:
-    """conftest's fits (one process, two) and a two-process fit with OMP_NUM_THREADS=2: one
-    process alone keeps torch's default threads, two share the CPUs; OMP_NUM_THREADS wins."""
+    """conftest's fits: one process alone keeps torch's default threads, two share the CPUs;
+    OMP_NUM_THREADS=2 wins."""
+    folder = request.getfixturevalue(run)
+    folder = folder if run == "ddp_timed_fit" else folder.parent.parent  # the fit's, not the run's
     threads = torch_threads(omp)
-    if run is None:
-        tests = os.pathsep.join([str(Path(__file__).parent), *sys.path])
-        done = subprocess.run(
-            [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
-            + [*tiny_run_options(write_classes(tmp_path / "images"))]
-            + ["--trainer.accelerator", "cpu", "--trainer.devices", "2"]
-            + ["--trainer.strategy", "ddp", "--trainer.max_epochs", "1"]
-            + ["--trainer.limit_train_batches", "1"]
-            + ["--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"]
-            + ["--trainer.logger", "false", "--trainer.callbacks+=conftest.ThreadRecorder"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-            env={**os.environ, "OMP_NUM_THREADS": omp, "PYTHONPATH": tests},
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-    folder = request.getfixturevalue(run).parent.parent if run else tmp_path
-    processes = len(list(folder.glob("threads*")))
-    assert processes == (1 if run == "fit_run" else 2)
     if omp is None:
         threads = min(threads, cpus.cpu_share(processes))
     recorded = [int((folder / f"threads{rank}").read_text()) for rank in range(processes)]
     assert recorded == [threads] * processes
+    assert not (folder / f"threads{processes}").exists()
