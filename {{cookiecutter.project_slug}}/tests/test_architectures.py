@@ -95,11 +95,11 @@ def test_a_model_built_from_computed_widths_is_checked_without_its_memory() -> N
 def test_fit_refuses_a_model_too_big_for_the_images(
     image_root: Path, tmp_path: Path, run_main
 ) -> None:
-    options = ["--model.architecture", "inception_v3", "--trainer.max_epochs", "1"]
+    options = ["--model.architecture", "alexnet", "--trainer.max_epochs", "1"]
     fit = run_main("fit", *tiny_run_options(image_root), *options, cwd=tmp_path)
     line = one_error(fit.returncode, fit.stderr)
-    assert "inception_v3 does not run at --data.image_size 16" in line
-    assert "use --data.image_size 75 or another architecture" in line
+    assert "alexnet does not run at --data.image_size 16" in line
+    assert "use --data.image_size 63 or another architecture" in line
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
