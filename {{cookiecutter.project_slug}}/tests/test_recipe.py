@@ -43,18 +43,12 @@ class EpochRecord(L.Callback):
             return
         net = pl_module.net
         groups = trainer.optimizers[0].param_groups
-        self.epochs.append(
-            {
-                "epoch": trainer.current_epoch,
-                "backbone_grad": net.stem[0].weight.requires_grad,
-                "head_grad": net.head[-1].weight.requires_grad,
-                "backbone_bn_trains": net.stem[1].training,
-                "lrs": {group["name"]: group["lr"] for group in groups},
-                "stem": net.stem[0].weight.detach().clone(),
-                "running_mean": net.stem[1].running_mean.clone(),
-                "head": net.head[-1].weight.detach().clone(),
-            }
-        )
+        stem, head = net.stem[0].weight, net.head[-1].weight
+        record = dict(epoch=trainer.current_epoch, backbone_bn_trains=net.stem[1].training)
+        record |= dict(backbone_grad=stem.requires_grad, head_grad=head.requires_grad)
+        record |= dict(stem=stem.detach().clone(), head=head.detach().clone())
+        record |= dict(running_mean=net.stem[1].running_mean.clone())
+        self.epochs.append(record | dict(lrs={group["name"]: group["lr"] for group in groups}))
 
 
 def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate(image_root):
@@ -139,12 +133,19 @@ class LossTargets(nn.CrossEntropyLoss):
         return super().forward(logits, targets)
 
 
-def test_mixing_trains_on_soft_targets_until_its_last_epochs(image_root: Path) -> None:
-    model = tiny_model(mixup_alpha=0.4, cutmix_alpha=1.0, mix_off_epochs=1, label_smoothing=0.1)
-    model.loss = LossTargets(model, label_smoothing=0.1)
-    trainer = quiet_trainer(image_root.parent, max_epochs=3, limit_val_batches=0)
-    trainer.fit(model, tiny_data(image_root))
+def test_mixing_trains_on_soft_targets_until_its_last_epochs_and_repeats_with_the_seed(
+    image_root: Path,
+) -> None:
+    def trained(**options) -> ImageClassifier:
+        L.seed_everything(0)
+        model = tiny_model(label_smoothing=0.1, **options)
+        model.loss = LossTargets(model, label_smoothing=0.1)
+        trainer = quiet_trainer(image_root.parent, max_epochs=3, limit_val_batches=0)
+        trainer.fit(model, tiny_data(image_root))
+        return model
 
+    mixing = dict(mixup_alpha=0.4, cutmix_alpha=1.0, mix_off_epochs=1)
+    model, again, plain = trained(**mixing), trained(**mixing), trained()
     by_epoch = {e: [t for seen, t in model.loss.seen if seen == e] for e in (0, 1, 2)}
     for targets in by_epoch[0] + by_epoch[1]:
         assert targets.dtype.is_floating_point and targets.shape == (4, len(CLASSES))
@@ -152,22 +153,9 @@ def test_mixing_trains_on_soft_targets_until_its_last_epochs(image_root: Path) -
     mixed = torch.cat(by_epoch[0] + by_epoch[1])
     assert ((mixed > 0) & (mixed < 1)).any(dim=1).float().mean() > 0.5  # not one-hot
     assert all(t.dtype == torch.int64 and t.ndim == 1 for t in by_epoch[2])  # off at the end
-
-
-def test_mixing_repeats_with_the_seed(image_root: Path) -> None:
-    def trained(**options) -> dict[str, torch.Tensor]:
-        L.seed_everything(0)
-        model = tiny_model(**options)
-        trainer = quiet_trainer(image_root.parent, max_epochs=2, limit_val_batches=0)
-        trainer.fit(model, tiny_data(image_root))
-        return model.state_dict()
-
-    mixing = dict(mixup_alpha=0.4, cutmix_alpha=1.0)
-    first, again = trained(**mixing), trained(**mixing)
-    for name, value in first.items():
-        assert torch.equal(again[name], value), name
-    plain = trained()
-    assert not torch.equal(plain["net.head.3.weight"], first["net.head.3.weight"])
+    for name, value in model.state_dict().items():
+        assert torch.equal(again.state_dict()[name], value), name
+    assert not torch.equal(plain.net.head[3].weight, model.net.head[3].weight)
 
 
 def test_flip_tta_predicts_the_same_for_an_image_and_its_mirror(image_root: Path) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,6 @@ import torch
 from conftest import CLASSES, CSV_LOGGER, tiny_run_options
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -129,14 +127,11 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
 
 
 @pytest.mark.slow
-def test_the_report_command_writes_it_again(fit_run: Path, tmp_path: Path) -> None:
+def test_the_report_command_writes_it_again(fit_run: Path, tmp_path: Path, run_main) -> None:
     before = page(fit_run)
     for name in ("report.html", *PNGS):
         (fit_run / name).unlink()
-    done = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "report", str(fit_run)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = run_main("report", fit_run, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"report: {fit_run / 'report.html'}")
     for name in PNGS:
@@ -144,20 +139,17 @@ def test_the_report_command_writes_it_again(fit_run: Path, tmp_path: Path) -> No
     assert page(fit_run) == before
 
 
-def test_a_folder_without_history_is_one_error_line(tmp_path: Path, capsys) -> None:
+def test_a_folder_without_history_is_one_error_line(tmp_path: Path, run_main) -> None:
     for folder, message in [
         (tmp_path, "has no history.json: give the run folder of a `fit`"),
         (tmp_path / "nowhere", "nowhere does not exist"),
     ]:
-        with pytest.raises(SystemExit) as done:
-            main(["report", str(folder)])
-        assert done.value.code == 2
-        err = capsys.readouterr().err
-        assert err.startswith("error: ") and message in err and err.count("\n") == 1
+        done = run_main("report", folder, cwd=tmp_path)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1
+        assert done.stderr.startswith("error: ") and message in done.stderr
     (tmp_path / "history.json").write_text("{not json")
-    with pytest.raises(SystemExit):
-        main(["report", str(tmp_path)])
-    assert "cannot be read as a run history" in capsys.readouterr().err
+    done = run_main("report", tmp_path, cwd=tmp_path)
+    assert done.returncode != 0 and "cannot be read as a run history" in done.stderr
     assert not (tmp_path / "report.html").exists()
 
 
