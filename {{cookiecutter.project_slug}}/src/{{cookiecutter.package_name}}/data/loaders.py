@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import signal
 import threading
@@ -68,6 +69,7 @@ def make_loader(
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
         worker_init_fn=partial(_worker_init, rank=shard[0] if shard else 0, owner=os.getpid()),
+        multiprocessing_context=_WorkerContext() if num_workers and _SIGWAIT else None,
     )
 
 
@@ -82,6 +84,7 @@ def placement(trainer) -> dict:
 # What `timeout`, systemd, SLURM and a terminal send every process of a job: a worker dead of one
 # would fail the next batch before the training process, which handles them, could save.
 STOP_SIGNALS = [s for s in signal.Signals if s.name in ("SIGINT", "SIGUSR1", "SIGUSR2")]
+_SIGWAIT = hasattr(signal, "sigwaitinfo")  # not on macOS or Windows
 
 
 def _worker_init(worker_id: int, rank: int, owner: int) -> None:
@@ -90,11 +93,28 @@ def _worker_init(worker_id: int, rank: int, owner: int) -> None:
     of the job's SIGTERM; without `sigwaitinfo`, as on macOS, it stays). Then seed as Lightning."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
-    if hasattr(signal, "sigwaitinfo"):
+    if _SIGWAIT:
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # left to the thread below
         threading.Thread(target=_end_on_sigterm_from, args=(owner,), daemon=True).start()
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank)
+
+
+class _WorkerProcess(multiprocessing.get_context().Process):
+    """A loader worker started with SIGTERM blocked (a fork keeps the mask): the threads torch
+    starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from` too,
+    instead of dying of torch's handler (a group SIGTERM after a resume killed a worker so)."""
+
+    def start(self) -> None:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+class _WorkerContext(type(multiprocessing.get_context())):
+    Process = _WorkerProcess
 
 
 def _end_on_sigterm_from(owner: int) -> None:
