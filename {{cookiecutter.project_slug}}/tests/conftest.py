@@ -94,15 +94,9 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
     """Run `args` in a process group of its own, Ctrl-C as in a terminal; end the whole group
     when it returns. Past `timeout`, fail with its output and each process's stack."""
     with subprocess.Popen(
-        args,
-        cwd=cwd,
-        env={**env, "PYTHONFAULTHANDLER": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=default_ctrl_c,
-    ) as process:
+        args, cwd=cwd, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_ctrl_c,
+    ) as process:  # fmt: skip
         try:
             stdout, stderr = process.communicate(timeout=timeout)
             done = Run(args, process.returncode, stdout, stderr)
@@ -171,8 +165,7 @@ def run_main(capsys, monkeypatch):
 
 def write_corrupt(path: Path) -> Path:
     """Write a JPEG cut off halfway, as an interrupted copy leaves it."""
-    write_image(path, (120, 120, 120), size=(64, 48))
-    data = path.read_bytes()
+    data = write_image(path, (120, 120, 120), size=(64, 48)).read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path
 
@@ -191,9 +184,8 @@ def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = ImageClassifier(class_names=data.class_names, image_size=16, width=8, lr=1e-2)
     trainer = quiet_trainer(folder, max_epochs=5)
     trainer.fit(model, data)
-    path = folder / "trained.ckpt"
-    trainer.save_checkpoint(path)
-    return path
+    trainer.save_checkpoint(folder / "trained.ckpt")
+    return folder / "trained.ckpt"
 
 
 def quiet_trainer(folder: Path, **options) -> L.Trainer:
@@ -233,10 +225,11 @@ class SavedAfter17(L.Callback):
 
 
 def cli_fit(folder: Path, *options: str, omp: str | None = None) -> str:
-    """`fit` as a command in `folder`, with ThreadRecorder and OMP_NUM_THREADS `omp` (None:
-    unset): what it printed."""
+    """`fit` as a command in `folder`, with ThreadRecorder, OMP_NUM_THREADS `omp` (None: unset)
+    and a per-user cache folder of its own (session fixtures' runs start before `user_cache`):
+    what it printed."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env |= {"OMP_NUM_THREADS": omp} if omp else {}
+    env |= ({"OMP_NUM_THREADS": omp} if omp else {}) | {CACHE_ENV: str(folder / "cache")}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *sys.path])
     done = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options]

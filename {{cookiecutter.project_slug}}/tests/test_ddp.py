@@ -225,13 +225,9 @@ if __name__ == "__main__":
 def run_once_script(root: Path, out: Path, *slow: str) -> subprocess.CompletedProcess:
     script = out / "once.py"
     script.write_text(ONCE_SCRIPT)
-    return subprocess.run(
-        [sys.executable, str(script), str(root), str(out), *slow],
-        cwd=out,
-        capture_output=True,
-        text=True,
-        timeout=300,  # a rank left waiting for another would hang until this
-    )
+    command = [sys.executable, str(script), str(root), str(out), *slow]
+    # A rank left waiting for another would hang until the timeout.
+    return subprocess.run(command, cwd=out, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

@@ -29,10 +29,7 @@ from PIL import Image
 
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
 TESTS = Path(__file__).parent
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
 # One process: loader workers, two passes an epoch, balanced draws, the strong recipe (each draw
@@ -108,15 +105,9 @@ def colours(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fit(root: Path, cwd: Path, *options: str, term_batch: int | None = None, env=None) -> Run:
     """`fit` through the CLI in `cwd` with the recorder (and TermAt when `term_batch`)."""
     callbacks = ["--trainer.callbacks+=test_mid_epoch.Fingerprints"]
-    if term_batch is not None:
-        callbacks.append("--trainer.callbacks+=test_mid_epoch.TermAt")
-    env = {
-        **os.environ,
-        **(env or {}),
-        "RECORD_DIR": str(cwd),
-        "TERM_BATCH": str(term_batch),
-        "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]),
-    }
+    callbacks += ["--trainer.callbacks+=test_mid_epoch.TermAt"] if term_batch is not None else []
+    env = {**os.environ, **(env or {}), "RECORD_DIR": str(cwd), "TERM_BATCH": str(term_batch)}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), *sys.path])
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
     data = ["--data.image_size", "16", "--data.batch_size", "2"]
     if "--data.source" not in options:  # the colour folders, unless the options choose a source
@@ -128,6 +119,7 @@ def fit(root: Path, cwd: Path, *options: str, term_batch: int | None = None, env
 
 def whole_run(root: Path, folder: Path, options: list[str]) -> Path:
     # Set up before the function-scoped `user_cache` fixture: a per-user cache folder of its own.
+    folder.mkdir(exist_ok=True)
     done = fit(root, folder, *options, env={CACHE_ENV: str(folder.with_name("cache"))})
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
@@ -244,10 +236,8 @@ def interrupted_and_resumed(
 ) -> Run:
     """`stopped_and_resumed` in `tmp_path/parts`, against a whole run in `tmp_path/whole` with
     the same options (the shard tests')."""
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    for folder in (whole, parts):
-        folder.mkdir()
-    whole_run(root, whole, options)
+    whole, parts = whole_run(root, tmp_path / "whole", options), tmp_path / "parts"
+    parts.mkdir()
     return stopped_and_resumed(root, parts, whole, options, [stop or {}], ranks)[0]
 
 

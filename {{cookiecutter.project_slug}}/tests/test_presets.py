@@ -44,9 +44,7 @@ def test_scratch_preset_trains(image_root: Path, tmp_path: Path, run_main) -> No
 def readme_finetune_command() -> str:
     """The README's fine-tune command (its second code block)."""
     text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    block = re.search(
-        r"\*\*Fine-tune a pretrained backbone\*\*.*?```bash\n(.*?)```", text, re.DOTALL
-    )
+    block = re.search(r"\*\*Fine-tune a pretrained backbone\*\*.*?```bash\n(.*?)```", text, re.S)
     (line,) = [line for line in block.group(1).splitlines() if line.startswith("python -m ")]
     return line
 
@@ -151,13 +149,8 @@ def test_the_recipe_benchmark_runs(tmp_path: Path) -> None:
     script = Path(__file__).parents[1] / "scripts" / "recipe_bench.py"
     only = ["default", "scratch.yaml, three passes per epoch", "a thirty-line timm script"]
     options = ["--seeds", "0", "--epochs", "1", "--per-class", "2", "--val-per-class", "3"]
-    done = subprocess.run(
-        [sys.executable, str(script), *options, "--only", *only],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, str(script), *options, "--only", *only]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in only:
         row = rf"^\| {name} \| [01]\.\d\d\d ± 0\.000 \| \d+ s \|$"

@@ -191,22 +191,24 @@ def test_weights_of_another_architecture_are_refused_naming_layers(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path: Path) -> None:
+def test_fit_a_pretrained_timm_model_through_the_cli(
+    image_root: Path, tmp_path: Path, offline_hub: Path, run_main
+) -> None:
     """`fit --model.architecture <timm> --model.pretrained true`, offline, from a hub cache: the
     weights' image size and normalisation are taken (and said), recorded in the checkpoint and
     in the export's metadata."""
-    hub_cache(tmp_path / "hf")
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    hub_cache(offline_hub)
     options = [o for o in tiny_run_options(image_root) if o not in ("--data.image_size", "16")]
     options += ["--model.architecture", TIMM_MODEL, "--trainer.max_epochs", "1"]
     options += ["--trainer.limit_train_batches", "2", "--trainer.logger", "false"]
 
-    def fit(*args: str) -> subprocess.CompletedProcess:
+    def fit(*args: str, env: dict) -> subprocess.CompletedProcess:
         command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options, *args]
         run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         return subprocess.run(command, **run)
 
-    done = fit("--model.pretrained", "true", "--checkpoint.dirpath", "ckpts")
+    pretrained = ["--model.pretrained", "true"]
+    done = run_main("fit", *options, *pretrained, "--checkpoint.dirpath", "ckpts", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     said = f"--model.pretrained {TIMM_MODEL}: --data.image_size 160, --data.mean (0.5, 0.5, 0.5)"
     assert said in done.stdout
@@ -217,10 +219,11 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     metadata = json.loads(sidecar.read_text())
     inputs = (metadata["image_size"], metadata["mean"], metadata["std"])
     assert inputs == (160, [0.5] * 3, [0.5] * 3)  # test_resnet's weights': not ImageNet's
-    # From a local file (1000 classes): the classifier re-made for three, and said so.
+    # From a local file (1000 classes), on the command line: the classifier re-made for three,
+    # and said so.
     save_file(timm.create_model(TIMM_MODEL).state_dict(), tmp_path / "w.safetensors")
     weights = ["--model.weights", str(tmp_path / "w.safetensors"), "--data.image_size", "32"]
-    local = fit(*weights, "--checkpoint.dirpath", "local")
+    local = fit(*weights, "--checkpoint.dirpath", "local", env=dict(os.environ))
     assert local.returncode == 0, local.stderr[-3000:]
     assert "classifier is re-made for 3 classes" in local.stderr
     assert f"--model.weights {TIMM_MODEL}: --data.mean (0.5, 0.5, 0.5)" in local.stdout
@@ -228,10 +231,10 @@ def test_fit_a_pretrained_timm_model_through_the_cli(image_root: Path, tmp_path:
     # one line before training, naming the model and the folder, and no retries said before it.
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
-    del env["HF_HUB_OFFLINE"]
-    env["HF_HOME"] = str(tmp_path / "empty")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "empty")}
     env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
-    failed = fit("--model.pretrained", "true")
+    del env["HF_HUB_OFFLINE"]
+    failed = fit(*pretrained, env=env)
     closed.close()
     line = one_error(failed.returncode, failed.stderr)
     assert TIMM_MODEL in line and str(tmp_path / "empty") in line

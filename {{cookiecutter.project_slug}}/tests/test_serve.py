@@ -115,14 +115,12 @@ def free_port() -> int:
 
 
 def post(port: int, body: bytes, content_type: str | None) -> tuple[int, dict]:
+    headers = {"Content-Type": content_type} if content_type else {}
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        headers = {"Content-Type": content_type} if content_type else {}
+    with contextlib.closing(connection):
         connection.request("POST", "/predict", body, headers)
         response = connection.getresponse()
         return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 def form(data: bytes, filename: str | None = "upload.jpg") -> tuple[bytes, str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import one_error, write_image
-from test_mid_epoch import colour_images, interrupted_and_resumed
+from test_mid_epoch import colour_images, interrupted_and_resumed, recorded
 
 from {{ cookiecutter.package_name }}.commands.shard_output import ShardOutput
 
@@ -142,11 +142,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    server = subprocess.Popen(
-        [*command, "-c", str(cert), "-k", str(key)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    command += ["-c", str(cert), "-k", str(key)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {
         "AWS_ENDPOINT_URL": f"https://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "testing",
@@ -231,6 +228,9 @@ def test_shards_on_s3_train_two_processes_and_resume(
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
     options = [*ddp, *from_shards("s3://shards/colours"), "--data.num_workers", "1"]
     interrupted_and_resumed(colours, tmp_path, options, ranks=2)
+    shares = [recorded(tmp_path / "whole", rank) for rank in (0, 1)]
+    for first, second in zip(shares[0].values(), shares[1].values(), strict=True):
+        assert len(first) == len(second) and not set(first) & set(second)  # no image on both
 
     parts = tmp_path / "parts"  # the resumed run's folder; one process from here on
     last = ["--run", "version_0", "--ckpt_path", "last"]
