@@ -164,25 +164,24 @@ def fuzz(bake: Path, per_kind: int, seed: int) -> None:
     print(f"{time.perf_counter() - start:.0f} s")
     counts: dict[str, collections.Counter] = {name: collections.Counter() for name in DECODERS}
     examples: dict[tuple[str, str], str] = {}
-    for outcome in outcomes:
-        name, path = outcome.job
-        status = outcome.answer[0] if outcome.answer else outcome.died
+    for (name, path), answer, died, stderr in outcomes:  # test_fuzz's Outcome
+        status = answer[0] if answer else died
         kind = {"ok": "decoded", "raised": "refused", "crashed": "crashed"}.get(status, "hung")
-        if outcome.died and "no answer" not in outcome.died:
+        if died and "no answer" not in died:
             kind = "crashed"  # the worker itself, not a child
         counts[name][kind] += 1
         counts[name]["files"] += 1
         if kind in ("crashed", "hung"):
             counts[name][f"{kind} on {Path(path).stem.split('-', 1)[1][:-4]}"] += 1
-            how = outcome.died or f"killed by {outcome.answer[1]}"
+            how = died or f"killed by {answer[1]}"
             examples.setdefault((name, kind), f"{Path(path).name}: {how}")
-        for line in outcome.stderr.splitlines():  # Python's warnings, or a C library's own
+        for line in stderr.splitlines():  # Python's warnings, or a C library's own
             said = "warned" if re.search(r"\w+Warning: ", line) else "printed"
             if said == "warned" or not line.startswith("  "):  # not a warning's source line
                 examples.setdefault((name, said), line.strip())
-        if re.search(r"\w+Warning: ", outcome.stderr):
+        if re.search(r"\w+Warning: ", stderr):
             counts[name]["warned"] += 1
-        if any(not re.search(r"\w+Warning: |^  ", line) for line in outcome.stderr.splitlines()):
+        if any(not re.search(r"\w+Warning: |^  ", line) for line in stderr.splitlines()):
             counts[name]["printed"] += 1
     columns = ("files", "crashed", "hung", "printed", "warned", "refused", "decoded")
     print("files that crashed or hung the decoder, made it print to stderr or raise a Python")
