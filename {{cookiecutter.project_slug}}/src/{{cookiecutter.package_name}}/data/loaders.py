@@ -69,7 +69,7 @@ def make_loader(
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
         worker_init_fn=partial(_worker_init, rank=shard[0] if shard else 0, owner=os.getpid()),
-        multiprocessing_context=_WorkerContext() if num_workers and _SIGWAIT else None,
+        multiprocessing_context=_ForkWithSigtermBlocked() if num_workers and _forks() else None,
     )
 
 
@@ -100,21 +100,29 @@ def _worker_init(worker_id: int, rank: int, owner: int) -> None:
         pl_worker_init_function(worker_id, rank)
 
 
-class _WorkerProcess(multiprocessing.get_context().Process):
-    """A loader worker started with SIGTERM blocked (a fork keeps the mask): the threads torch
-    starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from` too,
-    instead of dying of torch's handler (a group SIGTERM after a resume killed a worker so)."""
-
-    def start(self) -> None:
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
-        try:
-            super().start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+def _forks() -> bool:
+    """Whether loader workers start by fork here (read without fixing the start method, as
+    `multiprocessing.get_context()` would; the default is listed first)."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    return _SIGWAIT and (method or multiprocessing.get_all_start_methods()[0]) == "fork"
 
 
-class _WorkerContext(type(multiprocessing.get_context())):
-    Process = _WorkerProcess
+if _SIGWAIT:  # Linux: it has fork
+
+    class _ForkedWorker(multiprocessing.get_context("fork").Process):
+        """A loader worker forked with SIGTERM blocked (a fork keeps the mask): the threads torch
+        starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from`
+        too, instead of dying of torch's handler (a group SIGTERM after a resume killed one)."""
+
+        def start(self) -> None:
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+            try:
+                super().start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    class _ForkWithSigtermBlocked(type(multiprocessing.get_context("fork"))):
+        Process = _ForkedWorker
 
 
 def _end_on_sigterm_from(owner: int) -> None:
