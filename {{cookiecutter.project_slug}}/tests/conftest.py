@@ -115,9 +115,16 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
     return done
 
 
-def running_in_group(group: int) -> list[int]:
-    """The processes of process group `group` still running (zombies left out)."""
-    return [pid for pid, pgid in _processes() if pgid == group]
+def running_in_group(group: int, grace: float = 10) -> list[int]:
+    """The processes of process group `group` still running `grace` s on (zombies left out). The
+    grace is for a process that has closed its pipes and is ending: on a loaded machine, `ps` can
+    still show it for a moment after `communicate` has returned."""
+    deadline = time.monotonic() + grace
+    while (found := [pid for pid, pgid in _processes() if pgid == group]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    return found
 
 
 def running(pid: int) -> bool:
