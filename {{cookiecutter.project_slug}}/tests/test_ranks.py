@@ -141,10 +141,10 @@ def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Pat
     shards = require_shards()
     assert (len(train), len(val)) == (18, 6)
     for dataset, processes, batch_size in ((train, 16, 1), (train, 4, 4), (val, 4, 1)):
-        loader = shards.streaming_loader(dataset, 64, 0, False, processes)
+        loader = shards.streaming_loader(dataset, 64, 0, False, (0, processes))
         assert loader.batch_size == batch_size, (len(dataset), processes)
     with pytest.raises(DataError, match=r"6 images of .*shards.* among 8 processes"):
-        shards.streaming_loader(val, 64, 0, False, 8)
+        shards.streaming_loader(val, 64, 0, False, (7, 8))
 
 
 {% endif -%}

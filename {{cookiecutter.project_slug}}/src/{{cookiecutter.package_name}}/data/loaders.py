@@ -68,9 +68,16 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
-        worker_init_fn=partial(_worker_init, rank=shard[0] if shard else 0, owner=os.getpid()),
-        multiprocessing_context=_ForkWithSigtermBlocked() if num_workers and _forks() else None,
+        **worker_options(num_workers, shard[0] if shard else 0),
     )
+
+
+def worker_options(num_workers: int, rank: int) -> dict:
+    """A loader's workers: `_worker_init`, and where they fork, forked with SIGTERM blocked."""
+    options = {"worker_init_fn": partial(_worker_init, rank=rank, owner=os.getpid())}
+    if num_workers and _forks():
+        options["multiprocessing_context"] = _ForkWithSigtermBlocked()
+    return options
 
 
 def placement(trainer) -> dict:
@@ -107,19 +114,23 @@ def _forks() -> bool:
     return _SIGWAIT and (method or multiprocessing.get_all_start_methods()[0]) == "fork"
 
 
+class SigtermBlocked:
+    """A loader worker started with SIGTERM blocked (a fork keeps the mask): the threads torch
+    starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from` too,
+    instead of dying of torch's handler (a group SIGTERM after a resume killed one)."""
+
+    def start(self) -> None:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 if _SIGWAIT:  # Linux: it has fork
 
-    class _ForkedWorker(multiprocessing.get_context("fork").Process):
-        """A loader worker forked with SIGTERM blocked (a fork keeps the mask): the threads torch
-        starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from`
-        too, instead of dying of torch's handler (a group SIGTERM after a resume killed one)."""
-
-        def start(self) -> None:
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
-            try:
-                super().start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    class _ForkedWorker(SigtermBlocked, multiprocessing.get_context("fork").Process):
+        pass
 
     class _ForkWithSigtermBlocked(type(multiprocessing.get_context("fork"))):
         Process = _ForkedWorker

@@ -312,10 +312,10 @@ class Shards(Source):
         if isinstance(dataset, ImageFolderDataset):  # a `--data.predict_root` folder
             return super().loader(data, dataset, train)
         # LitData splits each epoch between the processes itself.
-        processes = data.trainer.world_size if data.trainer is not None else 1
-        on_cuda, workers = placement(data.trainer)["pin_memory"], data.resolve_num_workers()
-        shards = require_shards()
-        return shards.streaming_loader(dataset, data.batch_size, workers, on_cuda, processes)
+        place, workers = placement(data.trainer), data.resolve_num_workers()
+        share = place.get("shard", (0, 1))
+        loader = require_shards().streaming_loader
+        return loader(dataset, data.batch_size, workers, place["pin_memory"], share)
 
 
 def require_shards(needed_by: str = "--data.source Shards"):
