@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
+import select
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 
@@ -68,16 +72,44 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
-        **worker_options(num_workers, shard[0] if shard else 0),
+        **worker_options(num_workers, *(shard or (0, 1)), preload=__name__),
     )
 
 
-def worker_options(num_workers: int, rank: int) -> dict:
-    """A loader's workers: `_worker_init`, and where they fork, forked with SIGTERM blocked."""
+def worker_options(num_workers: int, rank: int, ranks: int, preload: str) -> dict:
+    """A loader's workers: `_worker_init`, and where they fork, started with SIGTERM blocked. Under
+    DDP, on a Python whose fork can hang (`FORK_CAN_HANG`), forked by a server that imported
+    `preload`: DDP's threads call into Python, and a fork that meets one doing so (gloo's did)
+    leaves the new worker waiting forever; the server has no threads. Its workers get the loader's
+    environment (the server has its own) and a copy of the dataset each (docs/performance.md)."""
     options = {"worker_init_fn": partial(_worker_init, rank=rank, owner=os.getpid())}
-    if num_workers and _forks():
+    if num_workers and _forks() and ranks > 1 and FORK_CAN_HANG:
+        options["multiprocessing_context"] = context = _ServeWithSigtermBlocked()
+        context.set_forkserver_preload([preload])
+        init = options["worker_init_fn"]
+        options["worker_init_fn"] = partial(_served, dict(os.environ), os.getpid(), init)
+    elif num_workers and _forks():
         options["multiprocessing_context"] = _ForkWithSigtermBlocked()
     return options
+
+
+def _served(environ: dict, owner: int, init, worker_id: int) -> None:
+    """`init` in a server's worker: in the environment of `owner`, the loader's process, and ending
+    with it (torch's watchdog watches the worker's parent, the server, which outlives `owner`)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    threading.Thread(target=_end_with, args=(owner,), daemon=True).start()
+    init(worker_id)
+
+
+def _end_with(owner: int) -> None:
+    try:
+        select.select([os.pidfd_open(owner)], [], [])  # readable once `owner` has ended
+    except OSError:  # Linux before 5.3 (or `owner` already gone): look once a second
+        with contextlib.suppress(ProcessLookupError):
+            while not os.kill(owner, 0):
+                time.sleep(1)
+    os._exit(0)
 
 
 def placement(trainer) -> dict:
@@ -92,6 +124,9 @@ def placement(trainer) -> dict:
 # would fail the next batch before the training process, which handles them, could save.
 STOP_SIGNALS = [s for s in signal.Signals if s.name in ("SIGINT", "SIGUSR1", "SIGUSR2")]
 _SIGWAIT = hasattr(signal, "sigwaitinfo")  # not on macOS or Windows
+# CPython gh-112275: a fork while another thread creates its thread state can leave the child
+# waiting forever on an interpreter lock; fixed in 3.11.10 and 3.12 (3.10: all counted).
+FORK_CAN_HANG = sys.version_info < (3, 11, 10)
 
 
 def _worker_init(worker_id: int, rank: int, owner: int) -> None:
@@ -114,7 +149,7 @@ def _forks() -> bool:
     return _SIGWAIT and (method or multiprocessing.get_all_start_methods()[0]) == "fork"
 
 
-class SigtermBlocked:
+class _SigtermBlocked:
     """A loader worker started with SIGTERM blocked (a fork keeps the mask): the threads torch
     starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from` too,
     instead of dying of torch's handler (a group SIGTERM after a resume killed one)."""
@@ -127,13 +162,21 @@ class SigtermBlocked:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-if _SIGWAIT:  # Linux: it has fork
+# Linux: it has fork and forkserver (a server started by the first worker keeps its mask, and so
+# do the workers it forks).
+if _SIGWAIT:
 
-    class _ForkedWorker(SigtermBlocked, multiprocessing.get_context("fork").Process):
+    class _ForkedWorker(_SigtermBlocked, multiprocessing.get_context("fork").Process):
         pass
 
     class _ForkWithSigtermBlocked(type(multiprocessing.get_context("fork"))):
         Process = _ForkedWorker
+
+    class _ServedWorker(_SigtermBlocked, multiprocessing.get_context("forkserver").Process):
+        pass
+
+    class _ServeWithSigtermBlocked(type(multiprocessing.get_context("forkserver"))):
+        Process = _ServedWorker
 
 
 def _end_on_sigterm_from(owner: int) -> None:

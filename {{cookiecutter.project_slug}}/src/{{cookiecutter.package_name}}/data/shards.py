@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
-import os
 import random
 import warnings
-from functools import partial
 from pathlib import Path
 
 import boto3
@@ -20,7 +17,7 @@ import litdata
 import torch
 
 from {{ cookiecutter.package_name }}.data.images import decode_image
-from {{ cookiecutter.package_name }}.data.loaders import SigtermBlocked, worker_options
+from {{ cookiecutter.package_name }}.data.loaders import worker_options
 from {{ cookiecutter.package_name }}.errors import DataError
 
 META = "dataset.json"  # written last by `shard` (commands/shard_output.py): the shards are complete
@@ -102,7 +99,7 @@ def streaming_loader(
     dataset: StreamedImages, batch_size: int, workers: int, pin_memory: bool, shard: tuple[int, int]
 ):
     """LitData's loader: it moves the dataset to the next epoch (its shuffle) at each pass, with
-    new workers, forked by a server (`_ServedWorker`).
+    new workers (started as `worker_options` says).
 
     `shard`: (rank, processes). Batches shrink where images are fewer than `processes` batches:
     LitData deals whole batches, and a process with none would train nothing or stop Lightning's
@@ -119,30 +116,7 @@ def streaming_loader(
     # Lightning's predict loop asks every loader for its batch sampler's indices, which LitData's
     # has not; `PredictionWriter` takes each image's index and path from the batch instead.
     warnings.filterwarnings("ignore", "Couldn't infer the batch indices")
-    options = worker_options(workers, rank)
-    if "multiprocessing_context" in options:  # forked: by a server instead (`_ServedWorker`)
-        options["multiprocessing_context"] = context = _ServeWithSigtermBlocked()
-        context.set_forkserver_preload([__name__])
-        options["worker_init_fn"] = partial(_in, dict(os.environ), options["worker_init_fn"])
+    options = worker_options(workers, rank, processes, preload=__name__)
     return litdata.StreamingDataLoader(
         dataset, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory, **options
     )
-
-
-if "forkserver" in multiprocessing.get_all_start_methods():
-
-    class _ServedWorker(SigtermBlocked, multiprocessing.get_context("forkserver").Process):
-        """A worker forked by a server, started with SIGTERM blocked (by the first worker, so
-        its workers keep that mask too). LitData's loader starts new workers every epoch, and a
-        fork of a process with threads (DDP's) can inherit a lock held at that moment and hang,
-        as one did under Python 3.11 (docs/performance.md); the server's children have none."""
-
-    class _ServeWithSigtermBlocked(type(multiprocessing.get_context("forkserver"))):
-        Process = _ServedWorker
-
-
-def _in(environ: dict, init, worker_id: int) -> None:
-    """`init` in the environment of the loader's process (a server's child has the server's)."""
-    os.environ.clear()
-    os.environ.update(environ)
-    init(worker_id)
