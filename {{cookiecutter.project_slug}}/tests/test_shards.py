@@ -106,10 +106,9 @@ def test_shard_writes_shuffled_shards_once_and_asks_before_replacing(
 def test_a_run_from_local_shards_resumes_mid_epoch_exactly(
     colours: Path, shards: Path, tmp_path: Path
 ) -> None:
-    """Stopped in epoch 1 by SIGTERM to every process of the job (its loader workers and their
-    fork server too) and resumed with `--ckpt_path last`, as the uninterrupted run: each epoch the
-    same images in the same order (LitData's loader state, restored), the same crops and the same
-    final weights."""
+    """Stopped in epoch 1 by SIGTERM to every process of the job (its loader workers too) and
+    resumed with `--ckpt_path last`, as the uninterrupted run: each epoch the same images in the
+    same order (LitData's loader state, restored), the same crops and the same final weights."""
     options = [*from_shards(shards), "--data.num_workers", "2"]
     interrupted_and_resumed(colours, tmp_path, options, ranks=1, stop={"TERM_GROUP": "1"})
 

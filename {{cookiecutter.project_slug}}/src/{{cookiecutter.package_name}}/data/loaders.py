@@ -82,15 +82,15 @@ def worker_options(num_workers: int, rank: int, ranks: int, preload: str) -> dic
     `preload`: DDP's threads call into Python, and a fork that meets one doing so (gloo's did)
     leaves the new worker waiting forever; the server has no threads. Its workers get the loader's
     environment (the server has its own) and a copy of the dataset each (docs/performance.md)."""
-    options = {"worker_init_fn": partial(_worker_init, rank=rank, owner=os.getpid())}
-    if num_workers and _forks() and ranks > 1 and FORK_CAN_HANG:
-        options["multiprocessing_context"] = context = _ServeWithSigtermBlocked()
+    init = partial(_worker_init, rank=rank, owner=os.getpid())
+    if not (num_workers and _forks()):
+        return {"worker_init_fn": init}
+    if ranks > 1 and FORK_CAN_HANG:
+        context = _ServeWithSigtermBlocked()
         context.set_forkserver_preload([preload])
-        init = options["worker_init_fn"]
-        options["worker_init_fn"] = partial(_served, dict(os.environ), os.getpid(), init)
-    elif num_workers and _forks():
-        options["multiprocessing_context"] = _ForkWithSigtermBlocked()
-    return options
+        init = partial(_served, dict(os.environ), os.getpid(), init)
+        return {"worker_init_fn": init, "multiprocessing_context": context}
+    return {"worker_init_fn": init, "multiprocessing_context": _ForkWithSigtermBlocked()}
 
 
 def _served(environ: dict, owner: int, init, worker_id: int) -> None:
