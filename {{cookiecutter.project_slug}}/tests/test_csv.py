@@ -1,45 +1,48 @@
-"""The labels-CSV layout: spreadsheet quirks, label kinds, and an error for each kind of bad row."""
+"""The labels-CSV source: spreadsheet quirks, what labels mean (class indices only when exactly
+0..K-1, else names), and an error naming the file and line for each kind of bad row."""
 
 from __future__ import annotations
 
-import os
+import re
 from pathlib import Path
 
-import numpy as np
 import pytest
-from conftest import write_image
+from conftest import one_error, tiny_run_options, write_image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, ensure_demo_data
-from {{ cookiecutter.package_name }}.data.labels_csv import (
-    classes_from_labels,
-    encode_labels,
-    read_labels_csv,
-)
-from {{ cookiecutter.package_name }}.data.sources import ClassFolders, LabelsCsv
-from {{ cookiecutter.package_name }}.data.transforms import eval_transform
+from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
 @pytest.fixture
 def flat_root(tmp_path: Path) -> Path:
-    """Twelve images in one folder (one nested), labelled only by a CSV."""
-    root = tmp_path / "flat"
-    for i in range(12):
-        name = f"sub/img_{i}.png" if i == 0 else f"img_{i}.png"
-        write_image(root / name, (40 * (i % 3), 80, 120))
-    return root
+    """`img_0.png` .. `img_11.png` in one folder, and `sub/img_0.png`: labelled only by CSVs."""
+    for i, name in enumerate([*(f"img_{i}.png" for i in range(12)), "sub/img_0.png"]):
+        write_image(tmp_path / "flat" / name, (40 * (i % 3), 80, 120), size=(16, 16))
+    return tmp_path / "flat"
 
 
-def write_csv(path: Path, text: str, encoding: str = "utf-8") -> Path:
-    path.write_bytes(text.encode(encoding))
+def write_labels(path: Path, labels: list[str], first: int = 0) -> Path:
+    """A CSV labelling `img_<first>.png`, `img_<first + 1>.png`, ... with `labels`, in order."""
+    rows = "".join(f"img_{first + i}.png,{label}\n" for i, label in enumerate(labels))
+    path.write_text("filename,label\n" + rows, encoding="utf-8")
     return path
 
 
-def rows(labels: list[str], names: list[str] | None = None) -> str:
-    names = names or [("sub/" if i == 0 else "") + f"img_{i}.png" for i in range(len(labels))]
-    return "".join(f"{n},{label}\n" for n, label in zip(names, labels, strict=True))
+def module(root: Path, csv_file: Path, class_names=None, **options) -> ImageDataModule:
+    """The labels CSV as source, with its `options`; `class_names` is the DataModule's."""
+    source = LabelsCsv(csv_file, root=root, **options)
+    return ImageDataModule(source, num_workers=0, class_names=class_names)
+
+
+def targets_by_file(dm: ImageDataModule) -> dict[str, int]:
+    dm.setup("fit")
+    found = {}
+    for dataset in (dm.train_dataset, dm.val_dataset):
+        for path, target in zip(dataset.paths, dataset.targets.tolist(), strict=True):
+            found[path.decode()] = target
+    return found
 
 
 CLASS_LABELS = ["ant", "bee", "cat"] * 4
@@ -49,23 +52,19 @@ def test_class_name_labels_from_a_spreadsheet_export(flat_root: Path, tmp_path: 
     """BOM, CRLF, spaces around fields, extra and reordered columns, other column names."""
     names = ["sub/img_0.png"] + [f"img_{i}.png" for i in range(1, 12)]
     lines = [" Label , notes, File "]
-    lines += [
-        f" {label} , any text , {name} " for name, label in zip(names, CLASS_LABELS, strict=True)
-    ]
-    csv_file = write_csv(tmp_path / "export.csv", "\r\n".join(lines) + "\r\n\r\n", "utf-8-sig")
+    lines += [f" {c} , any text , {n} " for c, n in zip(CLASS_LABELS, names, strict=True)]
+    csv_file = tmp_path / "export.csv"
+    csv_file.write_bytes(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8-sig"))
     columns = {"filename_column": "File", "label_column": "Label"}
-    source = LabelsCsv(csv_file, root=flat_root, val_fraction=0.25, **columns)
-    dm = ImageDataModule(source, num_workers=0)
+    dm = module(flat_root, csv_file, val_fraction=0.25, **columns)
     assert dm.class_names == ["ant", "bee", "cat"]
     dm.setup("fit")
-    assert len(dm.train_dataset) == 9 and len(dm.val_dataset) == 3
-    assert sorted(dm.val_dataset.targets.tolist()) == [0, 1, 2]
-    image, target = dm.train_dataset[0]
-    assert image.shape[0] == 3 and 0 <= target < 3
+    assert len(dm.train_dataset) == 9 and sorted(dm.val_dataset.targets.tolist()) == [0, 1, 2]
+    assert dm.train_dataset[0][0].shape[0] == 3
 
 
 def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
-    write_csv(flat_root / "labels.csv", "filename,label\n" + rows(CLASS_LABELS))
+    write_labels(flat_root / "labels.csv", CLASS_LABELS)
     inside = ImageDataModule(LabelsCsv("labels.csv", root=flat_root), num_workers=0)
     assert inside.source.csv == flat_root / "labels.csv"
     no_root = ImageDataModule(LabelsCsv(flat_root / "labels.csv"), num_workers=0)
@@ -75,16 +74,33 @@ def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
         ImageDataModule(LabelsCsv("nowhere.csv", root=flat_root))
 
 
+def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
+    user_cache: Path, tmp_path: Path
+) -> None:
+    """No `csv` (the labels_csv config) reads the demo set's, in the per-user cache folder; a
+    `root` without a `csv` is refused."""
+    ensure_demo_data(user_cache / "demo", images_per_class=2)  # `prepare_data` keeps it
+    module = ImageDataModule(LabelsCsv(), num_workers=0)
+    module.prepare_data()
+    module.setup("fit")
+    assert module.class_names == list(DEMO_CLASSES)
+    assert module.train_dataset.root == user_cache / "demo"
+    assert module.source.labelled.csv_file == user_cache / "demo" / "labels.csv"
+    assert len(module.train_dataset) + len(module.val_dataset) == 8
+    with pytest.raises(DataError, match=r"--data\.source\.root .* needs --data\.source\.csv"):
+        LabelsCsv(root=tmp_path)
+
+
 def test_bad_csv_is_refused_with_line_and_value(flat_root: Path, tmp_path: Path) -> None:
     """Through the source, as `fit` reads it (each kind of bad row: tests/test_index.py)."""
-    body = "filename,label\nimg_1.png,ant\nnope.png,bee\ngone.png,cat\n"
-    csv_file = write_csv(tmp_path / "labels.csv", body)
+    csv_file = tmp_path / "labels.csv"
+    csv_file.write_text("filename,label\nimg_1.png,ant\nnope.png,bee\ngone.png,cat\n")
     missing = r"2 of 3 rows name files that are not in .*: line 3 'nope\.png', line 4 'gone\.png'"
     with pytest.raises(DataError, match=missing):
-        ImageDataModule(LabelsCsv(csv_file, root=flat_root), num_workers=0).setup("fit")
+        module(flat_root, csv_file).setup("fit")
     csv_file.write_text("filename,label\nimg_1.png,ant\nimg_2.png\n")
     with pytest.raises(DataError, match=r"labels\.csv line 3 has 1 columns, expected 2"):
-        ImageDataModule(LabelsCsv(csv_file, root=flat_root), num_workers=0).class_names  # noqa: B018
+        module(flat_root, csv_file).class_names  # noqa: B018
 
 
 @pytest.mark.parametrize(
@@ -111,26 +127,11 @@ def test_a_file_named_twice_or_in_two_splits_is_refused(
     flat_root: Path, tmp_path: Path, train: str, val: str, message: str
 ) -> None:
     """Duplicates are found by the file, not its spelling: a training image is never validated."""
-    labels = write_csv(tmp_path / "labels.csv", "filename,label\n" + train)
-    val_csv = write_csv(tmp_path / "val.csv", "filename,label\n" + val)
+    (labels := tmp_path / "labels.csv").write_text("filename,label\n" + train)
+    (val_csv := tmp_path / "val.csv").write_text("filename,label\n" + val)
     val_root = flat_root / "sub" if "sub/img_0" in train else None  # val.csv's names are below it
     with pytest.raises(DataError, match=message):
-        source = LabelsCsv(labels, root=flat_root, val_root=val_root, val_csv=val_csv)
-        ImageDataModule(source, num_workers=0).setup("fit")
-
-
-def test_class_folders_that_are_also_the_validation_folders_are_refused(tmp_path: Path) -> None:
-    """A `val_root` that is the training folder (here spelled another way) would validate on it."""
-    root = tmp_path / "images"
-    for name in ("ant", "bee"):
-        for i in range(3):
-            write_image(root / name / f"{name}_{i}.png", (40, 80, 120))
-    (tmp_path / "other").mkdir()
-    val_root = tmp_path / "other" / ".." / "images"
-    data = ImageDataModule(ClassFolders(root, val_root=val_root), num_workers=0)
-    both = r"--data\.source\.root .*images and --data\.source\.val_root .*images both name"
-    with pytest.raises(DataError, match=both + r" 'ant.ant_0\.png'"):
-        data.setup("fit")
+        module(flat_root, labels, val_root=val_root, val_csv=val_csv).setup("fit")
 
 
 @pytest.mark.parametrize(
@@ -138,56 +139,114 @@ def test_class_folders_that_are_also_the_validation_folders_are_refused(tmp_path
     [
         (["0", "1", "2", "3"], r"line 5: unknown label '3' \(class indices 0\.\.2\)"),
         (["ant", "wasp"], r"line 3: unknown label 'wasp' \(classes: ant, bee, cat\)"),
-        (
-            ["ant", "1"],
-            r"line 3: unknown label '1' \(classes: .*--data\.source\.label_kind index reads",
-        ),
+        (["ant", "1"], r"line 3: unknown label '1' \(classes: .*--data\.source\.label_kind index"),
     ],
 )
 def test_labels_outside_the_given_classes(
     flat_root: Path, tmp_path: Path, labels: list[str], message: str
 ) -> None:
-    csv_file = write_csv(tmp_path / "labels.csv", "filename,label\n" + rows(labels))
-    dm = ImageDataModule(LabelsCsv(csv_file, root=flat_root), class_names=["ant", "bee", "cat"])
+    dm = module(flat_root, write_labels(tmp_path / "labels.csv", labels), ["ant", "bee", "cat"])
     with pytest.raises(DataError, match=rf"labels\.csv {message}"):
         dm.setup("fit")
 
 
-def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
-    user_cache: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("labels", "classes"),
+    [
+        (["2019", "2020"] * 6, ["2019", "2020"]),  # years: two classes, not 2,021
+        (["1", "2", "3"] * 4, ["1", "2", "3"]),  # 1-based ids: no empty class 0
+        (["0", "1_0"] * 6, ["0", "1_0"]),  # int("1_0") == 10
+        (["٠", "١", "٢"] * 4, ["٠", "١", "٢"]),  # Arabic-Indic digits, which int() reads
+        (["00", "01"] * 6, ["00", "01"]),  # not as str(int) writes them
+        (["0", "2"] * 6, ["0", "2"]),  # integers, but not all of 0..K-1
+        (["-1", "0"] * 6, ["-1", "0"]),
+    ],
+)
+def test_labels_that_are_not_exactly_0_to_k_minus_1_are_names(
+    flat_root: Path, tmp_path: Path, labels: list[str], classes: list[str]
 ) -> None:
-    """No `csv` (the labels_csv config) reads the demo set's, in the per-user cache folder; a
-    `root` without a `csv` is refused."""
-    ensure_demo_data(user_cache / "demo", images_per_class=2)  # `prepare_data` keeps it
-    module = ImageDataModule(LabelsCsv(), num_workers=0)
-    module.prepare_data()
-    module.setup("fit")
-    assert module.class_names == list(DEMO_CLASSES)
-    assert module.train_dataset.root == user_cache / "demo"
-    assert module.source.labelled.csv_file == user_cache / "demo" / "labels.csv"
-    assert len(module.train_dataset) + len(module.val_dataset) == 8
-    with pytest.raises(DataError, match=r"--data\.source\.root .* needs --data\.source\.csv"):
-        LabelsCsv(root=tmp_path)
+    dm = module(flat_root, write_labels(tmp_path / "labels.csv", labels))
+    assert dm.class_names == classes
+    targets = targets_by_file(dm)
+    assert [classes[targets[f"img_{i}.png"]] for i in range(12)] == labels
 
 
-@pytest.mark.slow
-def test_million_row_index(tmp_path: Path) -> None:
-    """A million rows: every path, label and line number in place, and a dataset over them."""
-    count = 1_000_000
-    ids = np.arange(count)
-    names = [f"class_{i % 100}/{i}.jpg" for i in range(count)]
-    csv_file = tmp_path / "big.csv"
-    csv_file.write_text(
-        "filename,label\n" + "".join(f"{n},c{i % 100}\n" for i, n in enumerate(names))
+def test_labels_exactly_0_to_k_minus_1_are_indices(flat_root: Path, tmp_path: Path) -> None:
+    """Twelve classes: as names "10" would sort before "2"; as indices it is class 10."""
+    labels = [str(i) for i in (5, 0, 11, 2, 10, 1, 3, 4, 6, 7, 8, 9)]
+    dm = module(flat_root, write_labels(tmp_path / "labels.csv", labels), val_fraction=0.0)
+    assert dm.class_names == [str(i) for i in range(12)]
+    assert targets_by_file(dm) == {f"img_{i}.png": int(label) for i, label in enumerate(labels)}
+    named = module(flat_root, tmp_path / "labels.csv", class_names=[f"c{i}" for i in range(12)])
+    assert targets_by_file(named)["img_2.png"] == 11
+
+
+def test_label_kind_forces_either_reading(flat_root: Path, tmp_path: Path) -> None:
+    ids = write_labels(tmp_path / "ids.csv", ["1", "2", "3"] * 4)
+    as_index = module(flat_root, ids, label_kind="index")
+    assert as_index.class_names == ["0", "1", "2", "3"]  # class 0 has no images
+    assert targets_by_file(as_index)["img_2.png"] == 3
+    digits = write_labels(tmp_path / "digits.csv", ["0", "1", "2"] * 4)
+    as_name = module(flat_root, digits, ["2", "1", "0"], label_kind="name")
+    assert targets_by_file(as_name)["img_0.png"] == 2  # the class named "0"
+    assert targets_by_file(module(flat_root, digits, ["2", "1", "0"]))["img_0.png"] == 0  # index 0
+    with pytest.raises(DataError, match=r"--data\.source\.label_kind must be one of auto, index"):
+        module(flat_root, digits, label_kind="ids")  # at construction, before the CSV is read
+
+
+@pytest.mark.parametrize("label", ["cat", "-1", "٣", "1_0", "+1", "01"])
+def test_label_kind_index_refuses_what_is_not_an_index(
+    flat_root: Path, tmp_path: Path, label: str
+) -> None:
+    csv_file = write_labels(tmp_path / "labels.csv", ["0", "1", label, "1"])
+    dm = module(flat_root, csv_file, label_kind="index")
+    with pytest.raises(DataError, match=rf"csv line 4: label '{re.escape(label)}' is not a class"):
+        dm.class_names  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "message"),
+    [
+        (["0", "1", "2"], ["1", "3"], r"'3' is not a training class \(class indices 0\.\.2\)"),
+        (["0", "1", "2"], ["1", "01"], r"'01' is not a training class \(class indices 0\.\.2\)"),
+        (["ant", "bee"], ["bee", "0"], r"'0' is not a .* \(classes: ant, bee; .*label_kind index"),
+    ],
+)
+def test_validation_label_not_in_training_names_file_line_and_label(
+    flat_root: Path, tmp_path: Path, train: list[str], val: list[str], message: str
+) -> None:
+    train_csv = write_labels(tmp_path / "train.csv", train * 3)
+    dm = module(flat_root, train_csv, val_csv=write_labels(tmp_path / "val.csv", val, first=10))
+    with pytest.raises(DataError, match=rf"val\.csv line 3: validation label {message}"):
+        dm.setup("fit")
+
+
+def test_cli_validation_label_outside_training_is_one_error_line(
+    flat_root: Path, tmp_path: Path, run_main
+) -> None:
+    """One line, and no hint to read indices: 2021 would be none."""
+    train_csv = write_labels(tmp_path / "train.csv", ["2019", "2020"] * 5)
+    val_csv = write_labels(tmp_path / "val.csv", ["2020", "2021"], first=10)
+    source = ["--data.source", "LabelsCsv", "--data.source.csv", str(train_csv)]
+    result = run_main(
+        "fit",
+        *source,
+        *tiny_run_options(flat_root),
+        *("--data.source.val_csv", str(val_csv), "--trainer.fast_dev_run", "true"),
+        cwd=tmp_path,
     )
-    table = read_labels_csv(csv_file)
-    targets = encode_labels(table, classes_from_labels(table, "name"), "name")
-    assert table.paths.dtype == np.dtype(f"S{max(map(len, names))}")
-    assert table.paths.tolist() == [n.encode() for n in names]
-    assert table.lines.tolist() == (ids + 2).tolist()
-    assert classes_from_labels(table, "name") == sorted(f"c{k}" for k in range(100))
-    assert targets.dtype == np.int64
-    labels = np.array(classes_from_labels(table, "name"))[targets]
-    assert (labels == np.char.add("c", (ids % 100).astype(str))).all()
-    dataset = ImageFolderDataset(tmp_path, table.paths, targets, eval_transform(16))
-    assert dataset.path(count - 1) == os.path.join(tmp_path, f"class_99/{count - 1}.jpg")
+    line = one_error(result.returncode, result.stderr)
+    said = "val.csv line 3: validation label '2021' is not a training class (classes: 2019, 2020)"
+    assert line.endswith(said)
+
+
+def test_validation_and_test_csvs_are_read_as_training_is(flat_root: Path, tmp_path: Path) -> None:
+    """Training labels 0..2 with given class names are indices: so are those of val and test."""
+    train_csv = write_labels(tmp_path / "train.csv", ["0", "1", "2"] * 3)
+    val_csv = write_labels(tmp_path / "val.csv", ["2", "0"], first=9)
+    test_csv = write_labels(tmp_path / "test.csv", ["1", "y"], first=10)
+    dm = module(flat_root, train_csv, ["x", "y", "z"], val_csv=val_csv, test_csv=test_csv)
+    dm.setup("fit")
+    assert dm.val_dataset.targets.tolist() == [2, 0]
+    with pytest.raises(DataError, match=r"test\.csv line 3: test label 'y' is not a training"):
+        dm.setup("test")  # "y" is a class name, but these labels are indices 0..2

@@ -9,8 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.index import list_images, make_dataset
-from {{ cookiecutter.package_name }}.data.labels_csv import LabelsTable, find_missing, read_labels_csv
+from {{ cookiecutter.package_name }}.data.labels_csv import (
+    LabelsTable,
+    classes_from_labels,
+    encode_labels,
+    find_missing,
+    read_labels_csv,
+)
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
 COLUMNS = ("filename", "label")
@@ -103,13 +111,23 @@ def test_bad_rows_are_refused_with_their_line(tmp_path: Path, text: str | bytes,
         read_labels_csv(csv_file)
 
 
-def test_a_large_file_numbers_labels_in_order_and_names_the_lines_of_errors(tmp_path: Path) -> None:
-    rows = [f"class_{i % 7}/{i}.jpg,{'cat' if i == 0 else 'bee'}\n" for i in range(100_000)]
+def test_a_large_file_reads_every_row_in_place_and_names_errors(tmp_path: Path) -> None:
+    """100,000 rows: every path, label and line number in place, and a dataset over them."""
+    rows = [f"class_{i % 7}/{i}.jpg,c{i * 37 % 100}\n" for i in range(100_000)]
     csv_file = tmp_path / "big.csv"
-    csv_file.write_text("filename,label\n" + "".join(rows) + "last.jpg,ant\n")
+    csv_file.write_text("filename,label\n" + "".join(rows))
     table = read_labels_csv(csv_file)
-    assert table.values == ["cat", "bee", "ant"]  # in order of first appearance
-    assert table.codes[:2].tolist() == [0, 1] and table.codes[-1] == 2
+    assert table.values[:3] == ["c0", "c37", "c74"]  # in order of first appearance
+    assert table.paths.dtype == np.dtype("S17")  # as wide as the longest name
+    assert table.paths.tolist() == [row.split(",")[0].encode() for row in rows]
+    assert table.lines.tolist() == list(range(2, 100_002))
+    classes = classes_from_labels(table, "name")
+    assert classes == sorted(f"c{k}" for k in range(100))
+    targets = encode_labels(table, classes, "name")
+    assert targets.dtype == np.int64
+    assert [classes[t] for t in targets] == [row.split(",")[1][:-1] for row in rows]
+    dataset = ImageFolderDataset(tmp_path, table.paths, targets, eval_transform(16))
+    assert dataset.path(99_999) == os.path.join(tmp_path, "class_4", "99999.jpg")
     rows[810] = "a_short_row.jpg\n"  # line 812: the header is line 1
     csv_file.write_text("filename,label\n" + "".join(rows))
     with pytest.raises(DataError, match=r"big\.csv line 812 has 1 columns, expected 2"):
