@@ -66,7 +66,7 @@ def test_quirks_read_as_expected_quoted_or_not(tmp_path: Path, text: str, expect
     assert as_tuple(read_labels_csv(csv_file, *columns)) == expected
     quoted = tmp_path / "quoted.csv"
     lines = re.findall(r".*?\n|.+$", text, flags=re.DOTALL)  # not splitlines: "\u2028" is no end
-    quoted.write_text("".join(map(quote, lines)), encoding="utf-8")
+    quoted.write_text("".join(map(quote, lines)), encoding="utf-8-sig")  # a BOM, as Excel's
     assert '"' in quoted.read_text(encoding="utf-8")
     assert as_tuple(read_labels_csv(quoted, *columns)) == expected
 
