@@ -23,8 +23,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals k
 
 
 class CrashingDataset(ImageFolderDataset):
-    """Reads as its parent does, but dies of SIGSEGV on files named `crash*`, as a C decoder with
-    a bug would."""
+    """Dies of SIGSEGV on files named `crash*`, as a C decoder with a bug would."""
 
     def read(self, index: int):
         if os.path.basename(self.path(index)).startswith("crash"):
@@ -38,34 +37,21 @@ def dataset_of(root: Path) -> CrashingDataset:
     return CrashingDataset(root, paths, targets, eval_transform(16), classes)
 
 
-@pytest.mark.slow
-def test_a_crashing_decoder_is_named_and_the_scan_finishes(tmp_path: Path) -> None:
-    """Two processes (one: test_indices_run_over_the_datasets_in_order)."""
-    root = tmp_path / "images"
-    for i in range(10):  # two chunks of 16: crashes and a healthy chunk mix
-        write_image(root / "a" / f"img_{i:02d}.png", (200, 20, 20), size=(12, 10))
-    write_image(root / "a" / "crash_1.png", (20, 200, 20), size=(12, 10))
-    write_image(root / "b" / "crash_2.png", (20, 20, 200), size=(12, 10))
-    write_corrupt(root / "b" / "broken.jpg")  # beside a crash: still read, still named
-    for i in range(5):
-        write_image(root / "b" / f"ok_{i}.png", (20, 20, 200), size=(12, 10))
-    dataset = dataset_of(root)
-    bad = find_unreadable([dataset], num_workers=2, progress=False)
-    by_name = {os.path.basename(dataset.path(i)): message for i, message in bad}
-    assert set(by_name) == {"crash_1.png", "crash_2.png", "broken.jpg"}
-    for name in ("crash_1.png", "crash_2.png"):
-        assert by_name[name].endswith(f"{name}: crashed the decoder (signal 11)")
-    assert "broken.jpg" in by_name["broken.jpg"] and "crashed" not in by_name["broken.jpg"]
-
-
-def test_indices_run_over_the_datasets_in_order(image_root: Path, tmp_path: Path) -> None:
+def test_a_crashing_decoder_is_named_and_the_scan_finishes(image_root: Path, tmp_path: Path):
+    """Two datasets numbered in turn, two processes: the files that kill their process, and a
+    damaged one beside them, are named."""
     other = tmp_path / "other"
-    write_image(other / "x" / "crash.png", (1, 2, 3), size=(12, 10))
     write_corrupt(other / "x" / "broken.jpg")
-    first, second = dataset_of(image_root), dataset_of(other)
-    bad = find_unreadable([first, second], num_workers=1, progress=False)
-    assert [i for i, _ in bad] == [len(first), len(first) + 1]  # broken.jpg, crash.png
-    assert "crashed the decoder" in bad[1][1] and bad[1][1].count("crash.png") == 1
+    write_image(other / "x" / "crash_1.png", (20, 200, 20), size=(12, 10))
+    for name in ("crash_2", *(f"ok_{i}" for i in range(5))):
+        write_image(other / "y" / f"{name}.png", (20, 20, 200), size=(12, 10))
+    first = dataset_of(image_root)
+    bad = find_unreadable([first, dataset_of(other)], num_workers=2, progress=False)
+    assert [i for i, _ in bad] == [len(first), len(first) + 1, len(first) + 2]
+    assert "broken.jpg" in bad[0][1] and "crashed" not in bad[0][1]
+    for (_, message), name in zip(bad[1:], ("crash_1.png", "crash_2.png"), strict=True):
+        assert message.endswith(f"{name}: crashed the decoder (signal 11)")
+        assert message.count(name) == 1
 
 
 def children_of(pid: int) -> list[int]:
@@ -90,8 +76,8 @@ def waiting_on_a_fifo(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="finds the worker through /proc")
 def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_path: Path) -> None:
-    """A named pipe among the images holds the worker that opens it, as a decoder stuck on a file
-    would; the test then kills that worker with SIGSEGV, as a decoder crash would."""
+    """A named pipe among the images holds the loader worker that opens it; the test then kills
+    that worker with SIGSEGV, as a decoder crash would."""
     stuck = image_root / "cat" / "cat_stuck.jpg"
     os.mkfifo(stuck)
     val_root = tmp_path / "val"
@@ -103,17 +89,13 @@ def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_pa
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options]
         + ["--data.source.val_root", str(val_root), "--trainer.max_epochs", "1", *CSV_LOGGER]
         + ["--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false"]
-        # A step logged and written at once: the test waits for one before the crash.
         + ["--trainer.log_every_n_steps", "1", "--trainer.logger.flush_logs_every_n_steps", "1"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its loader worker too is ended below, whatever the outcome
-    )
+    )  # fmt: skip
     try:
-        # Killed once the worker is held and a step has been trained: a crash before any step
-        # leaves nothing to save, and on a slow machine the first step may come after the hold.
+        # Killed once the worker is held and a step is logged: a crash before any step leaves
+        # nothing to save.
         metrics = tmp_path / "lightning_logs/version_0/metrics.csv"
         deadline = time.monotonic() + 120
         while not (
