@@ -275,32 +275,16 @@ def test_unreadable_images_are_named_left_out_on_request_and_scanned(
         assert "scanned 28 images: 3 unreadable" in capsys.readouterr().err
 
 
-@pytest.fixture
-def one_image_four_times(tmp_path: Path):
-    """A training set of one image four times over: only the random crop tells items apart."""
+@pytest.mark.slow
+def test_spawn_workers(tmp_path: Path) -> None:
+    """What Windows, macOS and Python 3.14 do by default: the dataset is pickled to the worker
+    (one image four times over: only the random crop tells items apart)."""
     write_image(tmp_path / "same" / "only" / "0.png", (128, 128, 128), size=(64, 64))
     dm = ImageDataModule(ClassFolders(tmp_path / "same", val_fraction=0), image_size=16)
     dm.setup("validate")
-    dm.train_dataset.paths = np.repeat(dm.train_dataset.paths, 4)
-    dm.train_dataset.targets = np.zeros(4, dtype=np.int64)
-    return dm.train_dataset
-
-
-def crops(dataset, start_method: str | None = None, workers: int = 2) -> torch.Tensor:
-    L.seed_everything(7, workers=True, verbose=False)
-    options = dict(num_workers=workers, multiprocessing_context=start_method)
-    return torch.cat([images for images, _ in DataLoader(dataset, batch_size=2, **options)])
-
-
-def test_workers_draw_different_crops_repeatably(one_image_four_times) -> None:
-    first = crops(one_image_four_times)
-    assert torch.equal(first, crops(one_image_four_times))  # repeatable under seed_everything
-    assert not torch.equal(first[0], first[2])  # worker 0 and worker 1 drew different crops
-
-
-@pytest.mark.slow
-def test_spawn_workers(one_image_four_times) -> None:
-    """What Windows, macOS and Python 3.14 do by default: the dataset is pickled to the worker."""
-    spawned = crops(one_image_four_times, "spawn", workers=1)  # one: a torch start per worker
+    dataset = dm.train_dataset
+    dataset.paths, dataset.targets = np.repeat(dataset.paths, 4), np.zeros(4, dtype=np.int64)
+    options = dict(batch_size=2, num_workers=1, multiprocessing_context="spawn")  # one: slow start
+    spawned = torch.cat([images for images, _ in DataLoader(dataset, **options)])
     assert spawned.shape == (4, 3, 16, 16) and spawned.dtype == torch.uint8
     assert not torch.equal(spawned[0], spawned[2])

@@ -24,8 +24,8 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 RED = (200, 30, 60)
 GREY = (128, 128, 128)
-ROTATED_EXIF = Image.Exif()
-ROTATED_EXIF[0x0112] = 6  # stored rotated: display turned 90 degrees clockwise
+ROTATED = Image.Exif()
+ROTATED[0x0112] = 6  # stored rotated: display turned 90 degrees clockwise
 CAMERA_EXIF = Image.Exif()
 CAMERA_EXIF[0x010F] = "Camera maker"  # Exif data without an orientation
 
@@ -111,7 +111,7 @@ def pil_decode(path: Path) -> torch.Tensor:
     return torch.from_numpy(rgb).permute(2, 0, 1)
 
 
-def noisy_photo(path: Path, size: tuple[int, int] = (64, 48), **save) -> None:
+def noisy_photo(path: Path, size: tuple[int, int] = (64, 48), mode: str = "RGB", **save) -> None:
     """A JPEG (4:2:0 unless told) as cameras give: gradients, a sharp edge, sensor noise."""
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0 : size[1], 0 : size[0]]
@@ -119,38 +119,11 @@ def noisy_photo(path: Path, size: tuple[int, int] = (64, 48), **save) -> None:
     pixels[:, : size[0] // 2, 0] = 230  # a sharp red edge: where chroma upsampling matters
     pixels[size[1] // 4 : size[1] // 2, size[0] // 4 : size[0] // 2] = 20  # a dark square
     pixels = np.clip(pixels + rng.normal(0, 6, size=pixels.shape), 0, 255)
-    Image.fromarray(pixels.astype(np.uint8)).save(path, **{"quality": 90, **save})
-
-
-EXACT = {
-    "photo.jpg": {},
-    "444.jpg": {"quality": 95, "subsampling": 0},
-    "progressive.jpg": {"progressive": True},
-    "rotated.jpg": {"exif": ROTATED_EXIF},
-    "photo.png": {},
-    "rotated.png": {"exif": ROTATED_EXIF},
-    "rotated.tif": {"exif": ROTATED_EXIF},
-}
-
-
-@pytest.mark.parametrize("name", [*EXACT, "gray.jpg", "gray16.png"])
-def test_exact_pixels_are_what_torchvision_and_pil_give(
-    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / name
-    if name in EXACT:
-        noisy_photo(path, **EXACT[name])
-    else:
-        KINDS[name][0](path)
-    image = read_image(str(path))
-    assert "rotated" not in name or image.shape == (3, 64, 48)  # turned as Exif says
-    before = None if name.endswith(".tif") else torchvision_decode(path)  # it has no TIFF
-    assert before is None or torch.equal(image, before)
-    if name != "gray16.png":  # PIL's own 16-to-8-bit conversion truncates
-        assert torch.equal(image, pil_decode(path))
-    monkeypatch.setattr(images, "simplejpeg", None)  # JPEGs through PIL: the same pixels
-    assert torch.equal(read_image(str(path)), image)
-    assert torch.equal(read_image(str(path), approximate=True), image)  # no fast path: exact
+    image = Image.fromarray(pixels.astype(np.uint8)).convert("L" if mode == "I;16" else mode)
+    if mode == "I;16":  # 16-bit grey with levels between the 8-bit ones, as from a scanner
+        low = rng.integers(0, 256, (size[1], size[0]), dtype=np.uint16)
+        image = Image.fromarray(np.asarray(image, np.uint16) * 256 + low)
+    image.save(path, **{"quality": 90, **save})
 
 
 BIG_ENDIAN_EXIF = b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01" + (
@@ -163,39 +136,54 @@ def xmp(orientation: str) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("save", "orientation"),
+    ("name", "save", "orientation"),
     [
-        ({}, 1),
-        ({"exif": CAMERA_EXIF}, 1),
-        ({"exif": BIG_ENDIAN_EXIF}, 8),
-        ({"exif": b"Exif\x00\x00II*\x00\xff\xff\xff\x7f"}, 1),  # directory beyond the data
-        ({"xmp": xmp("")}, 1),  # APP1, but not Exif
-        ({"xmp": xmp('<r tiff:Orientation="3"/>')}, 3),  # PIL reads XMP's when Exif has none
-        ({"xmp": xmp("<tiff:Orientation>8</tiff:Orientation>"), "exif": ROTATED_EXIF}, 6),
-        *[({"exif": {0x0112: turn}}, turn) for turn in range(1, 9)],
+        ("photo.jpg", {}, 1),
+        ("444.jpg", {"quality": 95, "subsampling": 0}, 1),
+        ("progressive.jpg", {"progressive": True}, 1),
+        ("gray.jpg", {"mode": "L"}, 1),
+        ("camera.jpg", {"exif": CAMERA_EXIF}, 1),
+        ("big endian.jpg", {"exif": BIG_ENDIAN_EXIF}, 8),
+        ("beyond.jpg", {"exif": b"Exif\x00\x00II*\x00\xff\xff\xff\x7f"}, 1),  # no directory
+        ("xmp.jpg", {"xmp": xmp("")}, 1),  # APP1, but not Exif
+        ("xmp 3.jpg", {"xmp": xmp('<r tiff:Orientation="3"/>')}, 3),  # XMP's when Exif has none
+        ("both.jpg", {"xmp": xmp("<tiff:Orientation>8</tiff:Orientation>"), "exif": ROTATED}, 6),
+        *[(f"turn {turn}.jpg", {"exif": {0x0112: turn}}, turn) for turn in range(1, 9)],
+        ("photo.png", {}, 1),
+        ("gray16.png", {"mode": "I;16"}, 1),
+        ("rotated.png", {"exif": ROTATED}, 6),
+        ("rotated.tif", {"exif": ROTATED}, 6),
     ],
 )
-def test_jpeg_orientation_is_read_and_turns_as_pil_turns_it(
-    tmp_path: Path, save: dict, orientation: int
+def test_pixels_and_turns_are_what_pil_and_torchvision_give(
+    tmp_path: Path, name: str, save: dict, orientation: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "photo.jpg"
+    """Exact decodes equal theirs; JPEGs' approximate (libjpeg's fast path) and reduced ones are
+    close and turned alike."""
+    path, jpeg = tmp_path / name, name.endswith(".jpg")
     if isinstance(save.get("exif"), dict):
-        exif = Image.Exif()
-        exif.update(save["exif"])
+        (exif := Image.Exif()).update(save["exif"])
         save = {"exif": exif}
     noisy_photo(path, **save)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", module=r"PIL\.")  # damaged Exif, as decode_image does
-        assert images.image_header(path.read_bytes(), "x") == (64, 48, orientation)
+    if jpeg:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"PIL\.")  # damaged Exif, as decode_image does
+            assert images.image_header(path.read_bytes(), "x") == (64, 48, orientation)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # damaged Exif data too: nothing to say, the pixels read
         exact, approximate = read_image(str(path)), read_image(str(path), approximate=True)
-    assert torch.equal(exact, pil_decode(path))
-    # libjpeg's fast path: not exact, a level or two off (far less than a random crop changes)
-    assert approximate.stride() == exact.stride() and not torch.equal(approximate, exact)
-    assert (approximate.int() - exact.int()).abs().float().mean() < 3
+    assert exact.shape == ((3, 64, 48) if orientation >= 5 else (3, 48, 64))  # turned as told
+    assert name == "gray16.png" or torch.equal(exact, pil_decode(path))  # PIL's 16-bit truncates
+    before = None if ".tif" in name or "xmp" in save else torchvision_decode(path)  # none there
+    assert before is None or torch.equal(exact, before)
+    assert approximate.stride() == exact.stride() and torch.equal(approximate, exact) != jpeg
+    assert (approximate.int() - exact.int()).abs().float().mean() < 3  # far less than a crop
     turned = (3, 16, 12) if orientation >= 5 else (3, 12, 16)  # a quarter turn swaps the sides
+    turned = turned if jpeg else exact.shape  # only JPEGs are decoded reduced
     assert read_image(str(path), 8).shape == read_image(str(path), 8, True).shape == turned
+    monkeypatch.setattr(images, "simplejpeg", None)  # JPEGs through PIL: the same pixels
+    assert torch.equal(read_image(str(path)), exact)
+    assert torch.equal(read_image(str(path), approximate=True), exact)  # no fast path: exact
 
 
 @pytest.mark.parametrize("kind", ["EPS", "PPM", "PCX", "ICO"])
@@ -291,7 +279,7 @@ def large_jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("large")
     sizes = {"large": (1200, 900), "rotated": (1200, 900), "eighths": (1500, 1200)}
     for name, size in {**sizes, "under twice": (500, 375)}.items():
-        exif = {"exif": ROTATED_EXIF} if name == "rotated" else {}
+        exif = {"exif": ROTATED} if name == "rotated" else {}
         noisy_photo(folder / f"{name}.jpg", size, quality=95, **exif)
     Image.new("RGB", (1200, 900), RED).save(folder / "large.png")
     return folder
