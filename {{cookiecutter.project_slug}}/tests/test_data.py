@@ -145,33 +145,24 @@ def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root:
     assert not seeds[0] & seeds[1]
 
 
-def with_files(root: Path, *names: str) -> Path:
-    """`root` with these (empty) files added; a name ending in "/" is a folder."""
-    for name in names:
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        _ = (root / name).mkdir() if name.endswith("/") else (root / name).write_bytes(b"\0")
-    return root
-
-
 @pytest.mark.parametrize(
-    ("make", "message"),
-    [
-        (lambda root: root.parent / "nowhere", r"--data\.source\.root .*nowhere does not exist"),
-        (lambda root: with_files(root.parent, "x.zip") / "x.zip", r"x\.zip is not a directory"),
-        (
-            lambda root: write_image(root.parent / "loose" / "a.jpg", (1, 2, 3)).parent,
-            r"has no class folders: expected .*/<class>/<image>",
-        ),
-        (lambda root: with_files(root, "empty/"), r"class folder .*empty has no images"),
-        (
-            lambda root: with_files(root, "docs/README.txt", "docs/Thumbs.db"),
-            r"docs has no images; accepted extensions: \.jpg",
-        ),
+    ("files", "root", "message"),
+    [  # files added beside image_root ("empty" is a folder), the root, the error
+        ([], "nowhere", r"--data\.source\.root .*nowhere does not exist"),
+        (["x.zip"], "x.zip", r"x\.zip is not a directory"),
+        (["loose/a.jpg"], "loose", r"has no class folders: expected .*/<class>/<image>"),
+        (["images/empty"], "images", r"class folder .*empty has no images"),
+        (["images/docs/README", "images/docs/Thumbs.db"], "images", r"docs has no images; .*\.jpg"),
     ],
 )
-def test_a_root_that_is_no_class_folder_tree_is_named(image_root: Path, make, message) -> None:
+def test_a_root_that_is_no_class_folder_tree_is_named(
+    image_root: Path, files: list[str], root: str, message: str
+) -> None:
+    for path in (image_root.parent / name for name in files):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _ = path.mkdir() if path.name == "empty" else path.write_bytes(b"\0")
     with pytest.raises(DataError, match=message):
-        ImageDataModule(ClassFolders(make(image_root)), num_workers=0).setup("fit")
+        ImageDataModule(ClassFolders(image_root.parent / root), num_workers=0).setup("fit")
 
 
 def test_explicit_validation_folder_and_class_names(image_root: Path, tmp_path: Path) -> None:
