@@ -80,14 +80,6 @@ def test_a_vit_at_another_size_is_refused_with_the_size_it_runs_at() -> None:
         ImageClassifier(class_names=["a", "b"], image_size=128, architecture="vit_b_16")
 
 
-def test_googlenet_trains_on_plain_logits_without_its_auxiliary_heads() -> None:
-    model = ImageClassifier(class_names=["a", "b", "c"], image_size=SIZE, architecture="googlenet")
-    model.train()
-    logits = model(torch.randn(2, 3, SIZE, SIZE))
-    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 3)
-    assert model.net.aux1 is None and model.net.aux2 is None
-
-
 def test_a_model_built_from_computed_widths_is_checked_without_its_memory() -> None:
     check_runs("regnet_y_128gf", 10, SIZE)  # about 645 million parameters, none allocated
 

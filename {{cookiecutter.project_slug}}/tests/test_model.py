@@ -1,5 +1,4 @@
-"""The model: output shapes, weights files, weight decay groups, and the hyperparameters it saves
-(that training learns: test_export's predict rows of the trained checkpoint)."""
+"""The model: output shapes, weights files, weight decay groups, the hyperparameters it saves."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import torch
 import torchvision
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.model.reports import per_class_table, save_confusion_png
 
@@ -22,18 +20,6 @@ def test_forward_gives_one_logit_per_class_and_saves_the_data_options(size: int)
     model = ImageClassifier(class_names=["a", "b", "c"], image_size=size)
     assert model(torch.randn(2, 3, size, size)).shape == (2, 3)
     assert model.hparams.class_names == ["a", "b", "c"] and model.hparams.image_size == size
-
-
-def test_torchvision_architecture_by_name_is_sized_by_the_data() -> None:
-    model = ImageClassifier(class_names=list("abcdefg"), image_size=32, architecture="resnet18")
-    assert isinstance(model.net, torchvision.models.ResNet)
-    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
-    assert model.val_acc_top5 is not None  # more than five classes
-
-
-def test_unknown_architecture_names_the_option() -> None:
-    with pytest.raises(DataError, match="--model.architecture 'resnet_nine'"):
-        ImageClassifier(class_names=["a", "b"], image_size=32, architecture="resnet_nine")
 
 
 @pytest.mark.parametrize(
@@ -50,14 +36,12 @@ def test_a_local_weights_file_loads_with_the_classifier_re_made(
     pretrained = torchvision.models.get_model(architecture, weights=None, **options)
     weights = str(tmp_path / "weights.pth")
     torch.save(pretrained.state_dict(), weights)
-    model = ImageClassifier(["a", "b", "c"], 32, architecture=architecture, weights=weights)
+    model = ImageClassifier(list("abcdefg"), 32, architecture=architecture, weights=weights)
+    assert isinstance(model.net, type(pretrained)) and model.val_acc_top5 is not None  # 7 classes
     torch.testing.assert_close(next(model.net.parameters()), next(pretrained.parameters()))
     model.train()
     logits = model(torch.randn(2, 3, 32, 32))
-    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 3)
-    if architecture == "resnet18":
-        with pytest.raises(DataError, match="does not fit efficientnet_b0"):
-            ImageClassifier(["a"], 32, architecture="efficientnet_b0", weights=weights)
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 7)
 
 
 def test_no_weight_decay_on_norms_and_biases() -> None:

@@ -49,17 +49,12 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
     2 epochs at 64 px: the frozen epoch, mixed, then one without MixUp/CutMix, with EMA."""
     timm = pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
     import yaml
-    from huggingface_hub import constants
-    from test_pretrained import hub_cache
+    from test_pretrained import hub_cache, hub_home
 
     architecture = yaml.safe_load((RECIPES / "finetune.yaml").read_text())["model"]["architecture"]
     assert timm.is_model(architecture)
-    hub_cache(tmp_path / "hf", architecture)
+    hub_cache(hub_home(tmp_path, monkeypatch, offline=True), architecture)
     argv = shlex.split(readme_finetune_command().replace("path/to/images", str(image_root)))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    # huggingface_hub reads its folders when imported: point it at this test's
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     mixed_epochs = []
     mix = BatchMixer.__call__
 
