@@ -1,7 +1,6 @@
-"""`export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` (through `main`) refuse,
-in one line naming the path and the way out, an output among their inputs or a file that is not
-their own earlier output unless told to overwrite; the user's file is left byte for byte, their
-own output replaced without asking."""
+"""`export`, `infer --csv`, `predict`'s CSV, `report` and `bench --json` refuse, in one line naming
+the path and the way out, an output among their inputs or a user's file (unless told to
+overwrite), left byte for byte; their own earlier output is replaced without asking."""
 
 from __future__ import annotations
 
@@ -25,24 +24,20 @@ def users_file(path: Path) -> Path:
     return path
 
 
-def refused(result: subprocess.CompletedProcess, path: Path, *words: str) -> str:
-    """The one `error:` line of a refusal, which names `path` and each of `words`."""
+def refused(result: subprocess.CompletedProcess, path: Path, *words: str) -> None:
     line = one_error(result.returncode, result.stderr)
     assert str(path) in line and all(word in line for word in words), line
-    return line
 
 
 @pytest.fixture
 def images(trained_checkpoint: Path, tmp_path: Path) -> Path:
-    """A copy of the checkpoint's training images, to read (and, on failure, to spoil) freely."""
+    """A copy of the checkpoint's training images, to spoil freely on failure."""
     return Path(shutil.copytree(trained_checkpoint.parent / "images", tmp_path / "images"))
 
 
 @pytest.fixture(scope="module")
 def model(trained_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The checkpoint exported as `.pt2`, for `infer`."""
-    folder = tmp_path_factory.mktemp("exported")
-    return export_checkpoint(trained_checkpoint, folder / "model.pt2")[0]
+    return export_checkpoint(trained_checkpoint, tmp_path_factory.mktemp("x") / "model.pt2")[0]
 
 
 def test_export_refuses_a_users_file_and_the_checkpoint_and_replaces_its_own(
@@ -62,11 +57,10 @@ def test_export_refuses_a_users_file_and_the_checkpoint_and_replaces_its_own(
 
     assert model.read_bytes() == USERS and notes.read_bytes() == USERS
     assert trained_checkpoint.read_bytes() == checkpoint
-    assert not (tmp_path / "model.json").exists()
-    assert not (tmp_path / "other" / "model.pt2").exists()
+    assert not (tmp_path / "model.json").exists() and not (tmp_path / "other/model.pt2").exists()
 
     output = model  # with --overwrite, the user's file is replaced
-    export = ("export", "--ckpt_path", trained_checkpoint, "--output", output)
+    export = (*export, "--output", output)
     result = run_main(*export, "--overwrite", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert output.read_bytes() != USERS
@@ -82,51 +76,34 @@ def test_export_refuses_a_users_file_and_the_checkpoint_and_replaces_its_own(
     assert onnx.read_bytes() == USERS
 
 
-def test_infer_refuses_a_users_csv_and_one_among_the_images_and_replaces_its_own(
-    run_main, model: Path, images: Path, tmp_path: Path
+@pytest.mark.parametrize("command", ["infer", "predict"])
+def test_a_csv_of_predictions_refuses_a_users_file_and_one_among_the_images_and_replaces_its_own(
+    run_main, command: str, trained_checkpoint: Path, images: Path, tmp_path: Path, request
 ) -> None:
+    if command == "infer":
+        model = request.getfixturevalue("model")  # the export, which predict does not need
+        args, csv, overwrite = ["infer", "--model", model, images / "ant"], "--csv", ["--overwrite"]
+        among = "IMAGE"
+    else:
+        args = ["predict", "--ckpt_path", trained_checkpoint, "--data.predict_root", images / "ant"]
+        args += ["--data.num_workers", "0", "--trainer.enable_progress_bar", "false", *CSV_LOGGER]
+        csv, overwrite = "--predictions.output", ["--predictions.overwrite", "true"]
+        among = "--data.predict_root"
     mine = users_file(tmp_path / "labels.csv")
-    infer = ("infer", "--model", model, images)
-    refused(run_main(*infer, "--csv", mine, cwd=tmp_path), mine, "--overwrite")
-    inside = images / "bee" / "predictions.csv"
-    result = run_main(*infer, "--csv", inside, "--overwrite", cwd=tmp_path)
-    refused(result, inside, "lies inside IMAGE")
-    result = run_main(*infer, "--csv", model, "--overwrite", cwd=tmp_path)
-    refused(result, model, "is --model")
-    assert mine.read_bytes() == USERS and not inside.exists()
-
-    output = mine  # with --overwrite, the user's file is replaced
-    infer = ("infer", "--model", model, images / "ant", "--csv", output)
-    result = run_main(*infer, "--overwrite", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert output.read_text().splitlines()[0] == HEADER
-    with open(output, "a") as file:
-        file.write("a row the next run drops\r\n")
-    result = run_main(*infer, cwd=tmp_path)  # its own earlier CSV: no --overwrite needed
-    assert result.returncode == 0, result.stderr
-    assert "drops" not in output.read_text() and len(output.read_text().splitlines()) == 9
-
-
-def test_predict_refuses_a_users_csv_and_one_among_the_images_and_replaces_its_own(
-    run_main, trained_checkpoint: Path, images: Path, tmp_path: Path
-) -> None:
-    mine = users_file(tmp_path / "labels.csv")
-    predict = ["predict", "--ckpt_path", trained_checkpoint, "--data.predict_root", images / "ant"]
-    predict += ["--data.num_workers", "0", "--trainer.enable_progress_bar", "false", *CSV_LOGGER]
-    result = run_main(*predict, "--predictions.output", mine, cwd=tmp_path)
-    refused(result, mine, "--predictions.overwrite true")
+    refused(run_main(*args, csv, mine, cwd=tmp_path), mine, " ".join(overwrite))
     inside = images / "ant" / "predictions.csv"
-    options = ("--predictions.output", inside, "--predictions.overwrite", "true")
-    refused(run_main(*predict, *options, cwd=tmp_path), inside, "lies inside --data.predict_root")
+    result = run_main(*args, csv, inside, *overwrite, cwd=tmp_path)
+    refused(result, inside, f"lies inside {among}")
+    if command == "infer":
+        refused(run_main(*args, csv, model, *overwrite, cwd=tmp_path), model, "is --model")
     assert mine.read_bytes() == USERS and not inside.exists()
 
-    output = ("--predictions.output", mine)  # with --overwrite, the user's file is replaced
-    result = run_main(*predict, *output, "--predictions.overwrite", "true", cwd=tmp_path)
+    result = run_main(*args, csv, mine, *overwrite, cwd=tmp_path)  # the user's file replaced
     assert result.returncode == 0, result.stderr
     assert mine.read_text().splitlines()[0] == HEADER
     with open(mine, "a") as file:
         file.write("a row the next run drops\r\n")
-    result = run_main(*predict, *output, cwd=tmp_path)  # its own earlier CSV: no --overwrite
+    result = run_main(*args, csv, mine, cwd=tmp_path)  # its own earlier CSV: no --overwrite
     assert result.returncode == 0, result.stderr
     assert "drops" not in mine.read_text() and len(mine.read_text().splitlines()) == 9
 
