@@ -1,5 +1,4 @@
-"""The fine-tuning recipe: a frozen backbone first, the learning rate per group and per global
-batch, flip test-time augmentation, MixUp/CutMix, and Lightning's early stopping."""
+"""The fine-tuning recipe: frozen backbone, learning rates, flip TTA, MixUp/CutMix, early stop."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def tiny_model(**options) -> ImageClassifier:
 
 
 class EpochRecord(L.Callback):
-    """At each epoch's first batch: whether the backbone and the classifier take gradients,
-    whether the backbone's BatchNorm trains, each group's learning rate, and the weights."""
+    """At each epoch's first batch: what takes gradients and trains, learning rates, weights."""
 
     def __init__(self) -> None:
         self.epochs: list[dict] = []
@@ -63,12 +61,10 @@ def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate
     assert not first["backbone_grad"] and first["head_grad"] and not first["backbone_bn_trains"]
     for later in (second, third):
         assert later["backbone_grad"] and later["head_grad"] and later["backbone_bn_trains"]
-    # The frozen epoch left the backbone's weights and BatchNorm statistics alone, not the head.
     assert torch.equal(first["stem"], second["stem"])
     assert torch.equal(first["running_mean"], second["running_mean"])
     assert not torch.equal(first["head"], second["head"])
     assert not torch.equal(second["stem"], third["stem"])
-    # Every parameter in the optimizer from the start; the backbone at a tenth of the head's rate.
     for epoch in record.epochs:
         lrs = epoch["lrs"]
         assert list(lrs) == ["head", "head_no_decay", "backbone", "backbone_no_decay"]
@@ -82,7 +78,7 @@ def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate
 
 
 class KeepAt(L.Callback):
-    """Copies `last.ckpt`, written after every batch, as it was after batch 1 of epoch 1."""
+    """Copies `last.ckpt` (saved after every batch) as it was after batch 1 of epoch 1."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -90,33 +86,6 @@ class KeepAt(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if (trainer.current_epoch, batch_idx) == (1, 2) and trainer.ckpt_path is None:
             shutil.copy(self.folder / "last.ckpt", self.folder / "mid_epoch1.ckpt")
-
-
-def test_a_run_resumed_inside_the_frozen_phase_is_frozen_again_and_mixes_alike(
-    image_root: Path, tmp_path: Path
-) -> None:
-    """Resumed from the middle of epoch 1 of 2 frozen ones, with MixUp and CutMix on: the
-    backbone is frozen again, and training ends with the uninterrupted run's weights."""
-    options = dict(freeze_backbone_epochs=2, mixup_alpha=0.4, cutmix_alpha=1.0)
-
-    def run(ckpt_path: Path | None, callbacks: list) -> ImageClassifier:
-        L.seed_everything(0)
-        model = tiny_model(**options)
-        cbs = [ResumeInEpoch(), LastCheckpoint(every_minutes=1e-9), *callbacks]
-        trainer = quiet_trainer(tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=cbs)
-        trainer.fit(model, tiny_data(image_root), ckpt_path=ckpt_path)
-        return model
-
-    whole = run(None, [KeepAt(tmp_path)])
-    record = EpochRecord()
-    resumed = run(tmp_path / "mid_epoch1.ckpt", [record])
-    assert [e["epoch"] for e in record.epochs] == [1, 2]
-    assert not record.epochs[0]["backbone_grad"] and not record.epochs[0]["backbone_bn_trains"]
-    assert record.epochs[1]["backbone_grad"] and record.epochs[1]["backbone_bn_trains"]
-    saved = torch.load(tmp_path / "mid_epoch1.ckpt", map_location="cpu", weights_only=False)
-    assert torch.equal(saved["state_dict"]["net.stem.0.weight"], record.epochs[1]["stem"])
-    for name, value in whole.state_dict().items():
-        torch.testing.assert_close(resumed.state_dict()[name], value, msg=name)
 
 
 class LossTargets(nn.CrossEntropyLoss):
@@ -133,32 +102,42 @@ class LossTargets(nn.CrossEntropyLoss):
         return super().forward(logits, targets)
 
 
-def test_mixing_trains_on_soft_targets_until_its_last_epochs_and_repeats_with_the_seed(
-    image_root: Path,
+def test_mixing_trains_on_soft_targets_and_a_run_resumed_frozen_is_frozen_again_and_alike(
+    image_root: Path, tmp_path: Path
 ) -> None:
-    def trained(**options) -> ImageClassifier:
+    """MixUp/CutMix give soft targets but in the last epoch. Resumed from the middle of epoch 1 of
+    2 frozen ones, the backbone is frozen again and training ends with the whole run's weights."""
+    options = dict(freeze_backbone_epochs=2, mixup_alpha=0.4, cutmix_alpha=1.0, mix_off_epochs=1)
+
+    def run(ckpt_path: Path | None, callbacks: list) -> ImageClassifier:
         L.seed_everything(0)
         model = tiny_model(label_smoothing=0.1, **options)
         model.loss = LossTargets(model, label_smoothing=0.1)
-        trainer = quiet_trainer(image_root.parent, max_epochs=3, limit_val_batches=0)
-        trainer.fit(model, tiny_data(image_root))
+        cbs = [ResumeInEpoch(), LastCheckpoint(every_minutes=1e-9), *callbacks]
+        trainer = quiet_trainer(tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=cbs)
+        trainer.fit(model, tiny_data(image_root), ckpt_path=ckpt_path)
         return model
 
-    mixing = dict(mixup_alpha=0.4, cutmix_alpha=1.0, mix_off_epochs=1)
-    model, again, plain = trained(**mixing), trained(**mixing), trained()
-    by_epoch = {e: [t for seen, t in model.loss.seen if seen == e] for e in (0, 1, 2)}
+    whole = run(None, [KeepAt(tmp_path)])
+    by_epoch = {e: [t for seen, t in whole.loss.seen if seen == e] for e in (0, 1, 2)}
     for targets in by_epoch[0] + by_epoch[1]:
         assert targets.dtype.is_floating_point and targets.shape == (4, len(CLASSES))
         torch.testing.assert_close(targets.sum(dim=1), torch.ones(4))
     mixed = torch.cat(by_epoch[0] + by_epoch[1])
     assert ((mixed > 0) & (mixed < 1)).any(dim=1).float().mean() > 0.5  # not one-hot
     assert all(t.dtype == torch.int64 and t.ndim == 1 for t in by_epoch[2])  # off at the end
-    for name, value in model.state_dict().items():
-        assert torch.equal(again.state_dict()[name], value), name
-    assert not torch.equal(plain.net.head[3].weight, model.net.head[3].weight)
+    record = EpochRecord()
+    resumed = run(tmp_path / "mid_epoch1.ckpt", [record])
+    assert [e["epoch"] for e in record.epochs] == [1, 2]
+    assert not record.epochs[0]["backbone_grad"] and not record.epochs[0]["backbone_bn_trains"]
+    assert record.epochs[1]["backbone_grad"] and record.epochs[1]["backbone_bn_trains"]
+    saved = torch.load(tmp_path / "mid_epoch1.ckpt", map_location="cpu", weights_only=False)
+    assert torch.equal(saved["state_dict"]["net.stem.0.weight"], record.epochs[1]["stem"])
+    for name, value in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, msg=name)
 
 
-def test_flip_tta_predicts_the_same_for_an_image_and_its_mirror(image_root: Path) -> None:
+def test_flip_tta_predicts_the_same_for_an_image_and_its_mirror() -> None:
     torch.manual_seed(0)
     images, indices = torch.randn(4, 3, 16, 16), torch.arange(4)
     for tta_flip in (False, True):
@@ -173,24 +152,20 @@ def test_flip_tta_predicts_the_same_for_an_image_and_its_mirror(image_root: Path
             torch.testing.assert_close(probs, views.mean(dim=0))  # the mean probabilities
         else:
             assert not torch.allclose(probs, mirrored)  # so the check above could fail
-    metrics = quiet_trainer(image_root.parent).validate(model, tiny_data(image_root))[0]
-    assert 0.0 <= metrics["val_acc"] <= 1.0 and metrics["val_loss"] > 0
 
 
-@pytest.mark.parametrize("batch_size", [4, 8])
 def test_the_learning_rate_follows_the_global_batch(
-    image_root: Path, batch_size: int, caplog: pytest.LogCaptureFixture
+    image_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Batches of 8, 2 accumulated: twice the rate given for 8."""
     model = tiny_model(lr=0.01, lr_reference_batch=8)
     options = dict(max_steps=1, limit_val_batches=0, accumulate_grad_batches=2)
     trainer = quiet_trainer(image_root.parent, **options)
     with caplog.at_level(logging.INFO):
-        trainer.fit(model, tiny_data(image_root, batch_size=batch_size))
-    peak = 0.01 * batch_size * 2 / 8
+        trainer.fit(model, tiny_data(image_root, batch_size=8))
     initial = [g["initial_lr"] for g in trainer.optimizers[0].param_groups]
-    assert initial == pytest.approx([peak, peak])
-    said = f"learning rate 0.01 x {2 * batch_size}/8 = {peak:g} for a global batch of "
-    assert said + str(2 * batch_size) in caplog.text
+    assert initial == pytest.approx([0.02, 0.02])
+    assert "learning rate 0.01 x 16/8 = 0.02 for a global batch of 16" in caplog.text
 
 
 def test_layer_decay_scales_timm_layer_groups_and_is_refused_elsewhere() -> None:
@@ -212,8 +187,7 @@ def test_layer_decay_scales_timm_layer_groups_and_is_refused_elsewhere() -> None
 
 @pytest.mark.parametrize("options", [{}, {"backbone_lr_scale": 0.1}, {"layer_decay": 0.75}])
 def test_what_a_timm_model_lists_in_no_weight_decay_takes_none(options: dict) -> None:
-    """As in timm's optimizer factory: a ViT's position embedding and class token, which its
-    `no_weight_decay()` lists, are not decayed, with or without layer decay."""
+    """As in timm's optimizer factory: a ViT's position embedding and class token, not decayed."""
     pytest.importorskip("timm")
     model = ImageClassifier(list(CLASSES), image_size=160, architecture="test_vit", **options)
     model.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
@@ -255,15 +229,13 @@ def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters(
     finally:
         if torch.distributed.is_initialized():  # the other tests run without a process group
             torch.distributed.destroy_process_group()
-        # Lightning's DDP sets LOCAL_RANK, MASTER_PORT...: a later DDP command started from this
-        # process would take its ranks as started by someone else, and wait for them forever.
-        os.environ.clear()
+        os.environ.clear()  # Lightning's DDP set LOCAL_RANK...: later DDP commands would wait
         os.environ.update(environment)
 
 
 def test_early_stopping_through_the_command_line(image_root: Path, tmp_path: Path, run_main):
-    """Lightning's EarlyStopping, as docs/training.md gives it: no improvement of val_loss by
-    more than `min_delta` (here more than it can improve) for `patience` epochs stops the run."""
+    """Lightning's EarlyStopping, as docs/training.md gives it: no val_loss gain of `min_delta`
+    (more than it can gain) in `patience` epochs stops the run."""
     early = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"]
     early += ["--trainer.callbacks.patience", "1", "--trainer.callbacks.min_delta", "100"]
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
