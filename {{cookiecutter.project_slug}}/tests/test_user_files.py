@@ -1,6 +1,6 @@
 """The user's dataset folders are never written to: caches live in the per-user cache folder, a
 cache or run folder among the images is refused, run folders of the working folder are no
-classes, and pruning and the skipped-image list touch only what the project made."""
+classes, and the skipped-image list touches only what the project made."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from conftest import CLASSES, CSV_LOGGER, one_error, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.data.cache import cached
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES
@@ -235,23 +233,6 @@ def test_a_cache_folder_among_the_images_is_refused(
 def dataset_of(root: Path) -> ImageFolderDataset:
     paths, targets = make_dataset(root, {name: i for i, name in enumerate(CLASSES)})
     return ImageFolderDataset(root, paths, targets, eval_transform(16), list(CLASSES))
-
-
-def test_two_datasets_sharing_a_cache_dir_keep_both_caches(tmp_path: Path) -> None:
-    pytest.importorskip("fcntl", reason="without file locks (Windows) no cache is removed")
-    cache_dir = tmp_path / "cache"
-    theirs = cache_dir / "my-own-folder"  # a user's folder that looks like a cache
-    theirs.mkdir(parents=True)
-    np.save(theirs / "index.npy", np.zeros((1, 3), dtype=np.int64))
-    first = dataset_of(write_classes(tmp_path / "one"))
-    second = dataset_of(write_classes(tmp_path / "two", 3))
-    one = cached([first], 16, cache_dir, 0, progress=False, keep=1)[0].cache.folder
-    two = cached([second], 16, cache_dir, 0, progress=False, keep=1)[0].cache.folder
-    assert one.is_dir() and two.is_dir() and (theirs / "index.npy").is_file()
-    # Another size of the first dataset: its older cache goes, the second's and the user's stay.
-    newer = cached([first], 20, cache_dir, 0, progress=False, keep=1)[0].cache.folder
-    assert not one.exists()
-    assert newer.is_dir() and two.is_dir() and (theirs / "index.npy").is_file()
 
 
 def test_the_skipped_image_list_is_this_runs_and_never_inside_the_dataset(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ COMMANDS = {
 # rewrite of the command line before it is parsed.
 SOURCE_OPTIONS = {
     "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv", "balance_classes",
-    "epoch_repeats", "epoch_images", "skip_bad_images", "cache", "cache_keep", "cache_key",
+    "epoch_repeats", "epoch_images", "skip_bad_images", "cache", "cache_key",
     "filename_column", "label_column", "label_kind",
 }  # fmt: skip
 # flat name -> (the source it chooses, or None; its name under --data.source)

@@ -1,11 +1,10 @@
 """The pixel cache (`--data.source.cache memmap`): each image decoded once, to uint8, memory-mapped.
 
-One cache per dataset folder covers every file of the index (before the split and the skip), each
-stored (H, W, 3) at the short side the training crop needs (never enlarged) in one flat file;
-`index.npy` holds offset, height and width in sorted-name order. The folder's name hashes the
-size and each file's name, size, mtime, ctime and inode (`key="stat"`: only a same-size rewrite
-within a clock tick goes unseen; "mtime" leaves out what a copy to scratch renews). More in
-docs/performance.md; locks and pruning: `cache_dirs.py`.
+One cache per dataset folder: every file of the index stored (H, W, 3) at the short side the crop
+needs (never enlarged) in `pixels.u8`; `index.npy` holds offset, height and width in sorted-name
+order. The folder's name hashes the size and each file's name, size, mtime, ctime and inode
+(`key="stat"`: only a same-size rewrite within a clock tick goes unseen; "mtime" leaves out what a
+copy to scratch renews). One process builds it, the others wait (`build`).
 """
 
 from __future__ import annotations
@@ -27,10 +26,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from {{ cookiecutter.package_name }}.data.cache_dirs import lock_path, mark_owner, prune, try_lock
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.errors import DataError
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: built without a lock
+    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +42,15 @@ _PROBE = 64  # images decoded before the disk space the whole cache needs is est
 
 
 class PixelCache:
-    """One built cache folder, its pixels mapped on first use in each worker; the `reading` lock,
-    held shared while it lives, keeps builds from removing it."""
+    """One built cache folder, its pixels mapped on first use in each worker (not pickled)."""
 
-    def __init__(self, folder: Path, reading: IO | None = None) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.index = np.load(self.folder / "index.npy")  # (N, 3) int64: offset, height, width
         self._pixels: np.ndarray | None = None
-        self._reading = reading
-
-    def __len__(self) -> int:
-        return len(self.index)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_pixels": None, "_reading": None}
+        return {**self.__dict__, "_pixels": None}
 
     def image(self, position: int) -> torch.Tensor:
         """Image `position` as a (3, H, W) view of the map (no copy), stored channels last."""
@@ -84,60 +82,26 @@ class MemmapImageDataset(ImageFolderDataset):
 
 
 def cached(
-    datasets: Sequence[ImageFolderDataset],
+    dataset: ImageFolderDataset,
     size: int,
     cache_dir: str | Path,
     num_workers: int | None = None,
     progress: bool = True,
-    everything: Sequence[ImageFolderDataset] | None = None,
+    everything: Sequence[ImageFolderDataset] = (),
     skip_unreadable: bool = False,
-    keep: int = 3,
     key: Literal["stat", "mtime"] = "stat",
-    run_once: Callable | None = None,
-) -> list[ImageFolderDataset]:
-    """`datasets` served from their cache under `cache_dir`, built first if missing.
-
-    Args:
-        everything: the datasets whose files the cache covers (default `datasets`), by `root`.
-        skip_unreadable: store unreadable files as empty entries (left out of `datasets`).
-        run_once: runs the key's `stat` of every file: under DDP, `data.once`.
-        num_workers: decoding processes; default one per usable CPU.
-    """
-    served = list(datasets)
-    for root in sorted({d.root for d in served if len(d)}):
-        covered = [d.paths for d in everything or datasets if d.root == root]
-        index = ImageFolderDataset(root, np.unique(np.concatenate(covered)), None, None)
-        name = partial(cache_key, index, size, key)
-        folder = Path(cache_dir) / (name() if run_once is None else run_once(name))
-        workers = usable_cpus() if num_workers is None else num_workers
-        build_it = partial(build, index, folder, size, workers, progress, skip_unreadable, keep)
-        pixels = _open(folder, build_it)
-        for i, dataset in enumerate(served):
-            if dataset.root == root and len(dataset):
-                positions = np.searchsorted(index.paths, dataset.paths)
-                served[i] = MemmapImageDataset(dataset, pixels, positions)
-    return served
-
-
-def _open(folder: Path, build_missing: Callable[[], None]) -> PixelCache:
-    """The cache in `folder`, built first if missing, its lock held shared while it is read."""
-    for _ in range(2):
-        _make_dir(folder.parent)
-        reading = open(lock_path(folder), "a")  # noqa: SIM115 - held by the PixelCache
-        if not try_lock(reading, exclusive=False):  # no locks here: nothing to hold
-            reading.close()
-        if (folder / "index.npy").exists():
-            return PixelCache(folder, None if reading.closed else reading)
-        reading.close()
-        build_missing()
-    raise DataError(f"the image cache {folder} was removed as soon as it was built; try again")
-
-
-def _make_dir(cache_dir: Path) -> None:
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DataError(f"cannot create --data.cache_dir {cache_dir}: {err.strerror}") from err
+    run_once: Callable = lambda compute: compute(),
+) -> MemmapImageDataset:
+    """`dataset` served from its cache in `cache_dir`, built first if missing: the cache covers the
+    files of `everything` in its root too (unreadable ones empty, with `skip_unreadable`).
+    `run_once` (under DDP, `data.once`) runs the key's `stat` of every file."""
+    covered = [d.paths for d in (dataset, *everything) if d.root == dataset.root]
+    index = ImageFolderDataset(dataset.root, np.unique(np.concatenate(covered)), None, None)
+    folder = Path(cache_dir) / run_once(partial(cache_key, index, size, key))
+    workers = usable_cpus() if num_workers is None else num_workers
+    build(index, folder, size, workers, progress, skip_unreadable)
+    positions = np.searchsorted(index.paths, dataset.paths)
+    return MemmapImageDataset(dataset, PixelCache(folder), positions)
 
 
 def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
@@ -155,47 +119,48 @@ def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
 
 
 def build(
-    dataset: ImageFolderDataset,
-    folder: Path,
-    size: int,
-    num_workers: int,
-    progress: bool = True,
-    skip_unreadable: bool = False,
-    keep: int = 0,
+    dataset: ImageFolderDataset, folder: Path, size: int, workers: int, progress: bool, skip: bool
 ) -> None:
-    """Decode every image of `dataset` into `folder`, unless another process is doing it now:
-    the lock holder builds in a staging folder renamed into place, the others wait. Without
-    working locks, processes may build side by side: the first rename wins. Then `prune(keep)`."""
-    _make_dir(folder.parent)
-    with open(lock_path(folder), "a") as lock:
-        held = try_lock(lock, exclusive=True, wait=False)
-        while held is False:
-            # Wait with a shared lock, never an exclusive one: the builder goes on to hold this
-            # lock shared while it reads the cache, and under DDP then waits for this process.
-            log.warning("Waiting for another process to build the image cache %s", folder)
-            try_lock(lock, exclusive=False)
-            if (folder / "index.npy").exists():
-                return
-            held = try_lock(lock, exclusive=True, wait=False)  # that build died: ours now
+    """Decode every image of `dataset` into `folder` unless it is there. The holder of its lock
+    builds in a staging folder renamed into place when whole; the others wait, then find it.
+    Where locks do not work, processes may build side by side: the first rename wins."""
+    if (folder / "index.npy").exists():
+        return
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create --data.cache_dir {folder.parent}: {err.strerror}") from err
+    with open(folder.parent / f".{folder.name}.lock", "a") as lock:
+        locked = _lock(lock, folder)
         if (folder / "index.npy").exists():
             return
-        if held:  # only we may build this cache now: a staging folder of it is a dead build's
+        if locked:  # only we may build this cache now: a staging folder of it is a dead build's
             for leftover in folder.parent.glob(f".{folder.name}-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
-            _write(dataset, staging, size, num_workers, progress, skip_unreadable)
-            mark_owner(staging, dataset.root)
+            _write(dataset, staging, size, workers, progress, skip)
             try:
                 os.replace(staging, folder)
-            except OSError:
+            except OSError:  # another process's rename came first (no working locks)
                 if not (folder / "index.npy").exists():
                     raise
-                log.info("Another process finished the image cache %s first; using it", folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    if keep:
-        prune(folder.parent, keep, folder)
+
+
+def _lock(file: IO, folder: Path) -> bool:
+    """Hold `file`'s exclusive lock, after any other holder; False where locks do not work."""
+    try:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("Waiting for another process to build the image cache %s", folder)
+            fcntl.flock(file, fcntl.LOCK_EX)
+    except (AttributeError, OSError) as err:  # no fcntl (Windows); NFS without lockd; Lustre
+        log.warning("No file locks in %s (%s): processes may each build it", folder.parent, err)
+        return False
+    return True
 
 
 class _Decoded(ImageFolderDataset):
@@ -216,53 +181,37 @@ class _Decoded(ImageFolderDataset):
 
 
 def _write(
-    dataset: ImageFolderDataset,
-    folder: Path,
-    size: int,
-    num_workers: int,
-    progress: bool,
-    skip_unreadable: bool = False,
+    dataset: ImageFolderDataset, folder: Path, size: int, workers: int, progress: bool, skip: bool
 ) -> None:
-    """Decode in `num_workers` processes, append the pixels in order, then write the index; out
-    of disk space, stop with one error saying how much the cache needs."""
+    """Decode in `workers` processes, append the pixels in order, then write the index. Short of
+    disk space (hit, or foreseen after `_PROBE` images): one error with the size it needs."""
     decoded = _Decoded(dataset.root, dataset.paths, None, None, min_size=size)
-    loader = DataLoader(decoded, batch_size=None, num_workers=num_workers)
-    index = np.zeros((len(dataset), 3), dtype=np.int64)
+    images = DataLoader(decoded, batch_size=None, num_workers=workers)
+    images = tqdm(images, f"Caching images in {folder.parent}", unit="img", disable=not progress)
+    index = np.zeros((count := len(dataset), 3), dtype=np.int64)
     offset = done = 0
     try:
         with open(folder / "pixels.u8", "wb") as out:
-            shown = tqdm(loader, f"Caching images in {folder.parent}", unit="img")
-            for done, image in enumerate(shown if progress else loader, 1):
+            for done, image in enumerate(images, 1):
                 if isinstance(image, str):
-                    if not skip_unreadable:
+                    if not skip:
                         raise DataError(f"{image} (while building the image cache)")
                     image = (b"", 0, 0)  # an empty entry, never served
-                pixels, height, width = image
-                index[done - 1] = (offset, height, width)
-                out.write(pixels)
-                offset += len(pixels)
-                if done == _PROBE < len(dataset):  # enough to know the whole size
-                    _check_space(folder, offset / done * (len(dataset) - done), len(dataset))
+                index[done - 1] = (offset, image[1], image[2])
+                offset += out.write(image[0])
+                free = shutil.disk_usage(folder).free if done == _PROBE < count else np.inf
+                if offset / done * (count - done) > free:
+                    raise OSError(errno.ENOSPC, f"{_size(free)} free")
         np.save(folder / "index.npy", index)
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise
-        need = f"{_size(offset / max(done, 1) * len(dataset))} for {len(dataset)} images"
-        raise _no_space(folder, f"{err.strerror}; it needs about {need}") from err
-    log.info("Cached %d images (%.1f GB) in %s", len(dataset), offset / 1e9, folder)
-
-
-def _check_space(folder: Path, more: float, count: int) -> None:
-    if more > (free := shutil.disk_usage(folder).free):
-        why = f"it needs about {_size(more)} more for {count} images and {_size(free)} is free"
-        raise _no_space(folder, why)
-
-
-def _no_space(folder: Path, why: str) -> DataError:
-    return DataError(
-        f"cannot build the image cache in {folder.parent}: {why}. Free some space or set "
-        "--data.cache_dir to a larger disk"
-    )
+        raise DataError(
+            f"cannot build the image cache in {folder.parent} ({err.strerror}): it needs about "
+            f"{_size(offset / max(done, 1) * count)} for {count} images. Free some space or set "
+            "--data.cache_dir to a larger disk"
+        ) from err
+    log.info("Cached %d images (%.1f GB) in %s", count, offset / 1e9, folder)
 
 
 def _size(nbytes: float) -> str:

@@ -70,7 +70,6 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
-        cache_keep: int = 3,
         cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
         if epoch_repeats < 1:
@@ -86,8 +85,6 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             raise DataError(f"--data.source.val_fraction must be in [0, 1), got {val_fraction}")
         if cache not in ("none", "memmap"):
             raise DataError(f"--data.source.cache must be 'none' or 'memmap', got {cache!r}")
-        if cache_keep < 0:
-            raise DataError(f"--data.source.cache_keep must be >= 0 (0: all), got {cache_keep}")
         if cache_key not in ("stat", "mtime"):
             raise DataError(f"--data.source.cache_key must be 'stat' or 'mtime', got {cache_key!r}")
         self.root = _path(root)
@@ -100,7 +97,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.source.test_csv")
         self.balance_classes, self.skip_bad_images = balance_classes, skip_bad_images
         self.epoch_repeats, self.epoch_images = epoch_repeats, epoch_images
-        self.cache, self.cache_keep, self.cache_key = cache, cache_keep, cache_key
+        self.cache, self.cache_key = cache, cache_key
 
     @cached_property
     def labelled(self) -> FolderLabels | CsvLabels:
@@ -163,10 +160,10 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             train, val = skip_unreadable(data, train, val)
         if self.cache == "memmap":  # training only: validation resizes from the files, as predict
             progress = data.trainer is None or data.trainer.local_rank == 0
-            options = {"keep": self.cache_keep, "key": self.cache_key, "everything": everything}
-            options |= {"skip_unreadable": self.skip_bad_images, "progress": progress}
+            options = {"key": self.cache_key, "everything": everything, "progress": progress}
+            options |= {"skip_unreadable": self.skip_bad_images}
             options["run_once"] = partial(once, data.trainer)
-            [train] = cached([train], max(data.image_size, size), data.cache_dir, **options)
+            train = cached(train, max(data.image_size, size), data.cache_dir, **options)
         log_dir = data.log_dir()
         if stage in ("fit", None) and log_dir is not None and data.trainer.is_global_zero:
             path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, data.class_names)
@@ -218,7 +215,6 @@ class ClassFolders(_ImageFiles):
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
         cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
             training reads in later epochs and runs: a speed switch only (docs/performance.md).
-        cache_keep: how many caches of this dataset to keep, newest first; 0 keeps them all.
         cache_key: "stat" sees any rewrite; "mtime" suits datasets copied to scratch at each job.
     """
 
@@ -254,7 +250,6 @@ class LabelsCsv(_ImageFiles):
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
-        cache_keep: int = 3,
         cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
         if label_kind not in LABEL_KINDS:
@@ -267,7 +262,7 @@ class LabelsCsv(_ImageFiles):
         self.label_column = label_column
         self.label_kind = label_kind
         shared = (val_root, val_csv, val_fraction, test_root, test_csv, balance_classes)
-        shared += (epoch_repeats, epoch_images, skip_bad_images, cache, cache_keep, cache_key)
+        shared += (epoch_repeats, epoch_images, skip_bad_images, cache, cache_key)
         super().__init__(root, *shared)
 
 
