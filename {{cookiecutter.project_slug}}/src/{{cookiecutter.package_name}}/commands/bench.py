@@ -1,9 +1,7 @@
 """Data-loading benchmark: `python -m {{ cookiecutter.package_name }} bench [--data.* options as for fit]`.
 
-Times the training loader on your files against the naive pipeline most tutorials teach, in the
-same run, for a sweep of `num_workers`: images/s of model-ready batches, the ratio to the naive
-one and the `num_workers` to use, over `--max_images` images drawn with `--data.seed`.
-"""
+Times the training loader on your files against the naive tutorial pipeline in the same run, per
+`num_workers`: images/s of model-ready batches, the ratio and the `num_workers` to use."""
 
 from __future__ import annotations
 
@@ -128,7 +126,7 @@ def main(args: list[str] | None = None) -> None:
 {%- endif %}
     parser.add_argument("--workers", type=list[int] | None, help="default: 1, 2, 4, ..., the CPUs")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per measurement")
-    parser.add_argument("--max_images", type=int | None, default=2000, help="null: all")
+    parser.add_argument("--max_images", type=int | None, default=2000, help="images; null: all")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path | None, help="also write results here")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace a user's --json")
