@@ -10,8 +10,7 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
 SOURCE = PROJECT / "src" / PACKAGE
-# A room may import from rooms of its own rank or lower; errors.py is below them all and the
-# package's entry point (__main__) above them all.
+# A room imports from rooms of its own rank or lower.
 RANK = {"errors": 0, "data": 1, "model": 2, "training": 3, "commands": 4, "entry": 5}
 ROOMS = ("data", "model", "training", "commands")
 
@@ -23,11 +22,7 @@ def module_name(path: Path) -> str:
 
 def room_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1:  # the package's own __init__
-        return "entry"
-    if parts[1] in ROOMS or parts[1] == "errors":
-        return parts[1]
-    return "entry"
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else "entry"
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
@@ -35,8 +30,6 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from pkg.data import cpus` imports the module pkg.data.cpus; `from pkg.data.index
-            # import find_classes` the module pkg.data.index
             for alias in node.names:
                 submodule = f"{node.module}.{alias.name}"
                 found.add(submodule if submodule in modules else node.module)
@@ -59,7 +52,6 @@ def test_every_room_says_what_lives_there() -> None:
 
 def test_imports_run_one_way_between_rooms_without_cycles() -> None:
     edges = graph()
-    # Guards the checks below against passing on an empty graph.
     assert f"{PACKAGE}.data.images" in edges[f"{PACKAGE}.data.dataset"]
     assert f"{PACKAGE}.data.datamodule" in edges[f"{PACKAGE}.commands.cli"]
     upward = [

@@ -58,14 +58,13 @@ def test_print_config_output_reloads_unchanged(config: Path, tmp_path: Path, cap
     ids=["folders", "csv"{{ ', "shards"' if cookiecutter.shards == "yes" else "" }}],
 )  # fmt: skip
 def test_flat_source_options_are_short_for_the_full_ones(short, full, capsys) -> None:
-    """`--data.root DIR` (README) is `--data.source.root DIR`, through the real entry point."""
+    """`--data.root DIR` (README) is `--data.source.root DIR`."""
     printed = print_config(capsys, *short)
     assert printed == print_config(capsys, *full) and "class_path" in printed
     assert "data_monitor:\n  threshold: 0.2\n" in printed  # the starvation monitor, by default
 
 
 def test_every_source_option_has_its_short_spelling() -> None:
-    """README: each source option has a flat short form; the list follows the sources."""
     options = set()
     for source in (ClassFolders, LabelsCsv{{ ", Shards" if cookiecutter.shards == "yes" else "" }}):
         options |= set(inspect.signature(source).parameters)
@@ -73,7 +72,6 @@ def test_every_source_option_has_its_short_spelling() -> None:
 
 
 def test_fit_has_at_most_12_flat_data_options_and_offers_the_sources(capsys) -> None:
-    """A source's options are its own (`--data.source.*`); the DataModule keeps few."""
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     out = capsys.readouterr().out

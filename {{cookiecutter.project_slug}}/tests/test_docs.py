@@ -1,5 +1,4 @@
-"""Every command that docs/*.md shows is accepted as written: its command and options exist and
-their values parse (`test_readme.py` runs the README's; these are parsed, not run)."""
+"""Every command docs/*.md shows parses as written (test_readme.py runs the README's)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ COMMAND = re.compile(r"python -m {{ cookiecutter.package_name }} ([^`#\n]+)")
 
 
 def docs_commands() -> list[tuple[str, list[str]]]:
-    """(file, words) of each `python -m <package> ...` in docs/, in code blocks (continuation
-    lines joined, comments dropped) and inline; `...` (the options left to you) left out."""
+    """(file, words) of each `python -m <package> ...` in docs/, `...` left out."""
     found = []
     for path in sorted((PROJECT / "docs").glob("*.md")):
         text = path.read_text(encoding="utf-8").replace("\\\n", " ")
@@ -60,7 +58,7 @@ def test_a_docs_command_parses(page: str, words: list[str], parse_only) -> None:
 
 
 def test_a_wrong_option_does_not_parse(parse_only, capsys) -> None:
-    """What the test above relies on: an option that no command has stops the parse."""
+    """What the test above relies on."""
     for command in ("fit", "export", "infer", "scan", {{ '"shard", ' if cookiecutter.shards == "yes" else "" }}"bench", "report"):
         with pytest.raises(SystemExit):
             main([command, "--data.no_such_option", "1"])

@@ -168,34 +168,25 @@ def test_the_learning_rate_follows_the_global_batch(
     assert "learning rate 0.01 x 16/8 = 0.02 for a global batch of 16" in caplog.text
 
 
-def test_layer_decay_scales_timm_layer_groups_and_is_refused_elsewhere() -> None:
-    pytest.importorskip("timm")
-    options = dict(image_size=32, architecture="test_convnext", layer_decay=0.5)
-    model = ImageClassifier(list(CLASSES), **options)
-    model.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
-    groups = model.configure_optimizers()["optimizer"].param_groups
-    rates = sorted({g["lr"] for g in groups}, reverse=True)
-    assert rates[0] == pytest.approx(3e-3) and len(rates) > 2
-    assert rates[1] == pytest.approx(3e-3 * 0.5)  # each layer group half the next one's
-    assert [g["lr"] for g in groups if g["name"].startswith("head")] == pytest.approx([3e-3] * 2)
-    in_groups = [id(p) for g in groups for p in g["params"]]
-    assert sorted(in_groups) == sorted(id(p) for p in model.parameters())  # each once
-
-    with pytest.raises(DataError, match="--model.layer_decay needs a timm architecture"):
-        tiny_model(layer_decay=0.75)
-
-
-@pytest.mark.parametrize("options", [{}, {"backbone_lr_scale": 0.1}, {"layer_decay": 0.75}])
-def test_what_a_timm_model_lists_in_no_weight_decay_takes_none(options: dict) -> None:
-    """As in timm's optimizer factory: a ViT's position embedding and class token, not decayed."""
+@pytest.mark.parametrize("options", [{}, {"backbone_lr_scale": 0.1}, {"layer_decay": 0.5}])
+def test_timm_layer_decay_and_no_weight_decay(options: dict) -> None:
+    """Layer decay halves each layer group's rate but the head's; as in timm's optimizer factory,
+    what a ViT's `no_weight_decay()` lists (position embedding, class token) is not decayed."""
     pytest.importorskip("timm")
     model = ImageClassifier(list(CLASSES), image_size=160, architecture="test_vit", **options)
     model.trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
     groups = model.configure_optimizers()["optimizer"].param_groups
+    in_groups = [id(p) for g in groups for p in g["params"]]
+    assert sorted(in_groups) == sorted(id(p) for p in model.parameters())  # each once
     decay = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
     net = model.net
     assert decay[id(net.pos_embed)] == decay[id(net.cls_token)] == 0.0
     assert decay[id(net.patch_embed.proj.weight)] == 0.05  # weights still are
+    if "layer_decay" in options:
+        rates = sorted({g["lr"] for g in groups}, reverse=True)
+        assert rates[:2] == pytest.approx([3e-3, 3e-3 * 0.5]) and len(rates) > 2
+        head = [g["lr"] for g in groups if g["name"].startswith("head")]
+        assert head == pytest.approx([3e-3] * 2)
 
 
 @pytest.mark.parametrize(
@@ -205,6 +196,7 @@ def test_what_a_timm_model_lists_in_no_weight_decay_takes_none(options: dict) ->
         ({"mixup_alpha": -0.2}, "--model.mixup_alpha must be at least 0"),
         ({"lr_reference_batch": 0}, "--model.lr_reference_batch must be at least 1"),
         ({"backbone_lr_scale": -1.0}, "--model.backbone_lr_scale must be at least 0"),
+        ({"layer_decay": 0.75}, "--model.layer_decay needs a timm architecture"),
     ],
 )
 def test_recipe_options_out_of_range_are_refused(options: dict, message: str) -> None:
