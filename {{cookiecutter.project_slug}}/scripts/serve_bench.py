@@ -51,29 +51,40 @@ def photo_jpeg(width: int = 500, height: int = 375) -> bytes:
 
 
 @contextmanager
-def served(model: str, options: list[str], deadline: float):
-    """A `serve` process on a free port of 127.0.0.1, ready; stopped with SIGTERM after."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", PACKAGE, "serve", "--model", model, "--port", str(port)]
-    command += ["--host", "127.0.0.1", "--log_level", "warning", *options]
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
-        try:
+def served(model: str, deadline: float):
+    """A `serve` process for each of SETTINGS on a free port of 127.0.0.1, started at once, then
+    ready: {setting: port}; stopped with SIGTERM after."""
+    with ExitStack() as stack:
+        servers = {}
+        stack.callback(stop, servers)
+        for batching, options in SETTINGS.items():
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            command = [sys.executable, "-m", PACKAGE, "serve", "--model", model, *options]
+            command += ["--host", "127.0.0.1", "--port", str(port), "--log_level", "warning"]
+            log = stack.enter_context(tempfile.TemporaryFile())
+            process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+            servers[batching] = (process, port, log)
+        for process, port, log in servers.values():
             while not healthy(port):
                 if process.poll() is not None or time.monotonic() > deadline:
                     log.seek(0)
                     sys.exit(f"error: serve did not start: {log.read()[-2000:].decode()}")
                 time.sleep(0.5)
-            yield port
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        yield {batching: port for batching, (_, port, _) in servers.items()}
+
+
+def stop(servers: dict) -> None:
+    """SIGTERM to each server at once; then, to one still running after 60 s, SIGKILL."""
+    for process, _, _ in servers.values():
+        process.send_signal(signal.SIGTERM)
+    for process, _, _ in servers.values():
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def healthy(port: int) -> bool:
@@ -142,11 +153,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     # results[batching, clients]: one measurement per round
     results: dict[tuple[str, int], list[dict]] = {}
-    with ExitStack() as servers:
-        ports = {
-            batching: servers.enter_context(served(options.model, server_options, deadline))
-            for batching, server_options in SETTINGS.items()
-        }
+    with served(options.model, deadline) as ports:
         for clients in options.clients:
             for turn in range(options.rounds):
                 order = list(SETTINGS) if turn % 2 == 0 else list(reversed(SETTINGS))
