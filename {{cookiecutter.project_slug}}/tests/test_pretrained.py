@@ -150,19 +150,16 @@ def test_without_timm_one_line_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
         build_network(TIMM_MODEL, 3, 32)
 
 
-@pytest.mark.parametrize("kind", ["state dict", "safetensors", "checkpoint"])
+@pytest.mark.parametrize("kind", ["pt", "safetensors", "ckpt"])  # a state dict, a checkpoint
 def test_weights_file_of_other_classes_starts_the_backbone(tmp_path: Path, kind: str) -> None:
     trained = ImageClassifier(class_names=["x", "y"], image_size=32, architecture=TIMM_MODEL)
     state = trained.net.state_dict()
-    if kind == "state dict":
-        path = tmp_path / "weights.pt"
-        torch.save(state, path)
-    elif kind == "safetensors":
-        path = tmp_path / "weights.safetensors"
+    path = tmp_path / f"weights.{kind}"
+    if kind == "safetensors":
         save_file(state, path)
-    else:  # what this project's checkpoints hold: the LightningModule's state, `net.` first
-        path = tmp_path / "trained.ckpt"
-        torch.save({"state_dict": trained.state_dict(), "hyper_parameters": {}}, path)
+    else:  # a checkpoint holds the LightningModule's state, `net.` first
+        ckpt = {"state_dict": trained.state_dict(), "hyper_parameters": {}}
+        torch.save(state if kind == "pt" else ckpt, path)
     with pytest.warns(UserWarning, match="classifier is re-made for 3 classes"):
         model = ImageClassifier(
             class_names=list(CLASSES), image_size=32, architecture=TIMM_MODEL, weights=str(path)

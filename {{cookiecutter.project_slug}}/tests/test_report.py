@@ -1,5 +1,5 @@
-"""The run report: written by a real `fit` (conftest's, one process and DDP), checked against the
-checkpoint; `report` redraws it."""
+"""The run report, written by conftest's real `fit` runs (one process and DDP), checked against
+the checkpoint; `report` redraws it."""
 
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ PNGS = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_p
 
 
 def recomputed(run_dir: Path) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
-    """Validate `last.ckpt` (the weights of the last validation) again, in this process: the
-    confusion matrix, validation file paths, predicted classes and confidences."""
+    """`last.ckpt` validated again here: confusion matrix, paths, predictions, confidences."""
     model = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt").eval()
     folder = run_dir.parent.parent
     source = ClassFolders(str(folder / "train"), val_root=str(folder / "val"))
@@ -61,9 +60,9 @@ def table(run_dir: Path, name: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_fit_writes_the_report_and_a_history_of_every_epoch(fit_run: Path) -> None:
-    for name in ("report.html", "history.json", *PNGS):
-        assert (fit_run / name).is_file(), name
+def test_fit_writes_a_self_contained_report_and_report_writes_it_again(
+    fit_run: Path, tmp_path: Path, run_main
+) -> None:
     history = json.loads((fit_run / "history.json").read_text())
     assert history["class_names"] == list(CLASSES)
     assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2]
@@ -71,10 +70,6 @@ def test_fit_writes_the_report_and_a_history_of_every_epoch(fit_run: Path) -> No
         for key in ("train_loss", "val_loss", "val_acc", "lr", "data_wait_fraction"):
             assert isinstance(epoch[key], float), (key, epoch)
     assert history["epochs"][0]["lr"] > history["epochs"][-1]["lr"]  # cosine, read per epoch
-
-
-@pytest.mark.slow
-def test_the_page_is_self_contained_and_its_images_decode(fit_run: Path) -> None:
     text = page(fit_run)
     assert not set(re.findall(r"<(\w+)", text)) & {"script", "link", "iframe", "object"}
     references = re.findall(r'(?:href|src)="([^"]*)"', text)
@@ -84,6 +79,12 @@ def test_the_page_is_self_contained_and_its_images_decode(fit_run: Path) -> None
     for data in inlined:
         Image.open(io.BytesIO(data)).verify()
     assert sorted(inlined) == sorted((fit_run / name).read_bytes() for name in PNGS)
+    for name in ("report.html", *PNGS):
+        (fit_run / name).unlink()
+    done = run_main("report", fit_run, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"report: {fit_run / 'report.html'}")
+    assert page(fit_run) == text and all((fit_run / name).is_file() for name in PNGS)
 
 
 @pytest.mark.slow
@@ -91,8 +92,8 @@ def test_the_page_is_self_contained_and_its_images_decode(fit_run: Path) -> None
 def test_the_tables_and_the_grid_show_every_validation_image_once(
     run: str, shown: int, request: pytest.FixtureRequest
 ) -> None:
-    """The confusion matrix, per-class table, accuracy and most confidently wrong images (the
-    first `shown`) are those of `last.ckpt` on the 15 validation images, of both DDP ranks."""
+    """Confusion matrix, per-class table, accuracy and the `shown` most confidently wrong images
+    are those of `last.ckpt` on the 15 validation images, of both DDP ranks."""
     run_dir = request.getfixturevalue(run)
     matrix, paths, predicted, confidence = recomputed(run_dir)
     history = json.loads((run_dir / "history.json").read_text())
@@ -124,19 +125,6 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     assert [row[1] for row in cells] == [item["path"] for item in wrong]
     names = [[CLASSES[item["true"]], CLASSES[item["predicted"]]] for item in wrong]
     assert [row[2:4] for row in cells] == names
-
-
-@pytest.mark.slow
-def test_the_report_command_writes_it_again(fit_run: Path, tmp_path: Path, run_main) -> None:
-    before = page(fit_run)
-    for name in ("report.html", *PNGS):
-        (fit_run / name).unlink()
-    done = run_main("report", fit_run, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"report: {fit_run / 'report.html'}")
-    for name in PNGS:
-        assert (fit_run / name).is_file(), name
-    assert page(fit_run) == before
 
 
 def test_a_folder_without_history_is_one_error_line(tmp_path: Path, run_main) -> None:
