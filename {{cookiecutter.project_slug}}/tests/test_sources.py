@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 from conftest import CLASSES, CSV_LOGGER, one_error, write_image
-from torch.utils.data import Dataset
+from torch.utils.data import TensorDataset
 
 from {{ cookiecutter.package_name }}.commands.cli import main
 from {{ cookiecutter.package_name }}.data.sources import Source
@@ -30,24 +30,19 @@ class SolidColours(Source):
         return list(COLOURS)
 
     def fit_datasets(self, data, stage):
-        return _Solid(self.per_class, data.image_size), _Solid(2, data.image_size)
+        return _solid(self.per_class, data.image_size), _solid(2, data.image_size)
 
     def test_dataset(self, data):
-        return _Solid(2, data.image_size)
+        return _solid(2, data.image_size)
 
 
-class _Solid(Dataset):
-    def __init__(self, per_class: int, size: int) -> None:
-        self.per_class, self.size = per_class, size
-
-    def __len__(self) -> int:
-        return len(COLOURS) * self.per_class
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        label = index % len(COLOURS)
-        image = torch.full((3, self.size, self.size), 20, dtype=torch.uint8)
-        image[label] = 120 + index % 100  # the class's channel bright, the others dark
-        return image, label
+def _solid(per_class: int, size: int) -> TensorDataset:
+    """The class's channel bright, the others dark."""
+    labels = torch.arange(len(COLOURS) * per_class) % len(COLOURS)
+    images = torch.full((len(labels), 3, size, size), 20, dtype=torch.uint8)
+    bright = (120 + torch.arange(len(labels)) % 100).to(torch.uint8)
+    images[torch.arange(len(labels)), labels] = bright[:, None, None]
+    return TensorDataset(images, labels)
 
 
 def test_a_source_defined_in_a_test_trains_through_the_cli(tmp_path: Path, run_main) -> None:
