@@ -1,10 +1,7 @@
-"""A run stopped mid-epoch (SIGTERM, SIGKILL, a signal to its process group, SLURM's requeue; one
-process or DDP) resumes with exactly the images the epoch had not trained on, in order, and ends
-as an uninterrupted run (`whole`, `whole_ddp`): same weights, same metrics.csv, each epoch once.
-
-Every image has a flat red of its own: `Fingerprints` notes each trained batch's reds, through the
-real CLI, its loader workers and `last.ckpt`.
-"""
+"""A run stopped mid-epoch (SIGKILL, Ctrl-C, SIGTERM or SLURM's requeue signal to its process
+group; one process or DDP) resumes with exactly the images the epoch had not trained on, in order,
+and ends as the uninterrupted run (`whole`, `whole_ddp`): same weights, same metrics.csv. Each
+image has a flat red of its own, which `Fingerprints` notes for each trained batch."""
 
 from __future__ import annotations
 
@@ -43,13 +40,12 @@ OPTIONS = [
     *("--trainer.callbacks.decay", "0.9", "--trainer.accumulate_grad_batches", "2"),
     *("--trainer.logger.flush_logs_every_n_steps", "1"),
 ]
-DDP_OPTIONS = [*DDP, "--data.num_workers", "1"]
+DDP_OPTIONS = [*DDP, "--data.num_workers", "1", "--trainer.max_epochs", "2"]
 LAST = Path("lightning_logs/version_0/checkpoints/last.ckpt")
 
 
 class Fingerprints(L.Callback):
-    """Appends each trained batch as (epoch, batch index, its images' reds) to
-    $RECORD_DIR/rank<N>.jsonl."""
+    """Appends (epoch, batch index, its images' reds) to $RECORD_DIR/rank<N>.jsonl."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         reds = [round(float(image[0].float().mean()), 3) for image in batch[0]]
@@ -59,10 +55,9 @@ class Fingerprints(L.Callback):
 
 
 class TermAt(L.Callback):
-    """After batch $TERM_BATCH of epoch $TERM_EPOCH (1 unless set), on rank $TERM_RANK (0 unless
-    set), sends this process $TERM_SIGNAL (SIGTERM unless set; $TERM_TIMES times), as a scheduler
-    would; with $TERM_GROUP, from another process to its whole process group (every rank and
-    loader worker), as `timeout`, systemd and SLURM do."""
+    """After batch $TERM_BATCH of epoch $TERM_EPOCH (1), on rank $TERM_RANK (0), sends this process
+    $TERM_SIGNAL (SIGTERM) $TERM_TIMES times (1); with $TERM_GROUP, from another process to its
+    whole process group (every rank and loader worker), as `timeout`, systemd and SLURM do."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         at = int(os.environ.get("TERM_EPOCH", "1")), int(os.environ["TERM_BATCH"])
@@ -92,11 +87,6 @@ def colour_images(root: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def colour_root(tmp_path: Path) -> Path:  # for the shard tests
-    return colour_images(tmp_path / "colours")
-
-
 @pytest.fixture(scope="module")
 def colours(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return colour_images(tmp_path_factory.mktemp("colours"))
@@ -118,8 +108,7 @@ def fit(root: Path, cwd: Path, *options: str, term_batch: int | None = None, env
 
 
 def whole_run(root: Path, folder: Path, options: list[str]) -> Path:
-    # Set up before the function-scoped `user_cache` fixture: a per-user cache folder of its own.
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(exist_ok=True)  # module fixtures start before `user_cache`: a cache of its own
     done = fit(root, folder, *options, env={CACHE_ENV: str(folder.with_name("cache"))})
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
@@ -136,8 +125,8 @@ def whole_ddp(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def recorded(record: Path, rank: int = 0) -> dict[int, list[float]]:
-    """Epoch -> the reds trained on in that epoch, in order; a batch trained again after a
-    resume (it was in no checkpoint) counts once, as the resumed run trained it."""
+    """Epoch -> the reds trained in it, in order; a batch trained again after a resume counts
+    once."""
     batches: dict[tuple[int, int], list[float]] = {}
     for line in (record / f"rank{rank}.jsonl").read_text().splitlines():
         epoch, index, reds = json.loads(line)
@@ -161,12 +150,9 @@ def logged(folder: Path, run: str = "version_0") -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
-def assert_same_run(
-    parts: Path, whole: Path, ranks: int = 1, run: str = "version_0", stopped_in=("1",)
-) -> None:
-    """The same images in the same order on every rank, the same weights, and the same rows in
-    metrics.csv (epoch, step, metrics) to float tolerance, but for the interrupted epochs'
-    `train_loss_epoch`: Lightning does not checkpoint its running mean (docs/training.md)."""
+def assert_same_run(parts: Path, whole: Path, ranks: int, run: str, stopped_in) -> None:
+    """The same images in the same order on every rank, the same weights, the same metrics.csv
+    rows, but for the stopped epochs' `train_loss_epoch` (a running mean not checkpointed)."""
     for rank in range(ranks):
         assert recorded(parts, rank) == recorded(whole, rank), rank
     weights, expected = final_weights(parts, run), final_weights(whole)
@@ -189,8 +175,7 @@ def quiet(stderr: str) -> bool:
 
 
 def written_by_the_runs(folder: Path) -> set[str]:
-    """What the runs wrote in `folder` (each run below `lightning_logs/` as one entry, with the
-    lock `fit` holds beside it), the recorder's files left out."""
+    """What the runs wrote in `folder` (a run and its lock as one entry), but the recorder's."""
     ours = {"rank0.jsonl", "rank1.jsonl", "signalled_at", "lightning_logs"}
     found = {p.name for p in folder.iterdir() if p.name not in ours}
     runs = {p.name.removeprefix(".").removesuffix(".lock") for p in folder.glob("lightning_logs/*")}
@@ -199,35 +184,38 @@ def written_by_the_runs(folder: Path) -> set[str]:
 
 def stopped_and_resumed(
     root: Path, cwd: Path, whole: Path, options: list[str], stops: list[dict], ranks: int = 1,
-    before_resume=lambda: None, stopped_in: tuple[str, ...] = (),
+    before_resume=lambda: None, stopped_in: tuple[str, ...] = (), run: str = "version_0",
+    env: dict | None = None,
 ) -> list[Run]:  # fmt: skip
-    """Fits of run version_0 (`--run version_0 --ckpt_path last`), each stopped after batch 2 as a
-    dict of `stops` (TermAt's variables) says, then one that ends it as `whole`, logging on in
-    version_0 (`stopped_in`: epochs stopped before). Returns the stopped fits."""
-    run = ["--run", "version_0", "--ckpt_path", "last"]
-    resuming = f"--ckpt_path last: resuming run version_0 from {LAST}"
-    starting = f"run version_0 has no {LAST} yet; starting it"
+    """Fits of `run` (`--run version_0 --ckpt_path last`, or a SLURM job's own with `env`), each
+    stopped after batch 2 as a dict of `stops` (TermAt's variables) says, then one that ends it as
+    `whole`, logging on in the same folder (`stopped_in`: epochs stopped before). Returns the
+    stopped fits."""
+    options = [*options, "--ckpt_path", "last", *(["--run", run] if env is None else [])]
+    last = LAST.parents[2] / run / "checkpoints" / "last.ckpt"
+    resuming = f"--ckpt_path last: resuming run {run} from {last}"
+    starting = f"run {run} has no {last} yet; starting it"
     batches = 4 if "--trainer.accumulate_grad_batches" in options else 3  # an accumulation's end
     stopped = []
     for stop in stops:
-        said = resuming if (cwd / LAST).exists() else starting
-        done = fit(root, cwd, *options, *run, term_batch=2, env=stop)
+        said = resuming if (cwd / last).exists() else starting
+        done = fit(root, cwd, *options, term_batch=2, env={**(env or {}), **stop})
         signum = signal.Signals[stop.get("TERM_SIGNAL", "SIGTERM")]
         assert done.returncode == 128 + signum, done.stderr[-3000:]
         assert said in done.stdout
-        assert done.stdout.count(f"{signum.name}: saved {LAST}") == 1
+        assert done.stdout.count(f"{signum.name}: saved {last}") == 1
         for rank in range(ranks):
             assert len(recorded(cwd, rank)[int(stop.get("TERM_EPOCH", 1))]) == batches * 2
         done.signalled_at = float((cwd / "signalled_at").read_text())
         stopped.append(done)
     before_resume()
-    resumed = fit(root, cwd, *options, *run)
+    resumed = fit(root, cwd, *options, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resuming in resumed.stdout
     assert "before the epoch ended" not in resumed.stderr  # Lightning's warning: not needed
     assert not (cwd / "lightning_logs/version_1").exists()
     stopped_in += tuple(stop.get("TERM_EPOCH", "1") for stop in stops)
-    assert_same_run(cwd, whole, ranks, stopped_in=stopped_in)
+    assert_same_run(cwd, whole, ranks, run=run, stopped_in=stopped_in)
     return stopped
 
 
@@ -259,61 +247,17 @@ class KillWhileSaving(L.Callback):
         io.save_checkpoint = half_written
 
 
-def test_a_run_killed_twice_then_sigtermed_resumes_exactly(
+def test_a_slurm_job_killed_twice_then_requeued_resumes_its_own_run_exactly(
     colours: Path, whole: Path, tmp_path: Path, run_main
 ) -> None:
-    """SIGKILL runs no handler. Killed while writing epoch 1's end `last.ckpt`: the one of epoch 0
-    stays whole (with its history: `last.ckpt` is written after the history records the epoch),
-    and rows logged after it. Resumed with a timed save every batch, killed mid-epoch 1; resumed,
-    and SIGTERM to its process group (loader workers too: they serve on) after the 3rd batch of
-    an accumulation of 2 in epoch 2: it saves after the 4th, once. A resume with
-    `accumulate_grad_batches 3` (inside one) is refused; the run resumed ends as `whole`, its
-    history and report with each epoch once, having written only its run folder."""
-    run = ["--run", "version_0", "--ckpt_path", "last"]
-    kill_saving = ["--trainer.callbacks+=test_mid_epoch.KillWhileSaving"]
-    first = fit(colours, tmp_path, *OPTIONS, *run, *kill_saving)
-    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    assert (tmp_path / LAST).with_name(".last.ckpt.partial").read_bytes() == b"half a checkpoint"
-    saved = torch.load(tmp_path / LAST, map_location="cpu", weights_only=False)
-    history = next(v for k, v in saved["callbacks"].items() if k.startswith("RunHistory"))
-    assert saved["epoch"] == 0 and [row["epoch"] for row in history["epochs"]] == [0]
-    assert any(row["epoch"] == "1" for row in logged(tmp_path))  # logged after the save
-    steps_an_epoch = saved["global_step"]
-
-    timed = [*OPTIONS, *run, "--last_checkpoint.every_minutes", "1e-9"]
-    second = fit(colours, tmp_path, *timed, term_batch=5, env={"TERM_SIGNAL": "SIGKILL"})
-    assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
-    saved = torch.load(tmp_path / LAST, map_location="cpu", weights_only=False)
-    assert saved["epoch"] == 1 and saved["global_step"] % steps_an_epoch  # mid-epoch
-
-    def refused() -> None:
-        before = (tmp_path / LAST).read_bytes()
-        other = ["--trainer.accumulate_grad_batches", "3", "--ckpt_path", str(tmp_path / LAST)]
-        done = run_main("fit", *other, cwd=tmp_path)  # refused before training: in-process
-        error = one_error(done.returncode, done.stderr)
-        assert "stopped 4 batches into epoch 2" in error
-        assert "--trainer.accumulate_grad_batches 3" in error
-        assert (tmp_path / LAST).read_bytes() == before
-
-    group = [{"TERM_GROUP": "1", "TERM_EPOCH": "2"}]
-    (third,) = stopped_and_resumed(
-        colours, tmp_path, whole, OPTIONS, group, before_resume=refused, stopped_in=("1",)
-    )
-    assert quiet(third.stderr)
-    assert written_by_the_runs(tmp_path) == {"lightning_logs/version_0"}
-    run_folder = tmp_path / "lightning_logs/version_0"
-    history = json.loads((run_folder / "history.json").read_text())
-    assert [row["epoch"] for row in history["epochs"]] == [0, 1, 2]
-    head = f"3 epochs, {history['epochs'][-1]['step']} steps"
-    assert head in (run_folder / "report.html").read_text()
-
-
-def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes_its_own_run(
-    colours: Path, whole: Path, tmp_path: Path
-) -> None:
-    """SLURM's requeue signal to the job's process group (its variables, a stand-in `scontrol`):
-    it saves and requeues itself; the job run again (`--ckpt_path last`, as the batch script)
-    resumes its own run, not another run's newer last.ckpt beside it, and ends as `whole`."""
+    """A SLURM job (its variables, a stand-in `scontrol`) with `--ckpt_path last`, as the batch
+    script. SIGKILL while writing epoch 1's end `last.ckpt`: epoch 0's stays whole, with its
+    history. Again, with a timed save each batch, SIGKILL mid-epoch 1. Again, SLURM's requeue
+    signal to the group (loader workers too) after the 3rd batch of an accumulation of 2 in epoch
+    2: it saves after the 4th, once, and requeues; a resume with `accumulate_grad_batches 3` is
+    refused. The requeued job resumes its own run (not another run's newer last.ckpt beside it),
+    ends as `whole`, history and report with each epoch once, and wrote only its run folder
+    (not Lightning's hpc_ckpt)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
@@ -325,40 +269,63 @@ def test_slurm_requeue_saves_requeues_and_the_requeued_job_resumes_its_own_run(
         "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
         "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
     }
-    job = [*OPTIONS, "--ckpt_path", "last"]
-    signalled = {**slurm, "TERM_SIGNAL": "SIGUSR1", "TERM_GROUP": "1"}
-    first = fit(colours, tmp_path, *job, term_batch=2, env=signalled)
-    assert first.returncode == 128 + signal.SIGUSR1, first.stderr[-3000:]
-    own = Path("lightning_logs/slurm_4242/checkpoints/last.ckpt")  # the job is the run
-    assert f"SIGUSR1: saved {own}" in first.stdout
-    assert "requeued SLURM job 4242" in first.stdout
-    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
-    assert quiet(first.stderr)
-    # Lightning's own handler ran nowhere (it writes hpc_ckpt_N.ckpt), not even in a worker.
-    assert written_by_the_runs(tmp_path) == {"lightning_logs/slurm_4242", "bin", "scontrol.log"}
+    job, own = [*OPTIONS, "--ckpt_path", "last"], tmp_path / "lightning_logs/slurm_4242"
+    kill_saving = ["--trainer.callbacks+=test_mid_epoch.KillWhileSaving"]
+    first = fit(colours, tmp_path, *job, *kill_saving, env=slurm)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    last = own / "checkpoints/last.ckpt"
+    assert last.with_name(".last.ckpt.partial").read_bytes() == b"half a checkpoint"
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    history = next(v for k, v in saved["callbacks"].items() if k.startswith("RunHistory"))
+    assert saved["epoch"] == 0 and [row["epoch"] for row in history["epochs"]] == [0]
+    assert any(row["epoch"] == "1" for row in logged(tmp_path, "slurm_4242"))  # after the save
+    steps_an_epoch = saved["global_step"]
 
+    timed = [*job, "--last_checkpoint.every_minutes", "1e-9"]
+    second = fit(colours, tmp_path, *timed, term_batch=5, env={**slurm, "TERM_SIGNAL": "SIGKILL"})
+    assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    assert saved["epoch"] == 1 and saved["global_step"] % steps_an_epoch  # mid-epoch
     other = tmp_path / LAST  # another run's, newer
     other.parent.mkdir(parents=True)
     shutil.copy(whole / LAST, other)
-    again = fit(colours, tmp_path, *job, env=slurm)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"--ckpt_path last: resuming run slurm_4242 from {own}" in again.stdout
-    assert_same_run(tmp_path, whole, run="slurm_4242")
+
+    def refused() -> None:
+        before = last.read_bytes()
+        options = ["--trainer.accumulate_grad_batches", "3", "--ckpt_path", str(last)]
+        done = run_main("fit", *options, cwd=tmp_path)  # refused before training: in-process
+        error = one_error(done.returncode, done.stderr)
+        assert "stopped 4 batches into epoch 2" in error
+        assert "--trainer.accumulate_grad_batches 3" in error
+        assert last.read_bytes() == before
+
+    requeue = [{"TERM_SIGNAL": "SIGUSR1", "TERM_GROUP": "1", "TERM_EPOCH": "2"}]
+    (third,) = stopped_and_resumed(
+        colours, tmp_path, whole, OPTIONS, requeue, before_resume=refused, stopped_in=("1",),
+        run="slurm_4242", env=slurm,
+    )  # fmt: skip
+    assert "requeued SLURM job 4242" in third.stdout and quiet(third.stderr)
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    runs = {"lightning_logs/slurm_4242", "lightning_logs/version_0", "bin", "scontrol.log"}
+    assert written_by_the_runs(tmp_path) == runs
+    history = json.loads((own / "history.json").read_text())
+    assert [row["epoch"] for row in history["epochs"]] == [0, 1, 2]
+    assert f"3 epochs, {history['epochs'][-1]['step']} steps" in (own / "report.html").read_text()
 
 
 def test_under_ddp_a_ctrl_c_to_one_rank_then_a_group_sigterm_resume_exactly(
     colours: Path, whole_ddp: Path, tmp_path: Path
 ) -> None:
     """Each rank trains a disjoint half of the images every epoch, in a new order each epoch.
-    Ctrl-C to rank 1 alone in epoch 1: both ranks save once and end within 30 s (exit 130).
-    Resumed, SIGTERM to every process of the group (both ranks, their workers) in epoch 2.
+    Ctrl-C to rank 1 alone in epoch 0: both ranks save once and end within 30 s (exit 130).
+    Resumed, SIGTERM to every process of the group (both ranks, their workers) in epoch 1.
     Resumed again, the run ends as `whole_ddp`."""
     shares = [recorded(whole_ddp, rank) for rank in (0, 1)]
-    for epoch in range(3):
+    for epoch in range(2):
         first, second = (share[epoch] for share in shares)
         assert len(first) == len(second) and not set(first) & set(second)
     assert shares[0][0] != shares[0][1]
-    stops = [{"TERM_SIGNAL": "SIGINT", "TERM_RANK": "1"}, {"TERM_GROUP": "1", "TERM_EPOCH": "2"}]
+    stops = [{"TERM_SIGNAL": "SIGINT", "TERM_RANK": "1", "TERM_EPOCH": "0"}, {"TERM_GROUP": "1"}]
     ctrl_c, group = stopped_and_resumed(colours, tmp_path, whole_ddp, DDP_OPTIONS, stops, ranks=2)
     assert ctrl_c.ended_at - ctrl_c.signalled_at < 30
     assert ctrl_c.lingering == []  # rank 1 ended too, not only rank 0

@@ -1,5 +1,4 @@
-"""Ctrl-C: loader workers ignore it (the training process acts on it), and a second one ends the
-run at once. Stops and exact resumes on each signal: test_mid_epoch.py."""
+"""Ctrl-C: loader workers ignore it (training acts on it); a second one ends the run at once."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CSV_LOGGER, default_ctrl_c, tiny_run_options
-from test_mid_epoch import colour_root as colour_root  # the fixture, shared
+from test_mid_epoch import colours as colours  # the fixture, shared
 from test_mid_epoch import fit, recorded
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -32,32 +31,23 @@ class _CtrlCState(torch.utils.data.Dataset):
         return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
-def test_loader_workers_ignore_ctrl_c() -> None:
-    from {{ cookiecutter.package_name }}.data.loaders import make_loader
-
-    # Python's own Ctrl-C handling, whatever this suite inherited (a background shell ignores it).
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        loader = make_loader(_CtrlCState(), batch_size=2, num_workers=1, pin_memory=False)
-        assert next(iter(loader)).tolist() == [True, True]
-        assert signal.getsignal(signal.SIGINT) == signal.default_int_handler  # training's stays
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 @pytest.mark.slow
-def test_a_process_that_ends_with_its_loader_workers_running_exits() -> None:
-    """On exit Python's multiprocessing ends the persistent loader workers with SIGTERM and waits
-    for them: from their own process it still ends them (the job's SIGTERM they ignore)."""
+def test_loader_workers_ignore_ctrl_c_and_end_with_their_process() -> None:
+    """In a process of Python's own Ctrl-C handling (this suite's may be a background shell's),
+    a worker ignores Ctrl-C and training's handler stays. On exit multiprocessing ends the
+    persistent workers with SIGTERM (the job's SIGTERM they ignore): the process still exits."""
     script = (
-        "import torch\n"
+        "import signal, torch, test_stop\n"
         "from {{ cookiecutter.package_name }}.data.loaders import make_loader\n"
-        "loader = make_loader(torch.arange(8), batch_size=2, num_workers=1, pin_memory=False)\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "loader = make_loader(test_stop._CtrlCState(), 2, num_workers=1, pin_memory=False)\n"
         "print(next(iter(loader)).tolist())\n"
+        "assert signal.getsignal(signal.SIGINT) == signal.default_int_handler\n"
     )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     command = [sys.executable, "-c", script]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "[0, 1]", done.stderr[-3000:]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[True, True]", done.stderr[-3000:]
 
 
 def _children(pid: int) -> list[int]:
@@ -103,7 +93,7 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
         data = ["--data.source", "Shards", "--data.source.path", str(shards)]
         data += ["--data.image_size", "16", "--data.batch_size", "4"]
 {%- endif %}
-    options = [*data, "--data.num_workers", "1", *CSV_LOGGER, "--trainer.max_epochs", "6"]
+    options = [*data, "--data.num_workers", "1", *CSV_LOGGER, "--trainer.max_epochs", "3"]
     options += ["--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
     options += ["--trainer.logger.flush_logs_every_n_steps", "1"]
     run = subprocess.Popen(
@@ -131,12 +121,10 @@ def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_ends_at_once_without_saving(colour_root: Path, tmp_path: Path) -> None:
-    twice = {"TERM_SIGNAL": "SIGINT", "TERM_TIMES": "2"}
-    done = fit(colour_root, tmp_path, "--data.num_workers", "0", term_batch=2, env=twice)
+def test_a_second_ctrl_c_ends_at_once_without_saving(colours: Path, tmp_path: Path) -> None:
+    twice = {"TERM_SIGNAL": "SIGINT", "TERM_TIMES": "2", "TERM_EPOCH": "0"}
+    done = fit(colours, tmp_path, "--data.num_workers", "0", term_batch=2, env=twice)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "saved" not in done.stdout
-    assert len(recorded(tmp_path, 0)[1]) == 3 * 2  # no batch after the second Ctrl-C
-    last = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
-    saved = torch.load(last, map_location="cpu", weights_only=False)
-    assert saved["epoch"] == 0  # the one of the end of epoch 0, whole
+    assert len(recorded(tmp_path, 0)[0]) == 3 * 2  # no batch after the second Ctrl-C
+    assert not list(tmp_path.rglob("*ckpt*"))  # nothing saved, not even in part
