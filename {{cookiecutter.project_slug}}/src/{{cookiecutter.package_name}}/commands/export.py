@@ -1,20 +1,15 @@
-"""Export a checkpoint to one file that serves without this project: uint8 images in, logits out.
-
-`python -m {{ cookiecutter.package_name }} export --ckpt_path best.ckpt [--format FORMAT] [--output PATH]`
-
-The class names, preprocessing rule and provenance go inside the file (`metadata.json`) and beside
-it (`model.json`). An existing output is replaced only when an earlier export wrote it, or with
-`--overwrite`; docs/inference.md has the formats and what a server must do.
-"""
+"""`export --ckpt_path best.ckpt [--format pt2|onnx] [--output PATH]`: one file that serves without
+this project, uint8 images in, logits out, with its metadata inside and beside it (`model.json`).
+docs/inference.md has the formats and what a server must do."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
-import subprocess
 import sys
 import zipfile
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,28 +22,18 @@ from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
 from {{ cookiecutter.package_name }}.model.classifier import flip_average
 from {{ cookiecutter.package_name }}.training.outputs import check_output
 
-# --format -> (what metadata["format"] says, the suffix of the default --output)
-FORMATS = {
-    "pt2": ("torch.export", ".pt2"),
-    "onnx": ("onnx", ".onnx"),
-}
+FORMATS = {"pt2": ("torch.export", ".pt2"), "onnx": ("onnx", ".onnx")}  # metadata name, suffix
+_DYNAMIC_BATCH = {"images": {0: torch.export.Dim.DYNAMIC}}
 
 
 class ExportedClassifier(nn.Module):
-    """The trained network behind the training normalisation: uint8 `(N, 3, H, W)` -> logits,
-    with `tta_flip` their `flip_average`."""
+    """The network behind the training normalisation: uint8 `(N, 3, H, W)` -> logits (with
+    `tta_flip`, their `flip_average`)."""
 
-    def __init__(
-        self,
-        net: nn.Module,
-        mean: tuple[float, ...],
-        std: tuple[float, ...],
-        tta_flip: bool = False,
-    ) -> None:
+    def __init__(self, net: nn.Module, mean, std, tta_flip: bool = False) -> None:
         super().__init__()
-        self.net = net
-        self.tta_flip = tta_flip
-        # The DataModule's own constants, so that the network sees the very floats it trained on.
+        self.net, self.tta_flip = net, tta_flip
+        # The DataModule's own constants: the network sees the very floats it trained on.
         scale, bias = BatchNormalizer(mean, std).constants(torch.device("cpu"))
         self.register_buffer("scale", scale.clone())
         self.register_buffer("bias", bias.clone())
@@ -58,51 +43,28 @@ class ExportedClassifier(nn.Module):
         return flip_average(self.net, images) if self.tta_flip else self.net(images)
 
 
-def preprocessing_rule(image_size: int) -> dict:
-    """How validation turns a file into the model's input, which a server must repeat: other
-    resizing or cropping gives other pixels and, silently, other predictions."""
-    size = image_size
-    return {
-        "rule": (
-            f"decode to 8-bit RGB with the Exif orientation applied; resize so that the short "
-            f"side is {size} (bilinear, antialiased, aspect ratio kept); centre-crop "
-            f"{size}x{size}; pass as uint8 (N, 3, {size}, {size}): the model normalises"
-        ),
-        "decode": (
-            f"RGB, 8 bits per channel, alpha dropped, Exif orientation applied; a JPEG whose "
-            f"short side is at least {2 * size} may be decoded at 1/2, 1/4 or 1/8 scale by "
-            f"libjpeg (short side kept >= {size}) before the resize"
-        ),
-        "resize_short_side": size,
-        "interpolation": "bilinear",
-        "antialias": True,
-        "center_crop": [size, size],
-        "torchvision": f"v2.Compose([v2.Resize({size}, antialias=True), v2.CenterCrop({size})])",
-    }
-
-
-def git_commit(folder: str | Path | None = None) -> str | None:
-    """The commit checked out in `folder` (default: the working directory); None outside git."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", "HEAD"],
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):  # no git, or it hung
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
+def preprocessing_rule(size: int) -> dict:
+    """How validation (`eval_transform`) turns a file into the model's input, for a server."""
+    rule = (
+        f"decode to 8-bit RGB (alpha dropped, Exif orientation applied; a JPEG whose short side "
+        f"is at least {2 * size} may be decoded by libjpeg at 1/2, 1/4 or 1/8 scale, short side "
+        f"kept >= {size}); resize so that the short side is {size} (bilinear, antialiased, "
+        f"aspect ratio kept); centre-crop {size}x{size}; pass as uint8 (N, 3, {size}, {size})"
+    )
+    values = {"interpolation": "bilinear", "antialias": True, "center_crop": [size, size]}
+    return {"rule": rule, "resize_short_side": size, **values}
 
 
 def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedClassifier, dict]:
-    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata; a bad
-    checkpoint is refused (`model/checkpoint.py`)."""
-    model = load_classifier(ckpt_path)
-    # Checked and built above; read again (as data only, mapped) for what the model does not keep.
+    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata."""
+    model = load_classifier(ckpt_path)  # refuses a bad checkpoint
+    # Checked above; read again (as data only, mapped) for what the model does not keep.
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
     hp = model.hparams
+
+    def options(key: str) -> dict:  # without LightningCLI's `_instantiator`, not a choice
+        return {k: v for k, v in (checkpoint.get(key) or {}).items() if k != "_instantiator"}
+
     metadata = {
         "format": FORMATS[fmt][0],
         "class_names": list(hp.class_names),
@@ -116,46 +78,36 @@ def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedCl
             "checkpoint": Path(ckpt_path).name,
             "epoch": checkpoint.get("epoch"),
             "global_step": checkpoint.get("global_step"),
-            "model": _without_instantiator(checkpoint["hyper_parameters"]),
-            "data": _without_instantiator(checkpoint.get("datamodule_hyper_parameters")),
-            "git_commit": git_commit(),
+            "model": options("hyper_parameters"),
+            "data": options("datamodule_hyper_parameters"),
         },
         "torch_version": torch.__version__,
     }
-    # Plain JSON values (paths and tuples as the sidecar will hold them), inside and beside.
-    metadata = json.loads(json.dumps(metadata, default=str))
+    metadata = json.loads(json.dumps(metadata, default=str))  # plain JSON, as the sidecar holds
     return ExportedClassifier(model.net, hp.mean, hp.std, hp.tta_flip).eval(), metadata
 
 
 def export_checkpoint(
-    ckpt_path: str | Path,
-    output: str | Path | None = None,
-    fmt: str = "pt2",
-    overwrite: bool = False,
+    ckpt_path: str | Path, output: str | Path | None = None, fmt: str = "pt2", overwrite=False
 ) -> list[Path]:
-    """Write the checkpoint as `fmt` to `output` (default: `model.pt2` or `.onnx`) and its
-    metadata beside it (`model.json`); return both paths. Refuses an output (or `.json`) that is
-    the checkpoint, or that an earlier export did not write unless `overwrite`."""
+    """Write the checkpoint as `fmt` to `output` (default `model.<fmt>`), its metadata beside it
+    (`.json`); return both paths. Refuses to write over a file export did not write."""
     if fmt not in FORMATS:
         raise DataError(f"--format {fmt} is not one of {', '.join(FORMATS)}")
     output = Path(output if output is not None else "model" + FORMATS[fmt][1])
     if output.suffix == ".json":
         raise DataError(f"--output {output}: .json is the name of the metadata file beside it")
     sidecar = output.with_suffix(".json")
-    for path, option, ours, what in (
-        (output, "--output", is_export, "a model that export wrote"),
-        (sidecar, f"--output {output}: its metadata file", is_export_metadata, "export's metadata"),
-    ):
-        check_output(
-            path,
-            option,
-            ours=ours,
-            what=what,
-            overwrite=overwrite,
-            inputs=[("--ckpt_path", ckpt_path)],
+    check = partial(check_output, overwrite=overwrite, inputs=[("--ckpt_path", ckpt_path)])
+    check(output, "--output", ours=is_export, what="a model that export wrote")
+    what = "export's metadata"
+    check(sidecar, f"--output {output}: its metadata file", ours=is_export_metadata, what=what)
+    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    if fmt == "onnx" and missing:
+        raise DataError(
+            f"--format onnx needs {' and '.join(missing)}: install the onnx extra "
+            "(pip install '.[onnx]')"
         )
-    if fmt == "onnx":
-        _check_onnx_installed()
     module, metadata = load_for_export(ckpt_path, fmt)
     output.parent.mkdir(parents=True, exist_ok=True)
     size = metadata["image_size"]
@@ -164,21 +116,22 @@ def export_checkpoint(
     with torch.no_grad():
         if fmt == "pt2":
             program = torch.export.export(module, example, dynamic_shapes=_DYNAMIC_BATCH)
-            # Through an open file: torch warns about a path that does not end in .pt2.
-            with open(output, "wb") as file:
+            with open(output, "wb") as file:  # a file: torch warns about a name not .pt2
                 torch.export.save(program, file, extra_files={METADATA_FILE: text})
         else:
-            _write_onnx(module, example, output, text)
+            names = {"input_names": ["images"], "output_names": ["logits"]}
+            program = torch.onnx.export(
+                module, example, **names, dynamic_shapes=_DYNAMIC_BATCH, dynamo=True, verbose=False
+            )
+            # onnxruntime reads it as `session.get_modelmeta().custom_metadata_map`
+            program.model.metadata_props[METADATA_FILE] = text
+            program.save(output, external_data=False)
     sidecar.write_text(json.dumps(metadata, indent=2) + "\n")
     return [output, sidecar]
 
 
-_DYNAMIC_BATCH = {"images": {0: torch.export.Dim.DYNAMIC}}
-
-
 def is_export(path: Path) -> bool:
-    """Whether `path` is a model export wrote: `metadata.json` inside (an entry of the `.pt2`
-    archive, or an ONNX `metadata_props` key, read when onnx is installed)."""
+    """Whether `path` holds export's `metadata.json` (a `.pt2` entry, or ONNX `metadata_props`)."""
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
@@ -187,14 +140,14 @@ def is_export(path: Path) -> bool:
             return False
         import onnx
 
-        model = onnx.load(path, load_external_data=False)
+        props = onnx.load(path, load_external_data=False).metadata_props
     except Exception:  # unreadable, or not the protobuf an ONNX model is: not ours
         return False
-    return any(prop.key == METADATA_FILE for prop in model.metadata_props)
+    return any(prop.key == METADATA_FILE for prop in props)
 
 
 def is_export_metadata(path: Path) -> bool:
-    """Whether `path` is the `.json` an export wrote: its format, class names and preprocessing."""
+    """Whether `path` is a `.json` export wrote: its format, class names and preprocessing."""
     try:
         if path.stat().st_size > 1 << 24:  # far larger than any metadata export writes
             return False
@@ -209,60 +162,15 @@ def is_export_metadata(path: Path) -> bool:
     )
 
 
-def _write_onnx(module: nn.Module, example: tuple[Tensor], output: Path, metadata: str) -> None:
-    program = torch.onnx.export(
-        module,
-        example,
-        input_names=["images"],
-        output_names=["logits"],
-        dynamic_shapes=_DYNAMIC_BATCH,
-        dynamo=True,
-        verbose=False,
-    )
-    # onnxruntime reads it back as `session.get_modelmeta().custom_metadata_map`
-    program.model.metadata_props[METADATA_FILE] = metadata
-    program.save(output, external_data=False)
-
-
-def _check_onnx_installed() -> None:
-    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise DataError(
-            f"--format onnx needs {' and '.join(missing)}: install the onnx extra "
-            f"(pip install '.[onnx]')"
-        )
-
-
-def _without_instantiator(section: object) -> dict:
-    # LightningCLI's `_instantiator` names a function, not a training choice
-    if not isinstance(section, dict):  # no data options saved: a DataModule-less fit
-        return {}
-    return {key: value for key, value in section.items() if key != "_instantiator"}
-
-
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} export",
         description="Export a checkpoint for serving without this project (uint8 in, logits out).",
     )
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by fit")
-    parser.add_argument(
-        "--format",
-        choices=list(FORMATS),
-        default="pt2",
-        help="pt2: torch.export (default); onnx: for onnxruntime (the onnx extra)",
-    )
-    parser.add_argument(
-        "--output",
-        metavar="PATH",
-        help="where to write it (default: model.pt2 or model.onnx); --format alone "
-        "decides the format; the metadata also goes beside it, as .json",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing output that an earlier export did not write",
-    )
+    parser.add_argument("--format", choices=list(FORMATS), default="pt2", help="(onnx: its extra)")
+    parser.add_argument("--output", metavar="PATH", help="default: model.pt2 or model.onnx")
+    parser.add_argument("--overwrite", action="store_true", help="replace a file not export's")
     options = parser.parse_args(args)
     suffix = FORMATS[options.format][1]
     if options.output is not None and Path(options.output).suffix != suffix:

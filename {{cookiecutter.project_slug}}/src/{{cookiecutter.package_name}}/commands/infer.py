@@ -1,12 +1,6 @@
-"""Classify images with an exported model, without Lightning: what a server or a script runs.
-
-`python -m {{ cookiecutter.package_name }} infer --model model.pt2 IMAGES... [--csv FILE] [--batch-size N]`
-
-IMAGES are files or folders. Images are decoded and resized as validation and `predict` do, so
-the predictions are `predict`'s. Output: `path<TAB>label<TAB>probability<TAB>top_k` per image,
-or `predict`'s CSV with `--csv`; an unreadable image is named on stderr and the exit code is 1.
-Load only models you trust: a `.pt2` file is unpickled in part when loaded.
-"""
+"""`infer --model model.pt2 IMAGES... [--csv FILE]`: classify files and folders with an exported
+model as `predict` does, without Lightning (docs/inference.md). Load only models you trust: a
+`.pt2` file is unpickled in part when loaded."""
 
 from __future__ import annotations
 
@@ -31,14 +25,14 @@ from {{ cookiecutter.package_name }}.training.outputs import check_output, start
 HEADER = ["path", "label", "probability", "top_k"]  # predict's columns (training/predictions.py)
 TOP_K = 5
 METADATA_FILE = "metadata.json"  # the class names and preprocessing inside an exported model
+EXPORT = "python -m {{ cookiecutter.package_name }} export"
 
 
 class ExportedModel:
     """An exported classifier and its metadata: uint8 `(N, 3, S, S)` in, probabilities out."""
 
     def __init__(self, run: Callable[[Tensor], Tensor], metadata: dict) -> None:
-        self.run = run
-        self.metadata = metadata
+        self.run, self.metadata = run, metadata
         self.class_names: list[str] = list(metadata["class_names"])
         self.image_size: int = int(metadata["image_size"])
 
@@ -48,74 +42,56 @@ class ExportedModel:
 
 
 def load_exported(path: str | Path) -> ExportedModel:
-    """The model `export` wrote to `path`, whichever of its formats; otherwise a DataError
-    naming the file (a checkpoint, a text file, an archive of another kind)."""
+    """The model `export` wrote to `path`, in either format; else a DataError naming the file."""
     path = Path(path)
     where = f"--model {path}"
     if not path.is_file():
         raise DataError(f"{where} is not a file: {'a directory' if path.is_dir() else 'missing'}")
     if zipfile.is_zipfile(path):
-        kind = _archive_kind(path)
-        if kind == "pt2":
-            return _load_pt2(path, where)
-        if kind == "checkpoint":
+        with zipfile.ZipFile(path) as archive:  # below its root folder: data.pkl, torch.save's
+            names = {name.split("/", 1)[-1]: name for name in archive.namelist()}
+            pt2 = "archive_format" in names and archive.read(names["archive_format"]) == b"pt2"
+        if not pt2 and "data.pkl" in names:
             raise DataError(
                 f"{where} is a checkpoint, not an exported model: export it first with "
-                f"`python -m {{ cookiecutter.package_name }} export --ckpt_path {path}`"
+                f"`{EXPORT} --ckpt_path {path}`"
             )
-        raise DataError(f"{where} is a zip archive, but not a .pt2 model")
-    if path.suffix.lower() == ".onnx":
-        return _load_onnx(path, where)
-    raise DataError(
-        f"{where} is not an exported model: export writes .pt2 models as zip archives, and "
-        f"ONNX models to a name ending in .onnx"
-    )
-
-
-def _archive_kind(path: Path) -> str | None:
-    """What the archive's entries say it is: pt2, checkpoint (torch.save) or None."""
-    with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
-        inside = {name.split("/", 1)[-1] for name in names}  # without the top folder
-        if "archive_format" in inside:
-            root = names[0].split("/", 1)[0]
-            return "pt2" if archive.read(f"{root}/archive_format") == b"pt2" else None
-    return "checkpoint" if "data.pkl" in inside else None
-
-
-def _load_pt2(path: Path, where: str) -> ExportedModel:
-    extra = {METADATA_FILE: ""}
-    try:
-        with open(path, "rb") as file:  # a file, not a name: torch warns about other suffixes
-            program = torch.export.load(file, extra_files=extra)
-    except Exception as err:  # whatever torch.export makes of a damaged archive
-        raise DataError(f"{where} could not be loaded by torch.export: {one_line(err)}") from err
-    return ExportedModel(program.module(), _metadata(extra[METADATA_FILE], where))
-
-
-def _load_onnx(path: Path, where: str) -> ExportedModel:
+        if not pt2:  # torch.export would log a traceback before its error
+            raise DataError(f"{where} is a zip archive, but not a .pt2 model")
+        extra = {METADATA_FILE: ""}
+        try:
+            with open(path, "rb") as file:  # a file, not a name: torch warns about other suffixes
+                run = torch.export.load(file, extra_files=extra).module()
+        except Exception as err:  # whatever torch.export makes of a damaged archive
+            raise DataError(
+                f"{where} could not be loaded by torch.export: {one_line(err)}"
+            ) from err
+        return ExportedModel(run, _metadata(extra[METADATA_FILE], where))
+    if path.suffix.lower() != ".onnx":
+        raise DataError(
+            f"{where} is not an exported model: export writes .pt2 models as zip archives, and "
+            "ONNX models to a name ending in .onnx"
+        )
     try:
         import onnxruntime
     except ImportError as err:
-        raise DataError(
-            f"{where} needs onnxruntime: install the onnx extra (pip install '.[onnx]')"
-        ) from err
+        raise DataError(f"{where} needs onnxruntime: pip install '.[onnx]'") from err
     try:
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own error types, one per kind of damage
         raise DataError(f"{where} could not be loaded by onnxruntime: {one_line(err)}") from err
     text = session.get_modelmeta().custom_metadata_map.get(METADATA_FILE, "")
-    input_name = session.get_inputs()[0].name
+    name = session.get_inputs()[0].name
 
     def run(images: Tensor) -> Tensor:
-        return torch.from_numpy(session.run(None, {input_name: images.numpy()})[0])
+        return torch.from_numpy(session.run(None, {name: images.numpy()})[0])
 
     return ExportedModel(run, _metadata(text, where))
 
 
 def _metadata(text: str, where: str) -> dict:
     try:
-        metadata = json.loads(text) if text else None
+        metadata = json.loads(text or "null")
     except json.JSONDecodeError:
         metadata = None
     if not (
@@ -125,25 +101,22 @@ def _metadata(text: str, where: str) -> dict:
     ):
         raise DataError(
             f"{where} has no {METADATA_FILE} with class_names and image_size: not written by "
-            f"`python -m {{ cookiecutter.package_name }} export`"
+            f"`{EXPORT}`"
         )
     return metadata
 
 
 def find_images(inputs: list[str]) -> tuple[list[str], list[str]]:
-    """The files named and every image below the folders named; and a line per input that
-    gave nothing (missing, or a folder without images)."""
+    """The files named and every image below the folders named; a line per input giving none."""
     paths, problems = [], []
     for name in inputs:
-        path = Path(name)
-        if path.is_dir():
-            found = list_images(path)
+        if Path(name).is_dir():
+            found = list_images(Path(name))
             if not found:
                 accepted = " ".join(IMG_EXTENSIONS)
                 problems.append(f"{name}: a folder with no images (accepted: {accepted})")
-            # joined as predict's Dataset joins them, so that the two name a file alike
-            paths += [os.path.join(path, relative) for relative in found]
-        elif path.exists():
+            paths += [os.path.join(name, relative) for relative in found]  # as predict joins them
+        elif Path(name).exists():
             paths.append(name)  # named explicitly: tried whatever its extension
         else:
             problems.append(f"cannot read image {name}: no such file or folder")
@@ -154,13 +127,12 @@ def classify(
     model: ExportedModel, paths: list[str], batch_size: int, report: Callable[[str], None]
 ) -> Iterator[tuple[str, Tensor]]:
     """(path, class probabilities) for each image that can be read, `batch_size` at a time;
-    `report` is told, in one line, about each image that cannot."""
+    `report` gets a line about each image that cannot."""
     transform = eval_transform(model.image_size)
     batch: list[str] = []
     images: list[Tensor] = []
     for number, path in enumerate(paths, 1):
-        try:
-            # as validation reads it: exact decode, large JPEGs reduced no lower than the size
+        try:  # as validation reads it: large JPEGs decoded reduced, no lower than the size
             images.append(transform(read_image(path, model.image_size)))
             batch.append(path)
         except DataError as err:
@@ -178,36 +150,19 @@ def top_classes(probabilities: Tensor, class_names: list[str]) -> list[tuple[str
     ]
 
 
-def prediction_row(path: str, probabilities: Tensor, class_names: list[str]) -> list[str]:
-    """`path, label, probability, top_k`, formatted as predict's CSV writer does."""
-    top = top_classes(probabilities, class_names)
-    label, probability = top[0]
-    return [path, label, f"{probability:.4f}", " ".join(f"{c}:{p:.4f}" for c, p in top)]
-
-
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} infer",
         description="Classify images with a model written by export, without Lightning.",
     )
     parser.add_argument("--model", required=True, metavar="FILE", help="model.pt2 or model.onnx")
-    parser.add_argument(
-        "images", nargs="+", metavar="IMAGE", help="image files, or folders: every image below"
-    )
-    parser.add_argument(
-        "--csv",
-        metavar="FILE",
-        help="write the rows to this CSV file, as predict does, instead of printing them",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing --csv file that is not a predictions CSV of predict or infer",
-    )
-    parser.add_argument(
-        "--batch-size", type=_positive, default=32, metavar="N", help="images per batch (32)"
-    )
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
+    parser.add_argument("--csv", metavar="FILE", help="write predict's CSV instead of printing")
+    parser.add_argument("--overwrite", action="store_true", help="replace a --csv not ours")
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="(32)")
     options = parser.parse_args(args)
+    if options.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {options.batch_size}")
     if options.csv is not None:  # before anything is read or written
         check_output(
             options.csv,
@@ -220,17 +175,17 @@ def main(args: list[str] | None = None) -> int:
 
     model = load_exported(options.model)
     paths, problems = find_images(options.images)
-    failed = len(problems)
     for line in problems:
         print(line, file=sys.stderr)
 
     def report(line: str) -> None:
-        nonlocal failed
-        failed += 1
+        problems.append(line)
         print(line, file=sys.stderr)
 
-    predictions = classify(model, paths, options.batch_size, report)
-    rows = (prediction_row(path, probs, model.class_names) for path, probs in predictions)
+    rows = (
+        [path, *_columns(top_classes(probs, model.class_names))]
+        for path, probs in classify(model, paths, options.batch_size, report)
+    )
     if options.csv is None:
         try:
             for row in rows:
@@ -238,18 +193,15 @@ def main(args: list[str] | None = None) -> int:
         except BrokenPipeError:  # `infer ... | head`: the reader has all it wants
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     else:
-        output = Path(options.csv)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        with open(output, "w", newline="") as file:
+        Path(options.csv).parent.mkdir(parents=True, exist_ok=True)
+        with open(options.csv, "w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(HEADER)
             writer.writerows(rows)
-        print(f"predictions: {output}")
-    return 1 if failed else 0
+        print(f"predictions: {options.csv}")
+    return 1 if problems else 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _columns(top: list[tuple[str, float]]) -> list[str]:
+    """`label, probability, top_k`, formatted as predict's CSV writer does."""
+    return [top[0][0], f"{top[0][1]:.4f}", " ".join(f"{c}:{p:.4f}" for c, p in top)]
