@@ -99,16 +99,15 @@ class ImageClassifier(L.LightningModule):
         self.class_names = list(class_names)
         num_classes = len(self.class_names)
         self.net = build_network(
-            architecture,
-            num_classes,
-            image_size,
-            width,
-            tuple(depths),
-            dropout,
-            weights,
-            pretrained,
+            architecture, num_classes, image_size, width, depths, dropout, weights, pretrained
         )
-        _check_recipe(self.hparams)
+        hp = self.hparams
+        for name in ("freeze_backbone_epochs", "mix_off_epochs", "mixup_alpha", "cutmix_alpha"):
+            if hp[name] < 0:
+                raise DataError(f"--model.{name} must be at least 0, got {hp[name]}")
+        for name, least in (("backbone_lr_scale", 0), ("lr_reference_batch", 1)):
+            if hp[name] is not None and hp[name] < least:
+                raise DataError(f"--model.{name} must be at least {least}, got {hp[name]}")
         check_layer_decay(self.net, architecture, layer_decay)
         # With probabilities as targets (MixUp, CutMix) too; label smoothing applies to both.
         self.loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -121,8 +120,7 @@ class ImageClassifier(L.LightningModule):
         self.val_confusion = MulticlassConfusionMatrix(num_classes)
         # Losses averaged over images, not over batches or processes: exact under DDP, where the
         # evaluation shards may differ by one image (data/loaders.py, EvalShardSampler).
-        self.val_loss = MeanMetric()
-        self.test_loss = MeanMetric()
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
         self.confusion: np.ndarray | None = None  # of the latest validation epoch
@@ -138,10 +136,13 @@ class ImageClassifier(L.LightningModule):
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
             self._channels_last = True
-        if hp.compile and stage == "fit":
-            self.net.compile()  # in place: the state dict keeps its keys, checkpoints stay portable
         if stage == "fit":
-            self._check_fit()
+            if hp.compile:
+                self.net.compile()  # in place: the state dict keys stay, checkpoints portable
+            if hp.mix_off_epochs and self.mixer and (self.trainer.max_epochs or -1) < 0:
+                raise DataError(
+                    "--model.mix_off_epochs counts back from --trainer.max_epochs, which is not set"
+                )
 
     def forward(self, images: Tensor) -> Tensor:
         if self._channels_last:
@@ -150,15 +151,15 @@ class ImageClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, targets = batch
-        if self._mixing():
+        off = self.hparams.mix_off_epochs  # no mixing in the last `off` epochs
+        if self.mixer and (not off or self.current_epoch < self.trainer.max_epochs - off):
             # Drawn from the batch's place, not the global random state: exact on resume.
             seed = getattr(self.trainer.datamodule, "seed", 0)
             key = (seed, self.current_epoch, batch_idx, self.global_rank)
             images, targets = self.mixer(images, targets, key)
         loss = self.loss(self(images), targets)
-        # Each step: this process's loss, no communication. Each epoch: the mean over all
-        # processes (one all-reduce per epoch, where `sync_dist` on the step value would add one
-        # per step). The names are those Lightning gives `on_step=True, on_epoch=True`.
+        # Each step: this process's loss, no all-reduce; each epoch: the mean over all processes
+        # (one all-reduce). The names are those Lightning gives `on_step=True, on_epoch=True`.
         self.log("train_loss_step", loss, prog_bar=True, on_step=True, on_epoch=False)
         self.log("train_loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True)
         return loss
@@ -225,50 +226,13 @@ class ImageClassifier(L.LightningModule):
         if self.hparams.freeze_backbone_epochs:
             freeze_backbone(self.net, False)  # the model leaves `fit` whole and trainable
 
-    def _mixing(self) -> bool:
-        """MixUp or CutMix in this epoch: on, and not in the last `mix_off_epochs`."""
-        off = self.hparams.mix_off_epochs
-        if self.mixer is None:
-            return False
-        return not off or self.current_epoch < self.trainer.max_epochs - off
-
     def _scores(self, images: Tensor) -> Tensor:
         """The logits of `images`; with `tta_flip`, their `flip_average`."""
         return flip_average(self, images) if self.hparams.tta_flip else self(images)
 
-    def _peak_lr(self) -> float:
-        """`lr`, or with `lr_reference_batch` scaled by the global batch, said on rank zero."""
-        hp, trainer = self.hparams, self.trainer
-        if hp.lr_reference_batch is None:
-            return hp.lr
-        batch_size = getattr(trainer.datamodule, "batch_size", None) or getattr(
-            trainer.train_dataloader, "batch_size", None
-        )
-        if batch_size is None:
-            raise DataError(
-                "--model.lr_reference_batch: the training data's batch size is unknown; "
-                "give --data.batch_size"
-            )
-        batch = batch_size * trainer.world_size * trainer.accumulate_grad_batches
-        lr = hp.lr * batch / hp.lr_reference_batch
-        rank_zero_info(
-            f"learning rate {hp.lr:g} x {batch}/{hp.lr_reference_batch} = {lr:g} "
-            f"for a global batch of {batch}"
-        )
-        return lr
-
-    def _check_fit(self) -> None:
-        """Refuse, before training, recipe options that this trainer cannot follow."""
-        max_epochs = self.trainer.max_epochs
-        if self.hparams.mix_off_epochs and self.mixer is not None and (max_epochs or -1) < 0:
-            raise DataError(
-                "--model.mix_off_epochs counts back from --trainer.max_epochs, which is not set"
-            )
-
     def on_fit_start(self) -> None:
         # DDP (built by now) waits for a gradient of every parameter that took one at its start.
-        ddp = self.trainer.strategy.model
-        frozen = self.hparams.freeze_backbone_epochs
+        ddp, frozen = self.trainer.strategy.model, self.hparams.freeze_backbone_epochs
         if frozen and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
             raise DataError(
                 "--model.freeze_backbone_epochs under DDP needs --trainer.strategy "
@@ -292,7 +256,22 @@ class ImageClassifier(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         total = max(1, int(self.trainer.estimated_stepping_batches))  # sets up the train data
-        lr = self._peak_lr()
+        lr = hp.lr
+        if hp.lr_reference_batch is not None:  # scaled by the global batch, said on rank zero
+            batch_size = getattr(self.trainer.datamodule, "batch_size", None) or getattr(
+                self.trainer.train_dataloader, "batch_size", None
+            )
+            if batch_size is None:
+                raise DataError(
+                    "--model.lr_reference_batch: the training data's batch size is unknown; "
+                    "give --data.batch_size"
+                )
+            batch = batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
+            lr = hp.lr * batch / hp.lr_reference_batch
+            rank_zero_info(
+                f"learning rate {hp.lr:g} x {batch}/{hp.lr_reference_batch} = {lr:g} "
+                f"for a global batch of {batch}"
+            )
         backbone_scale = hp.backbone_lr_scale
         if backbone_scale is None:
             backbone_scale = 0.1 if hp.freeze_backbone_epochs else 1.0
@@ -301,41 +280,32 @@ class ImageClassifier(L.LightningModule):
         groups = param_groups(self.net, lr, hp.weight_decay, backbone_scale, hp.layer_decay)
         optimizer = torch.optim.AdamW(groups, lr=lr)
         self._schedule_total = total
-        if self._resumed is not None:
-            self._stretch_schedule(*self._resumed, total)
-            self._resumed = None
-        scheduler = lr_schedule(optimizer, hp.schedule, total, hp.warmup_fraction)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        saved, step, schedulers = self._resumed or (None, 0, [])
+        self._resumed = None
+        if saved is not None and saved != total:  # None: a checkpoint without the record
+            # A new `max_epochs`: rebuilt over the new total, from the saved step. Left alone,
+            # OneCycleLR would stop past the old total and the cosine one jump without a word.
+            rank_zero_warn(
+                f"Resuming at step {step} with a learning-rate schedule of {total} steps, "
+                f"where the checkpoint's spanned {saved} (--trainer.max_epochs or the data "
+                f"changed): the {hp.schedule} schedule is rebuilt over {total} steps and continues "
+                f"from step {step}, so the learning rate moves to that point of the new schedule."
+            )
+            for state in schedulers:
+                if "total_steps" in state:  # OneCycleLR: its phases follow from the new total
+                    state["total_steps"] = total
+                    state.pop("_schedule_phases", None)
+        schedule = lr_schedule(optimizer, hp.schedule, total, hp.warmup_fraction)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["schedule_total"] = self._schedule_total
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Called before `configure_optimizers` when a fit resumes; the schedulers' states are
-        # restored from these same dicts after it, so `_stretch_schedule` may still adjust them.
+        # restored from these same dicts after it, so `configure_optimizers` may adjust them.
         schedulers = checkpoint.get("lr_schedulers", [])
         self._resumed = (checkpoint.get("schedule_total"), checkpoint["global_step"], schedulers)
-
-    def _stretch_schedule(self, saved: int | None, step: int, schedulers: list, total: int) -> None:
-        """A resumed fit whose schedule spans another number of steps (a new `max_epochs`):
-        the schedule is rebuilt over the new total, with a warning, and continues at the saved
-        step. Left alone, OneCycleLR would stop with an error past the old total and the cosine
-        schedule would jump without a word."""
-        if saved is None or saved == total:  # the same, or a checkpoint without the record
-            return
-        rank_zero_warn(
-            f"Resuming at step {step} with a learning-rate schedule of {total} steps, where the "
-            f"checkpoint's spanned {saved} (--trainer.max_epochs or the data changed): the "
-            f"{self.hparams.schedule} schedule is rebuilt over {total} steps and continues from "
-            f"step {step}, so the learning rate moves to that point of the new schedule."
-        )
-        for state in schedulers:
-            if "total_steps" in state:  # OneCycleLR: its phases follow from the new total
-                state["total_steps"] = total
-                state.pop("_schedule_phases", None)
 
 
 def flip_average(net: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
@@ -345,16 +315,3 @@ def flip_average(net: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
     logits = net(torch.cat([images, images.flip(-1)])).float()
     views = logits.log_softmax(dim=1).unflatten(0, (2, -1))  # -1: a batch of any size exports
     return views.logsumexp(dim=0) - math.log(2)
-
-
-def _check_recipe(hp) -> None:
-    """Refuse training-recipe options out of range, before anything trains."""
-    for name in ("freeze_backbone_epochs", "mix_off_epochs", "mixup_alpha", "cutmix_alpha"):
-        if hp[name] < 0:
-            raise DataError(f"--model.{name} must be at least 0, got {hp[name]}")
-    if hp.backbone_lr_scale is not None and hp.backbone_lr_scale < 0:
-        raise DataError(f"--model.backbone_lr_scale must be at least 0, got {hp.backbone_lr_scale}")
-    if hp.lr_reference_batch is not None and hp.lr_reference_batch < 1:
-        raise DataError(
-            f"--model.lr_reference_batch must be at least 1, got {hp.lr_reference_batch}"
-        )
