@@ -2,13 +2,10 @@
 
     python -m {{ cookiecutter.package_name }} shard --data.source.root DIR --output DIR_OR_S3 [--resize N]
 
-takes `fit`'s `--data.*` options and writes the training and validation images (and the test and
-predict images, where given) as `--data.source Shards --data.source.path OUTPUT` reads them: the
-files' bytes, or with `--resize N` JPEGs of short side N. Each image is stored as its bytes,
-label and relative path by `litdata.optimize`, in `<output>/<split>`; `<output>/dataset.json`
-comes last, once every split's LitData index lists all its images, so shards without it are
-incomplete. Running it again on the same images and options does nothing; others need
-`--overwrite`. `shard_output.py` decides what may be written and removed. See docs/data.md.
+takes `fit`'s `--data.*` options and writes each split (train, val, and test and predict where
+given) with `litdata.optimize` to `<output>/<split>`: each image's bytes (or with `--resize N` a
+JPEG of short side N), label and path; `<output>/dataset.json` last, once every split is whole.
+The same images and options again do nothing; others need `--overwrite`. See docs/data.md.
 """
 
 from __future__ import annotations
@@ -45,12 +42,8 @@ def main(args: list[str] | None = None) -> int:
     add_data_arguments(parser)
     parser.add_argument("--output", required=True, help="folder or s3://bucket/prefix to write")
     parser.add_argument("--resize", type=int | None, default=None, help="short side to re-encode")
-    parser.add_argument(
-        "--overwrite",
-        type=bool,
-        default=False,
-        help="replace shards written there (only files in its manifest), or write beside others'",
-    )
+    overwrite = "replace shards written there (only files in its manifest), or write beside others'"
+    parser.add_argument("--overwrite", type=bool, default=False, help=overwrite)
     args = sys.argv[1:] if args is None else list(args)
     config = parser.parse_args(_with_config_defaults(parser, args))
     if config.resize is not None and config.resize < 8:
@@ -66,12 +59,10 @@ def main(args: list[str] | None = None) -> int:
     output.claim([], config.overwrite)  # others' files there: refused before the data is read
     datamodule.setup("fit")
     datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}
-    if source.test_root is not None or source.test_csv is not None:
-        datamodule.setup("test")
-        datasets["test"] = datamodule.test_dataset
-    if datamodule.predict_root is not None:
-        datamodule.setup("predict")
-        datasets["predict"] = datamodule.predict_dataset
+    given = {"test": source.test_root or source.test_csv, "predict": datamodule.predict_root}
+    for split in (split for split, path in given.items() if path is not None):
+        datamodule.setup(split)
+        datasets[split] = getattr(datamodule, f"{split}_dataset")
     workers = max(datamodule.resolve_num_workers(), 1)
     started = time.perf_counter()
     options = (config.resize, workers, config.overwrite, datamodule.seed)
@@ -85,23 +76,11 @@ def main(args: list[str] | None = None) -> int:
     return 0
 
 
-def write_shards(
-    datasets: dict[str, ImageFolderDataset],
-    class_names: list[str],
-    output: str,
-    resize: int | None,
-    workers: int,
-    overwrite: bool,
-    seed: int = 0,
-) -> bool:
-    """Write `datasets` (by split name) as shards at `output`; False if they are already there.
-
-    Training images are stored in an order shuffled with `seed`: LitData shuffles chunks, and
-    items only within a few chunks, so images stored class by class would give batches of one
-    class. A run killed before its end is replaced without `overwrite`, being this command's own.
-    DataError where `ShardOutput` refuses the output, where it holds shards of other images or
-    options without `overwrite`, or where a split's shards lack images (LitData interrupted).
-    """
+def write_shards(datasets, class_names, output, resize, workers, overwrite, seed=0) -> bool:
+    """Write `datasets` (by split name: `ImageFolderDataset`s) as shards at `output` (resized to
+    `resize` if not None, by `workers`); False if they are already there.
+    Training images in an order shuffled with `seed`: LitData shuffles items only within a few
+    chunks, so images stored class by class would give batches of one class."""
     output = str(output).rstrip("/")
     made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
     place = ShardOutput(output)
@@ -138,21 +117,18 @@ def write_shards(
 
 
 def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
-    """What the shards are made of: each split's files (relative paths, labels, sizes, times)."""
+    """Each split's files: relative paths, labels, sizes, times."""
     digest = hashlib.sha256()
-    for split, dataset in datasets.items():
+    for split, data in datasets.items():
         digest.update(split.encode())
-        for i in range(len(dataset)):
-            stat = os.stat(dataset.path(i))
-            name = os.fsdecode(dataset.paths[i])
-            label = None if dataset.targets is None else dataset.targets[i]
-            digest.update(repr((name, label, stat.st_size, stat.st_mtime_ns)).encode())
+        for i, name in enumerate(data.paths):
+            label, stat = None if data.targets is None else data.targets[i], os.stat(data.path(i))
+            digest.update(repr((os.fsdecode(name), label, stat.st_size, stat.st_mtime_ns)).encode())
     return digest.hexdigest()
 
 
 def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
-    """One image as stored in a shard (run in LitData's worker processes): the file's bytes, or
-    with `resize` a JPEG of that short side (never enlarged)."""
+    """One image as stored (in LitData's workers): its bytes, or a JPEG of short side `resize`."""
     path, label, name, resize = entry
     data = Path(path).read_bytes()
     if resize:
@@ -166,15 +142,13 @@ def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
 
 
 def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool, seed: int):
-    """One split as LitData chunks at `url`, its images in a `seed`ed random order if `shuffle`."""
     import litdata  # the stream extra: found by `require_shards` before this runs
 
     count = len(dataset)
     order = np.random.default_rng(seed).permutation(count) if shuffle else range(count)
     targets = np.full(count, -1) if dataset.targets is None else dataset.targets
-    items = [
-        (dataset.path(i), int(targets[i]), os.fsdecode(dataset.paths[i]), resize) for i in order
-    ]
+    names = [os.fsdecode(name) for name in dataset.paths]
+    items = [(dataset.path(i), int(targets[i]), names[i], resize) for i in order]
     try:
         litdata.optimize(
             fn=shard_item,
@@ -186,7 +160,6 @@ def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool
             # LitData's default, spawn, starts each worker by importing torch again (seconds);
             # this process has started no threads that a fork could copy mid-lock.
             start_method="fork" if sys.platform == "linux" else None,
-            verbose=True,
         )
     except RuntimeError as err:  # a worker's error, passed on by LitData as its traceback's text
         causes = r"^(?:[\w.]*DataError|FileNotFoundError|PermissionError): (.+)$"
@@ -195,6 +168,5 @@ def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool
             raise
         hint = "; --data.source.skip_bad_images true leaves it out" * ("cannot read" in found[-1])
         print(file=sys.stderr)  # ends the line of LitData's progress bar, left where it stopped
-        raise DataError(
-            f"{url}: {found[-1]}{hint} (the next `shard` replaces what this one wrote)"
-        ) from err
+        again = "(the next `shard` replaces what this one wrote)"
+        raise DataError(f"{url}: {found[-1]}{hint} {again}") from err

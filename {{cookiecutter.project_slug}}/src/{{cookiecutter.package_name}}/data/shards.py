@@ -1,71 +1,43 @@
-"""Shards: a dataset written once as LitData chunks (a folder or `s3://...`), streamed back.
-
-Written by `commands/shard.py`. LitData is the `stream` extra: this module is imported only once
-`sources.require_shards` has found it. S3 through boto3, which reads the usual AWS variables.
-"""
+"""Shards, written once as LitData chunks by `commands/shard.py` (a folder or `s3://...`), streamed
+back; imported once `sources.require_shards` has found LitData (the `stream` extra)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import random
+import time
 import warnings
-from pathlib import Path
 
-import boto3
 import litdata
 import torch
 
+from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.data.images import decode_image
 from {{ cookiecutter.package_name }}.data.loaders import worker_options
 from {{ cookiecutter.package_name }}.errors import DataError
 
-META = "dataset.json"  # written last by `shard` (commands/shard_output.py): the shards are complete
-
 
 def meta_of(url: str) -> dict:
     """The `dataset.json` of the shards at `url`, or an error saying how to write them."""
-    url = str(url).rstrip("/")
-    text = None
-    if "://" not in url and (Path(url) / META).is_file():
-        text = (Path(url) / META).read_text(encoding="utf-8")
-    elif "://" in url:
-        bucket, _, prefix = url.partition("://")[2].partition("/")
-        s3 = boto3.client("s3")  # LitData's dependency, configured by the AWS variables and files
-        with contextlib.suppress(s3.exceptions.NoSuchKey):
-            text = s3.get_object(Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"))["Body"].read()
-    if text is None:
+    meta = ShardOutput(url, "--data.source.path").read_json(META)
+    if meta is None:
         raise DataError(
             f"--data.source.path {url} holds no complete shards (no {META}): write them with "
             f"`python -m {{ cookiecutter.package_name }} shard --output {url}` and the data options"
         )
-    return json.loads(text)
+    return meta
 
 
 class StreamedImages(litdata.StreamingDataset):
-    """One split of shards, decoded and transformed as `ImageFolderDataset` does: items are
-    `(uint8 image (3, H, W), label)`, or `(image, index, relative path)` for a `predict` split.
-    Under DDP, LitData gives each process whole batches: training drops the leftover images (at
-    most a batch per process); evaluation gives them to the last process, so each is seen once."""
+    """One split, as `ImageFolderDataset` gives it: `(image, label)`, or `(image, index, path)` for
+    `predict`. Under DDP training drops the leftover images (at most a batch per process),
+    evaluation gives them to the last process (each once)."""
 
-    def __init__(
-        self,
-        url: str,
-        transform,
-        min_size: int | None = None,
-        approximate_decode: bool = False,
-        shuffle: bool = False,
-        seed: int = 0,
-        cache_dir: str | None = None,
-        cache_limit: str = "50GB",
-    ) -> None:
-        options = {"cache_dir": cache_dir, "max_cache_size": cache_limit}
-        super().__init__(url, shuffle=shuffle, seed=seed, **options)
-        if not shuffle:  # set here: passed to __init__, LitData warns about it on every process
+    def __init__(self, url: str, transform, min_size: int, train: bool, seed: int, cache) -> None:
+        super().__init__(url, shuffle=train, seed=seed, cache_dir=cache[0], max_cache_size=cache[1])
+        if not train:  # set here: passed to __init__, LitData warns about it on every process
             self.set_drop_last(False)
         self.image_transform = transform  # not `transform`: LitData would apply that to the dict
         self.min_size = min_size
-        self.approximate_decode = approximate_decode
 
     def __getitem__(self, index) -> tuple[torch.Tensor, int]:
         item = super().__getitem__(index)
@@ -73,7 +45,7 @@ class StreamedImages(litdata.StreamingDataset):
             position = int(getattr(index, "index", index))
             random.seed((self.seed << 64) | (self.current_epoch << 32) | position)
         data = bytes(item["image"])  # LitData gives a memoryview
-        image = decode_image(data, item["path"], self.min_size, self.approximate_decode)
+        image = decode_image(data, item["path"], self.min_size, self.shuffle)  # fast: training
         label = int(item["label"])
         if label < 0:  # the unlabelled images of a predict split: where each came from
             return self.image_transform(image), int(getattr(index, "index", index)), item["path"]
@@ -83,8 +55,8 @@ class StreamedImages(litdata.StreamingDataset):
 def streamed(
     url: str, split: str, transform, min_size: int, cache: tuple[str, str], train: bool, seed: int
 ) -> StreamedImages:
-    """The images of `split` of the shards at `url`: with `train`, shuffled with `seed` and decoded
-    fast; else in stored order. DataError without complete shards or without that split."""
+    """`split` of the shards at `url`, with `train` shuffled and decoded fast; DataError without
+    that split."""
     if split not in meta_of(url)["images"]:  # test or predict: written only where given
         option = {"test": "--data.source.test_root", "predict": "--data.predict_root"}[split]
         instead = "--data.source ClassFolders " * (split == "test") + f"{option} DIR"
@@ -92,18 +64,21 @@ def streamed(
             f"--data.source.path {url} holds no {split} images: pass {instead} to use a folder, "
             f"or write the shards again with them (`shard ... {option} DIR`)"
         )
-    return StreamedImages(f"{url}/{split}", transform, min_size, train, train, seed, *cache)
+    for tries_left in reversed(range(30)):
+        try:
+            return StreamedImages(f"{url}/{split}", transform, min_size, train, seed, cache)
+        except ValueError as err:  # LitData waits 1 s for a rank downloading the index, then fails
+            if not tries_left or "index.json" not in str(err) or "://" not in url:
+                raise
+            time.sleep(1)
 
 
 def streaming_loader(
     dataset: StreamedImages, batch_size: int, workers: int, pin_memory: bool, shard: tuple[int, int]
 ):
-    """LitData's loader: it moves the dataset to the next epoch (its shuffle) at each pass, with
-    new workers (started as `worker_options` says).
-
-    `shard`: (rank, processes). Batches shrink where images are fewer than `processes` batches:
-    LitData deals whole batches, and a process with none would train nothing or stop Lightning's
-    evaluation loop."""
+    """LitData's loader, its workers started as `worker_options` says. `shard`: (rank, processes).
+    LitData deals whole batches: they shrink where images are fewer than `processes` batches (a
+    process with none would train nothing or stop Lightning's evaluation loop)."""
     rank, processes = shard
     images = sum(end - start for start, end in dataset.region_of_interest)
     if 0 < images < processes:
@@ -113,8 +88,8 @@ def streaming_loader(
             "images, or run fewer processes (--trainer.devices, --trainer.num_nodes)"
         )
     batch_size = max(1, min(batch_size, images // processes))
-    # Lightning's predict loop asks every loader for its batch sampler's indices, which LitData's
-    # has not; `PredictionWriter` takes each image's index and path from the batch instead.
+    # Lightning's predict loop asks for the batch sampler's indices, which LitData's loader has
+    # not; `PredictionWriter` takes each image's index and path from the batch instead.
     warnings.filterwarnings("ignore", "Couldn't infer the batch indices")
     options = worker_options(workers, rank, processes, preload=__name__)
     return litdata.StreamingDataLoader(

@@ -271,8 +271,8 @@ class Shards(Source):
     """LitData shards written by the `shard` command; needs the `stream` extra (LitData).
 
     Args:
-        path: the shards' folder (read in place), or `s3://bucket/prefix` (`AWS_ENDPOINT_URL` for
-            an S3-compatible store), whose chunks are kept in `stream/` of `--data.cache_dir`.
+        path: the shards' folder, or `s3://bucket/prefix` (`AWS_ENDPOINT_URL` for an S3-compatible
+            store), whose chunks are kept in `stream/` of `--data.cache_dir`.
         cache_limit: the most that `stream/` holds, e.g. "50GB"; older chunks are deleted first.
     """
 
@@ -306,11 +306,9 @@ class Shards(Source):
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
         if isinstance(dataset, ImageFolderDataset):  # a `--data.predict_root` folder
             return super().loader(data, dataset, train)
-        # LitData splits each epoch between the processes itself.
-        place, workers = placement(data.trainer), data.resolve_num_workers()
-        share = place.get("shard", (0, 1))
-        loader = require_shards().streaming_loader
-        return loader(dataset, data.batch_size, workers, place["pin_memory"], share)
+        place, workers = placement(data.trainer), data.resolve_num_workers()  # LitData shares
+        shares = (data.batch_size, workers, place["pin_memory"], place.get("shard", (0, 1)))
+        return require_shards().streaming_loader(dataset, *shares)
 
 
 def require_shards(needed_by: str = "--data.source Shards"):
