@@ -1,11 +1,5 @@
-"""Reading image files into uint8 RGB tensors: which decoder reads which file, and why.
-
-Safety first (tests/test_fuzz.py: no damaged file may kill the process that reads it, as
-torchvision's PNG decoder did), speed second. JPEG: simplejpeg (libjpeg-turbo), exact (PIL's
-pixels, bit for bit) or, for training, fast; a file libjpeg warns about goes to PIL, which decodes
-through recoverable damage or raises. Large JPEGs: decoded reduced, in the DCT domain. Every other
-format: PIL, with what libtiff prints kept quiet.
-"""
+"""Reading image files into uint8 RGB tensors: JPEGs through simplejpeg (a file libjpeg warns
+about through PIL), the rest through PIL; safety first, speed second (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +14,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,13 +37,10 @@ logging.getLogger("PIL").addHandler(logging.NullHandler())
 
 
 def read_image(path: str, min_size: int | None = None, approximate: bool = False) -> torch.Tensor:
-    """An image file as uint8 RGB (3, H, W), upright (EXIF), first frame; a DataError naming the
-    file if it cannot be decoded or exceeds `MAX_IMAGE_PIXELS`. A JPEG at least twice `min_size`
-    is decoded at 1/2, 1/4 or 1/8 scale; `approximate` (training): libjpeg's fast IDCT, pixels a
-    level or so off the exact decode, far less than random crops change."""
+    """An image file as uint8 RGB (3, H, W), upright (EXIF), first frame, else a DataError naming
+    it. A JPEG at least twice `min_size` is decoded reduced; `approximate`: libjpeg's fast IDCT."""
     try:
-        with open(path, "rb") as file:
-            data = file.read()
+        data = Path(path).read_bytes()
     except UNREADABLE as err:
         raise DataError(f"cannot read image {path}: {err}") from err
     return decode_image(data, path, min_size, approximate)
@@ -65,13 +57,19 @@ def decode_image(
             if data[:2] == b"\xff\xd8":
                 reducible = bool(min_size) and min(width, height) >= 2 * min_size
                 if simplejpeg is not None and (approximate or not reducible):
-                    try:
-                        rgb = _decode_jpeg(data, approximate, min_size if reducible else 0)
+                    try:  # the smallest n/8 scale with both sides >= min_size; ValueError on damage
+                        side = min_size if reducible else 0
+                        fast = {"fastdct": approximate, "fastupsample": approximate}
+                        sizes = {"min_height": side, "min_width": side}
+                        rgb = simplejpeg.decode_jpeg(data, colorspace="RGB", **fast, **sizes)
                         return _as_tensor(_ORIENT[orientation](rgb))
                     except ValueError:
                         pass  # damaged, or a flaw libjpeg decodes through: PIL decides, quietly
-                if reducible:
-                    return _decode_jpeg_reduced(data, min(width, height) / min_size)
+                if reducible:  # the largest DCT reduction (1/2, 1/4, 1/8) keeping min_size
+                    scale = min(width, height) / min_size
+                    with _open(data) as image:
+                        image.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
+                        return _pil_pixels(image)
             with _libtiff_quiet(data, path), _open(data) as image:
                 return _pil_pixels(image)
         except DataError:
@@ -136,8 +134,8 @@ _ORIENT = {
 
 
 def _open(data: bytes | str) -> Image.Image:
-    """A PIL image over `data` or a file, header parsed; PIL's bomb warning silenced (our own
-    limit names the file)."""
+    """A PIL image over `data` or a file, header parsed; PIL's bomb warning silenced (ours names
+    the file)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(data if isinstance(data, str) else io.BytesIO(data), formats=FORMATS)
@@ -147,21 +145,6 @@ def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)
 
 
-def _decode_jpeg(data: bytes, fast: bool, min_size: int = 0) -> np.ndarray:
-    """(H, W, 3) pixels from libjpeg-turbo, at the smallest n/8 scale with both sides >=
-    `min_size`; ValueError on any damage, even recoverable."""
-    sizes = {"min_height": min_size, "min_width": min_size}
-    return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast, **sizes)
-
-
-def _decode_jpeg_reduced(data: bytes, scale: float) -> torch.Tensor:
-    """Decode a JPEG at the largest DCT reduction (1/2, 1/4, 1/8) that is at most 1/`scale`."""
-    with _open(data) as image:
-        width, height = image.size
-        image.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
-        return _pil_pixels(image)
-
-
 def _pil_pixels(image: Image.Image) -> torch.Tensor:
     ImageOps.exif_transpose(image, in_place=True)
     if image.mode.startswith("I") or image.mode == "F":  # 16/32-bit grayscale (TIFF, PNG)
@@ -169,7 +152,7 @@ def _pil_pixels(image: Image.Image) -> torch.Tensor:
         if image.mode != "I" or pixels.max(initial=0) > 255:
             pixels = pixels / 257
         gray = np.clip(pixels.round(), 0, 255).astype(np.uint8)
-        return torch.from_numpy(np.ascontiguousarray(gray)).expand(3, -1, -1).clone()
+        return torch.from_numpy(gray).expand(3, -1, -1).clone()
     if image.mode == "P":  # via RGBA, so that a transparent palette entry converts cleanly
         image = image.convert("RGBA")
     return _as_tensor(np.array(image if image.mode == "RGB" else image.convert("RGB")))
