@@ -1,15 +1,11 @@
-"""How many CPUs this process may use, and so how many loader workers `num_workers: auto` starts
-and how many threads torch's operators run on.
-
-Our own: Lightning's `suggested_max_num_workers` and the thread count its DDP launchers set ignore
-cgroup CPU quotas and SLURM's per-task binding (docs/data.md, docs/performance.md).
-"""
+"""How many CPUs this process may use: loader workers for `num_workers: auto`, torch's threads.
+Our own: Lightning's ignores cgroup quotas and SLURM's binding (docs/data.md, performance.md)."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -31,9 +27,8 @@ def usable_cpus() -> int:
 
 
 def cpu_share(local_processes: int) -> int:
-    """This process's CPUs: usable CPUs shared among the training processes of this machine, at
-    least 1. Not shared where `srun` bound each task to CPUs of its own: SLURM_CPUS_PER_TASK equal
-    to this process's CPUs, fewer than the machine's."""
+    """Usable CPUs shared among this machine's training processes, at least 1; not shared where
+    `srun` bound each task to CPUs of its own (SLURM_CPUS_PER_TASK == ours < the machine's)."""
     cpus, per_task = usable_cpus(), os.environ.get("SLURM_CPUS_PER_TASK", "")
     if not (per_task.isdigit() and int(per_task) == cpus and cpus < (os.cpu_count() or cpus)):
         cpus //= max(1, local_processes)
@@ -46,17 +41,14 @@ def auto_num_workers(local_processes: int) -> int:
 
 
 def share_threads(local_processes: int) -> None:
-    """Run torch's operators on this process's CPU share, at most torch's own default (so one
-    process alone keeps it), unless the user set OMP_NUM_THREADS: an explicit count wins."""
+    """torch's threads: this process's CPU share, at most torch's default; OMP_NUM_THREADS wins."""
     if not USER_THREADS:
         torch.set_num_threads(min(TORCH_THREADS, cpu_share(local_processes)))
 
 
 def cgroup_cpu_limit() -> float | None:
-    """CPUs' worth of time per second that this process's cgroups allow (None: unlimited): the
-    tightest v2 `cpu.max` or v1 `cpu.cfs_quota_us` of its cgroup and parents. In a container the
-    path /proc/self/cgroup names may be missing: the folders on the way up that exist are read,
-    the root (the container's own limit) last."""
+    """CPUs' worth of time per second this process's cgroups allow (None: unlimited): the tightest
+    v2 `cpu.max` or v1 `cpu.cfs_quota_us` of its cgroup's folders that exist, up to the root."""
     try:
         lines = PROC_CGROUP.read_text().splitlines()
     except OSError:  # not Linux
@@ -66,12 +58,12 @@ def cgroup_cpu_limit() -> float | None:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # the v2 hierarchy; /unified beside v1 controllers in hybrid mode
             unified = (CGROUP_ROOT / "cgroup.controllers").exists()
-            base, read = (CGROUP_ROOT if unified else CGROUP_ROOT / "unified"), _v2_quota
+            base, v2 = (CGROUP_ROOT if unified else CGROUP_ROOT / "unified"), True
         elif "cpu" in controllers.split(","):
-            base, read = CGROUP_ROOT / controllers, _v1_quota
+            base, v2 = CGROUP_ROOT / controllers, False
         else:
             continue
-        limits += [q for folder in _up_from(base, path) if (q := _read(read, folder)) is not None]
+        limits += [q for folder in _up_from(base, path) if (q := _quota(folder, v2)) is not None]
     return min(limits, default=None)
 
 
@@ -83,18 +75,12 @@ def _up_from(base: Path, path: str) -> Iterator[Path]:
     yield base
 
 
-def _read(read: Callable[[Path], float | None], folder: Path) -> float | None:
+def _quota(folder: Path, v2: bool) -> float | None:
     try:
-        return read(folder)
+        if v2:
+            quota, period = (folder / "cpu.max").read_text().split()
+            return None if quota == "max" else int(quota) / int(period)
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):  # no such folder or file, or a format we do not know
         return None
-
-
-def _v2_quota(folder: Path) -> float | None:
-    quota, period = (folder / "cpu.max").read_text().split()
-    return None if quota == "max" else int(quota) / int(period)
-
-
-def _v1_quota(folder: Path) -> float | None:
-    quota = int((folder / "cpu.cfs_quota_us").read_text())
-    return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
