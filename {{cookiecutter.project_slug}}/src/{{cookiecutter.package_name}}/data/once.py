@@ -1,8 +1,5 @@
-"""Work over the whole dataset done once per job: rank zero does it, the other ranks receive it.
-
-Listing, CSV reading, the cache key's `stat`s and the scan would otherwise hit the same (often
-shared) file system from every rank. The others wait as long as rank zero works (a scan can take
-hours), in a gloo group of their own: Lightning's `broadcast` has the job's timeout."""
+"""Work over the whole dataset (listing, CSV, scan) done once per job by rank zero; the others wait
+(hours, for a scan) in a gloo group of their own, as `broadcast` has the job's timeout."""
 
 from __future__ import annotations
 
@@ -23,7 +20,9 @@ def once(trainer, compute: Callable[[], T]) -> T:
     A collective: every rank must call it, in the same order (one process: just `compute()`)."""
     if trainer is None or trainer.world_size <= 1:
         return compute()
-    group = _patient_group()
+    group = None  # every rank makes it: a collective; waits up to `_WAIT`
+    if dist.is_available() and dist.is_initialized() and dist.is_gloo_available():
+        group = dist.new_group(backend="gloo", timeout=_WAIT)
     outcome: tuple | None = None
     try:
         if trainer.is_global_zero:
@@ -41,14 +40,6 @@ def once(trainer, compute: Callable[[], T]) -> T:
     if error is not None:
         raise error
     return value
-
-
-def _patient_group():
-    """A gloo group of every process, waiting up to `_WAIT`; None without torch.distributed.
-    Made by every rank: a collective, like `once`."""
-    if not (dist.is_available() and dist.is_initialized() and dist.is_gloo_available()):
-        return None
-    return dist.new_group(backend="gloo", timeout=_WAIT)
 
 
 def _broadcast(trainer, outcome: tuple | None, group) -> tuple:
