@@ -6,10 +6,8 @@ import torch
 
 
 class BatchNormalizer:
-    """`(x / 255 - mean) / std` for a uint8 `(N, 3, H, W)` batch, as one multiply-add per value.
-
-    Images travel as uint8 (4x fewer bytes through workers, pinning and the host-to-device copy)
-    and become float only here: on a GPU in one fused pass, on the CPU as `_cpu` says."""
+    """`(x / 255 - mean) / std` for a uint8 `(N, 3, H, W)` batch, as one multiply-add per value:
+    images travel as uint8 (4x fewer bytes) and become float only here."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.mean = tuple(mean)
@@ -20,7 +18,17 @@ class BatchNormalizer:
         scale, bias = self.constants(images.device)
         if images.device.type != "cpu":
             return images.float().mul_(scale).add_(bias)
-        return self._cpu(images, scale[0], bias[0])
+        # One thread: the loader workers are busy on the same cores, where a multi-threaded
+        # conversion stalls on descheduled threads and its idle threads spin, taking their CPU.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:  # image by image, so that each pass over the floats stays in the CPU cache
+            out = torch.empty(images.shape, dtype=torch.float32)
+            for i in range(len(images)):
+                out[i].copy_(images[i]).mul_(scale[0]).add_(bias[0])
+            return out
+        finally:
+            torch.set_num_threads(threads)
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """`scale`, `bias` with `(x / 255 - mean) / std == x * scale + bias`, made once per device
@@ -31,17 +39,3 @@ class BatchNormalizer:
             scale, bias = 1 / (255 * std), -mean / std
             self._constants[device] = tuple(t.to(device, torch.float32) for t in (scale, bias))
         return self._constants[device]
-
-    def _cpu(self, images: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        # One thread: the loader workers are busy on the same cores, where a multi-threaded
-        # conversion stalls on descheduled threads and its idle threads spin, taking their CPU.
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            # Image by image, so that each pass over the floats stays in the CPU cache.
-            out = torch.empty(images.shape, dtype=torch.float32)
-            for i in range(len(images)):
-                out[i].copy_(images[i]).mul_(scale).add_(bias)
-            return out
-        finally:
-            torch.set_num_threads(threads)
