@@ -1,5 +1,5 @@
-"""Finding the images of a dataset that cannot be read: decoded once, in parallel, before training,
-for `--data.source.skip_bad_images` (which leaves them out) and `scan` (which lists them)."""
+"""Finding the images that cannot be read, decoded once in parallel: for
+`--data.source.skip_bad_images` (which leaves them out) and `scan` (which lists them)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ _SHOWN = 20  # how many skipped files the warning lists
 
 
 class _ReadCheck(ConcatDataset):
-    """Image i of `datasets` (numbered in turn), read as its dataset reads it: a large JPEG at a
-    DCT-reduced size, which still decodes every byte of the file."""
+    """Image i of `datasets` (numbered in turn), read as its dataset reads it."""
 
     def _locate(self, index: int) -> tuple[ImageFolderDataset, int]:
         which = bisect.bisect_right(self.cumulative_sizes, index)
@@ -49,8 +48,7 @@ class _ReadCheck(ConcatDataset):
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """A fork server: a child forked from a process with threads (DDP's, torch's, tqdm's) can
-    inherit a held lock and wait forever; the server's children have no threads."""
+    """A fork server: a child forked from a process with threads can inherit a held lock."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context()
     context = multiprocessing.get_context("forkserver")
@@ -72,9 +70,9 @@ def _check_range(start: int, stop: int) -> list[str]:
     return [_CHECK.message(i) for i in range(start, stop)]
 
 
-def _check_range_to(pipe, check: _ReadCheck, start: int, stop: int) -> None:
+def _check_one_to(pipe, check: _ReadCheck, index: int) -> None:
     _start_worker(check)
-    pipe.send(_check_range(start, stop))
+    pipe.send(_check_range(index, index + 1))
 
 
 def find_unreadable(
@@ -96,7 +94,7 @@ def find_unreadable(
     with bar:
         for start, stop in _in_pool(check, chunks, max(1, num_workers), record):
             for index in range(start, stop):  # in hand when a process died: file by file
-                one = _alone(check, index, index + 1)
+                one = _alone(check, index)
                 if isinstance(one, int):  # this one killed its process: a signal, or an exit code
                     how = f"signal {-one}" if one < 0 else f"exit code {one}"
                     one = [f"cannot read image {check.path(index)}: crashed the decoder ({how})"]
@@ -130,11 +128,11 @@ def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, rec
     return suspects
 
 
-def _alone(check: _ReadCheck, start: int, stop: int) -> list[str] | int:
-    """The messages of images start..stop-1, read in a fresh process; its exit code if it died."""
+def _alone(check: _ReadCheck, index: int) -> list[str] | int:
+    """The message of image `index`, read in a fresh process; its exit code if it died."""
     context = _context()
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_check_range_to, args=(send, check, start, stop))
+    process = context.Process(target=_check_one_to, args=(send, check, index))
     process.start()
     send.close()
     try:
@@ -153,17 +151,15 @@ def drop_unreadable(
     write_listing: bool,
     run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
-    """`datasets` without their unreadable images, with one warning, and all of them listed (or
-    none) in `listing_dir/skipped_images.txt` with `write_listing`, unless inside a dataset.
-    Nothing readable is an error (a wrong folder). `run_once`: `data.once`."""
+    """`datasets` without their unreadable images, with one warning, listed in
+    `listing_dir/skipped_images.txt` with `write_listing` unless inside a dataset."""
     scan = lambda: find_unreadable(datasets, num_workers, progress)  # noqa: E731
     bad = scan() if run_once is None else run_once(scan)
     total = sum(len(dataset) for dataset in datasets)
     if bad and len(bad) == total:
         raise DataError(f"none of the {total} images can be read: {bad[0][1]}")
-    where = ""
-    roots = {os.path.realpath(dataset.root) for dataset in datasets}
-    if listing_dir is not None and _inside(os.path.realpath(listing_dir), roots):
+    where, roots = "", tuple(os.path.realpath(d.root).rstrip(os.sep) + os.sep for d in datasets)
+    if listing_dir is not None and (os.path.realpath(listing_dir) + os.sep).startswith(roots):
         where = f" (not listed in {listing_dir}: it lies inside the dataset)"
     elif listing_dir is not None:
         listing = os.path.join(listing_dir, SKIPPED_FILE)
@@ -185,7 +181,3 @@ def drop_unreadable(
     keep[[index for index, _ in bad]] = False
     parts = np.split(keep, np.cumsum([len(dataset) for dataset in datasets])[:-1])
     return [dataset.subset(part) for dataset, part in zip(datasets, parts, strict=True)]
-
-
-def _inside(folder: str, roots: set[str]) -> bool:
-    return any(folder == root or folder.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
