@@ -28,8 +28,8 @@ LABEL_KINDS = ("auto", "index", "name")
 
 @dataclass(eq=False)
 class CsvLabels:
-    """A CSV naming files in `root` and their labels, read as `kind` says (training) or as the
-    training source it `follows` reads them."""
+    """A CSV naming files in `root` and their labels, read as `kind` says or as the source it
+    `follows` reads them."""
 
     root: Path
     csv_file: Path
@@ -45,8 +45,8 @@ class CsvLabels:
 
     @cached_property
     def reading(self) -> str:
-        """ "index" or "name", as the source it follows; "auto" reads indices only when the labels
-        are exactly "0".."K-1" as `str(int)` writes them (years, 1-based ids, "07", "٣": names)."""
+        """ "index" or "name"; "auto": indices only when the labels are exactly "0".."K-1" as
+        `str(int)` writes them (years, 1-based ids, "07", "٣": names)."""
         if self.follows is not None or self.kind != "auto":
             return self.follows.reading if self.follows is not None else self.kind
         values = set(self.table.values)
@@ -78,8 +78,7 @@ def find_csv(path: str | Path | None, root: Path | None, option: str) -> Path | 
 
 @dataclass(frozen=True)
 class LabelsTable:
-    """A labels CSV's rows as arrays: file names (bytes), line numbers, and labels (a row's label:
-    `values[codes[row]]`)."""
+    """A labels CSV's rows: file names (bytes), line numbers, labels (row i: `values[codes[i]]`)."""
 
     source: Path
     paths: np.ndarray
@@ -101,7 +100,7 @@ def read_labels_csv(
     csv_file: Path, filename_column: str = "filename", label_column: str = "label"
 ) -> LabelsTable:
     """A labels CSV with a header row (UTF-8, BOM or not, CRLF or LF, spaces stripped, blank lines
-    skipped), streamed: a million rows take a few hundred MiB at the peak."""
+    skipped), streamed; no rows, an empty name or label, or a file named twice is refused."""
     check_file(csv_file, "data.source.csv")
     with open(csv_file, encoding="utf-8-sig", newline="") as text:
         reader = csv.reader(text, strict=True)
@@ -138,15 +137,10 @@ def read_labels_csv(
                 raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
             raise
     arrays = np.frombuffer(codes, np.int64), np.frombuffer(lines, np.int64)
-    return _checked(LabelsTable(csv_file, np.array(paths, np.bytes_), list(index), *arrays))
-
-
-def _checked(table: LabelsTable) -> LabelsTable:
-    """Refuse a table without rows, with an empty file name or label, or naming a file twice."""
+    table = LabelsTable(csv_file, np.array(paths, np.bytes_), list(index), *arrays)
     if not len(table):
         raise DataError(f"{table.source} has a header but no rows")
-    empty = np.flatnonzero(table.paths == b"")
-    if len(empty):
+    if len(empty := np.flatnonzero(table.paths == b"")):
         raise DataError(f"{table.where(empty[0])} has an empty file name")
     if "" in table.values:
         row = table.first_row(table.values.index(""))
@@ -185,8 +179,7 @@ def classes_from_labels(table: LabelsTable, reading: str) -> list[str]:
 def encode_labels(
     table: LabelsTable, class_names: list[str], reading: str, split: str = "training"
 ) -> np.ndarray:
-    """The int64 targets of a table's labels, read as class names or indices (`reading`, the
-    training table's); an unknown label is an error."""
+    """The int64 targets of a table's labels, read as `reading` says; unknown labels: an error."""
     if reading == "index":
         targets = _as_indices(table.values)
         known = f"class indices 0..{len(class_names) - 1}"
@@ -208,15 +201,14 @@ def encode_labels(
 
 
 def _as_indices(values: list[str]) -> np.ndarray:
-    """Each label as an integer where it is one as `str(int)` writes it (18 digits at most), else
-    -1."""
+    """Each label as an integer where `str(int)` writes it so (18 digits at most), else -1."""
     digits = [v.isascii() and v.isdigit() and str(int(v)) == v[:18] for v in values]
     return np.array([int(v) if d else -1 for v, d in zip(values, digits, strict=True)], np.int64)
 
 
 def find_missing(table: LabelsTable, root: Path) -> None:
-    """Refuse a table naming files not under `root`, listing the first few and counting all. One
-    listing answers for most rows; only those it misses (`./`, links) cost a `stat` each."""
+    """Refuse a table naming files not under `root`: one listing answers for most rows, only
+    those it misses (`./`, links) cost a `stat` each."""
     check_dir(root, "data.source.root")
     present = set(map(os.fsencode, list_files(root, images_only=False)))
     missing = [
