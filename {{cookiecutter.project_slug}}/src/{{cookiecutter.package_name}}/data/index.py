@@ -37,8 +37,7 @@ class ImageIndex:
 
 @dataclass(eq=False)
 class FolderLabels:
-    """`root/<class>/<image>` for `role` (training, validation, test); `reading`: how CSVs that
-    follow it read labels."""
+    """`root/<class>/<image>` for `role`; `reading`: how CSVs that follow it read labels."""
 
     root: Path
     option: str
@@ -75,12 +74,13 @@ def _is_data_folder(name: str) -> bool:
 
 
 def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
-    """Sorted names of the class folders under `root`, hidden and junk ones left out; in the working
-    folder, where `fit` writes them, so are `OUTPUT_FOLDERS` without images of their own."""
+    """Sorted class folders under `root`, without hidden and junk ones, nor (in the working folder)
+    `OUTPUT_FOLDERS` without images of their own."""
     check_dir(root, option)
     with os.scandir(root) as entries:
         folders = sorted(e.name for e in entries if e.is_dir() and _is_data_folder(e.name))
-    runs = [name for name in folders if name in OUTPUT_FOLDERS and not _images_in(root / name)]
+    walk = lambda name: next(os.walk(root / name), ((), (), []))[2]  # noqa: E731 (unreadable: [])
+    runs = [n for n in folders if n in OUTPUT_FOLDERS and not any(map(_is_image, walk(n)))]
     here = root.resolve() == Path.cwd().resolve()
     if runs:
         how = "left out: this is the working folder, where `fit` writes them"
@@ -90,10 +90,6 @@ def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
     if not classes:
         raise DataError(f"--{option} {root} has no class folders: expected {root}/<class>/<image>")
     return classes
-
-
-def _images_in(folder: Path) -> bool:
-    return any(map(_is_image, next(os.walk(folder), ((), (), []))[2]))  # unreadable: none
 
 
 def _is_image(name: str) -> bool:
@@ -106,8 +102,8 @@ def list_images(folder: Path) -> list[str]:
 
 
 def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
-    """`prefix` + each file's path below `folder`: a folder's files sorted, then its subfolders'.
-    Links are followed; hidden, junk and unreadable folders skipped."""
+    """`prefix` + each file's path below `folder`, files sorted before subfolders; links followed,
+    hidden, junk and unreadable folders skipped."""
     found: list[str] = []
     top = os.fspath(folder)
     for here, folders, files in os.walk(top, followlinks=True):
@@ -117,10 +113,6 @@ def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
         inside = prefix if here == top else prefix + os.path.relpath(here, top) + os.sep
         found.extend(inside + name for name in sorted(files))
     return found
-
-
-def encode_paths(paths: list[str]) -> np.ndarray:
-    return np.array([os.fsencode(path) for path in paths], dtype=np.bytes_)
 
 
 def make_dataset(
@@ -143,7 +135,8 @@ def make_dataset(
         paths.extend(files)
         targets.append(class_to_idx[name])
         counts.append(len(files))
-    return encode_paths(paths), np.repeat(np.array(targets, dtype=np.int64), counts)
+    targets = np.repeat(np.array(targets, dtype=np.int64), counts)
+    return np.array(list(map(os.fsencode, paths)), np.bytes_), targets
 
 
 def refuse_repeats(*splits: tuple[Callable[[int], str], Path | None, np.ndarray]) -> None:
@@ -163,8 +156,8 @@ _UNNORMAL = (b"./", b"/.", b"//") if os.sep == "/" else (b"/", b".\\", b"\\.", b
 
 
 def _normalised(paths: np.ndarray, base: bytes) -> list[bytes]:
-    """`paths` normalised, joined to `base` if given; else only those where numpy finds a part
-    `normpath` may rewrite go through it (a million rows: a fraction of a second)."""
+    """`paths` normalised, joined to `base` if given; else only those numpy finds a part of that
+    `normpath` may rewrite go through it."""
     if base:
         return [os.path.normpath(os.path.join(base, path)) for path in paths.tolist()]
     files = paths.tolist()
@@ -180,7 +173,7 @@ def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageI
         raise DataError(
             f"--{option} {folder} holds no images; accepted extensions: " + " ".join(IMG_EXTENSIONS)
         )
-    return ImageIndex(folder, encode_paths(files), None)
+    return ImageIndex(folder, np.array(list(map(os.fsencode, files)), np.bytes_), None)
 
 
 def stratified_split(targets: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -223,13 +216,11 @@ def preview(names: list[str], limit: int = 10) -> str:
     return ", ".join(names[:limit]) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def check_dir(path: Path, option: str) -> None:
-    if not path.is_dir():
-        fault = "is not a directory" if path.exists() else "does not exist"
+def check_dir(path: Path, option: str, kind: str = "a directory", ok=Path.is_dir) -> None:
+    if not ok(path):
+        fault = f"is not {kind}" if path.exists() else "does not exist"
         raise DataError(f"--{option} {path} {fault}")
 
 
 def check_file(path: Path, option: str) -> None:
-    if not path.is_file():
-        fault = "is not a file" if path.exists() else "does not exist"
-        raise DataError(f"--{option} {path} {fault}")
+    check_dir(path, option, "a file", Path.is_file)
