@@ -1,5 +1,5 @@
 """The uint8 transforms run in the Dataset: random resized crops (and any `Augment`) for training,
-on files or the pixel cache alike; resize and centre crop for evaluation."""
+resize and centre crop for evaluation."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 
 class Draw(int):
-    """A training image's index that carries the seed of its augmentation, from (seed, epoch, place
-    in the epoch): the same for any number of workers, also resumed mid-epoch."""
+    """A training image's index carrying its augmentation's seed (from seed, epoch, place): the same
+    for any number of workers, also resumed mid-epoch."""
 
     seed: int
 
@@ -85,16 +85,12 @@ class RandomResizedCropFlip:
         hflip: bool = False,
         extra: list | None = None,
     ) -> None:
-        self.size = size
-        self.extra = v2.Compose(extra) if extra else None
-        self.hflip = hflip
-        self.scale = scale
+        self.size, self.scale, self.ratio, self.hflip = size, scale, ratio, hflip
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-        self.ratio = ratio
+        self.extra = v2.Compose(extra) if extra else None
 
     def min_source_size(self) -> int:
-        """The short side a source image needs so that no crop is enlarged (`scale[0]` of the area
-        at the most extreme ratio); large JPEGs are decoded down to it."""
+        """The short side a source needs so that no crop is enlarged (large JPEGs decode to it)."""
         narrowest = min(self.ratio[0], 1 / self.ratio[1], 1.0)
         return math.ceil(self.size / math.sqrt(self.scale[0] * narrowest))
 
@@ -104,14 +100,11 @@ class RandomResizedCropFlip:
         for _ in range(10):
             target = area * random.uniform(*self.scale)
             aspect = math.exp(random.uniform(*self.log_ratio))
-            w = round(math.sqrt(target * aspect))
-            h = round(math.sqrt(target / aspect))
+            w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
             if 0 < w <= width and 0 < h <= height:
-                # One uniform draw per offset (not `randint`): the same relative crop on the file
-                # and on its smaller cached copy.
+                # One uniform draw per offset (not `randint`): the same crop on its cached copy
                 top = int(random.random() * (height - h + 1))
-                left = int(random.random() * (width - w + 1))
-                return top, left, h, w
+                return top, int(random.random() * (width - w + 1)), h, w
         # As torchvision: the whole image, clamped to the allowed aspect ratios.
         aspect = width / height
         if aspect < self.ratio[0]:
