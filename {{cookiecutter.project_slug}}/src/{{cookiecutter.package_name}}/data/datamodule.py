@@ -105,11 +105,8 @@ class ImageDataModule(L.LightningDataModule):
             self.train_dataset, self.val_dataset = self.source.fit_datasets(self, stage)
 
     def log_dir(self) -> str | None:
-        """The run's log folder; None without a Trainer, or a logger that saves files."""
-        if self.trainer is None or not self.trainer.loggers:
-            return None
-        # `trainer.log_dir` broadcasts from rank zero: every rank must ask, even if only one writes.
-        return self.trainer.log_dir
+        """The run's log folder, or None; every rank must ask (`trainer.log_dir` broadcasts)."""
+        return self.trainer.log_dir if self.trainer is not None and self.trainer.loggers else None
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", "fit")
@@ -132,8 +129,7 @@ class ImageDataModule(L.LightningDataModule):
         """`num_workers`, with "auto" worked out for the processes of this machine."""
         if self.num_workers != "auto":
             return self.num_workers
-        local_processes = self.trainer.num_devices if self.trainer is not None else 1
-        return auto_num_workers(local_processes)
+        return auto_num_workers(self.trainer.num_devices if self.trainer is not None else 1)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Turn the uint8 images of a batch into normalised float, on whatever device they are."""
