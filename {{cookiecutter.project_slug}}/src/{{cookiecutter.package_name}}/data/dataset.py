@@ -30,12 +30,8 @@ class ImageFolderDataset(Dataset):
         min_size: int | None = None,
         approximate_decode: bool = False,
     ) -> None:
-        self.root = Path(root)
-        self.paths = paths
-        self.targets = targets
-        self.transform = transform
-        self.classes = classes or []
-        self.min_size = min_size
+        self.root, self.paths, self.targets, self.transform = Path(root), paths, targets, transform
+        self.classes, self.min_size = classes or [], min_size
         self.approximate_decode = approximate_decode
         self.in_hand = FilesInHand()
 
