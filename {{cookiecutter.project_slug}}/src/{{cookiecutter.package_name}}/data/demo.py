@@ -71,15 +71,7 @@ def _draw(name: str, rng: np.random.Generator) -> Image.Image:
     coarse = rng.integers(30, 226, size=(3, 4, 3), dtype=np.uint8)
     image = Image.fromarray(coarse).resize(_SIZE, Image.BICUBIC).filter(ImageFilter.GaussianBlur(8))
     width, height = _SIZE
-    if name in ("dots", "confetti"):
-        draw = ImageDraw.Draw(image)
-        count, low, high = (int(rng.integers(12, 30)), 4, 9) if name == "dots" else (300, 1, 3)
-        shape = draw.ellipse if name == "dots" else draw.rectangle
-        for _ in range(count):
-            r = rng.uniform(low, high)
-            cx, cy = rng.uniform(0, width), rng.uniform(0, height)
-            shape((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
-    elif name == "stripes":
+    if name == "stripes":
         period = rng.uniform(14, 28)
         angle = rng.uniform(0, np.pi)
         yy, xx = np.mgrid[0:height, 0:width]
@@ -87,13 +79,20 @@ def _draw(name: str, rng: np.random.Generator) -> Image.Image:
         pixels = np.asarray(image).copy()
         pixels[pattern] = _colour(rng)
         image = Image.fromarray(pixels)
-    else:  # "plain": a few soft blobs on the background, like an out-of-focus scene
+    else:  # dots, confetti, or "plain": a few soft blobs, like an out-of-focus scene
         draw = ImageDraw.Draw(image)
-        for _ in range(int(rng.integers(1, 4))):
-            r = rng.uniform(20, 50)
+        count, low, high = (
+            (300, 1, 3) if name == "confetti"
+            else (int(rng.integers(12, 30)), 4, 9) if name == "dots"
+            else (int(rng.integers(1, 4)), 20, 50)
+        )  # fmt: skip
+        shape = draw.rectangle if name == "confetti" else draw.ellipse
+        for _ in range(count):
+            r = rng.uniform(low, high)
             cx, cy = rng.uniform(0, width), rng.uniform(0, height)
-            draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
-        image = image.filter(ImageFilter.GaussianBlur(6))
+            shape((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
+        if name == "plain":
+            image = image.filter(ImageFilter.GaussianBlur(6))
     noise = rng.normal(0, 6, size=(height, width, 3))
     pixels = np.clip(np.asarray(image, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
     return Image.fromarray(pixels)

@@ -1,8 +1,5 @@
-"""FilesInHand: which file each loader worker is reading, in shared memory the main process reads.
-
-When a worker dies (a decoder crash, the out-of-memory killer), PyTorch says only "worker (pid N)
-is killed by signal"; with each worker's "pid, path" in its slot while it reads, the main process
-can name the file the dead worker had in hand."""
+"""FilesInHand: each loader worker's "pid, path" in shared memory while it reads, so that the main
+process can name the file a dead worker had in hand (PyTorch says only "killed by signal")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The `Source` interface (`sources.py` has the sources) and what every source builds with:
-evaluation datasets, the skipping of unreadable images."""
+"""The `Source` interface (`sources.py` has the sources) and the evaluation datasets and skipping
+of unreadable images every source builds with."""
 
 from __future__ import annotations
 
