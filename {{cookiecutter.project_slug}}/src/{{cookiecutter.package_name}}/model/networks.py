@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -48,12 +47,7 @@ class BasicBlock(nn.Module):
 
 
 class CompactResNet(nn.Module):
-    """A small ResNet: a strided stem, `len(depths)` stages that halve resolution and double width.
-
-    Args:
-        stem_stride: downsampling of the stem; by default chosen from `image_size` so that the
-            first stage sees 32 to 64 pixels: 1 below 64, 2 below 128, else 4.
-    """
+    """A small ResNet: a strided stem, then stages that halve resolution and double width."""
 
     def __init__(
         self,
@@ -61,26 +55,22 @@ class CompactResNet(nn.Module):
         image_size: int,
         width: int = 32,
         depths: tuple[int, ...] = (1, 1, 2, 1),
-        stem_stride: int | None = None,
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if stem_stride is None:
-            stem_stride = 1 if image_size < 64 else 2 if image_size < 128 else 4
+        stride = 1 if image_size < 64 else 2 if image_size < 128 else 4  # stage 1: 32 to 64 pixels
         # A 4x4 stride-4 "patchify" stem (as in ConvNeXt) costs far less than a 7x7 conv + max pool.
-        kernel, padding = (4, 0) if stem_stride == 4 else (3, 1)
+        kernel, padding = (4, 0) if stride == 4 else (3, 1)
         self.stem = nn.Sequential(
-            nn.Conv2d(3, width, kernel, stem_stride, padding, bias=False),
+            nn.Conv2d(3, width, kernel, stride, padding, bias=False),
             nn.BatchNorm2d(width),
             nn.ReLU(inplace=True),
         )
-        stages = []
-        channels = width
+        stages, channels = [], width
         for i, depth in enumerate(depths):
-            out = width * 2**i
             for j in range(depth):
-                stages.append(BasicBlock(channels, out, 2 if (j == 0 and i > 0) else 1))
-                channels = out
+                stages.append(BasicBlock(channels, width * 2**i, 2 if (j == 0 and i > 0) else 1))
+                channels = width * 2**i
         self.stages = nn.Sequential(*stages)
         self.head = nn.Sequential(
             nn.AdaptiveAvgPool2d(1),
@@ -113,19 +103,16 @@ def build_network(
                 f"--model.pretrained: {COMPACT} has no published weights; start it from a file "
                 f"with --model.weights PATH, or pick a torchvision or timm architecture"
             )
-        network: nn.Module = CompactResNet(
-            num_classes, image_size, width, tuple(depths), dropout=dropout
-        )
-    elif _is_torchvision(architecture):
+        network: nn.Module = CompactResNet(num_classes, image_size, width, tuple(depths), dropout)
+    else:
         check_runs(architecture, num_classes, image_size)
-        if pretrained:
+        if not _is_torchvision(architecture):
+            network = timm_network(architecture, num_classes, dropout, pretrained)
+        elif pretrained:
             network = torchvision_pretrained(architecture)
             replace_classifier(network, num_classes)
         else:
             network = _torchvision_network(architecture, num_classes)
-    else:
-        check_runs(architecture, num_classes, image_size)
-        network = timm_network(architecture, num_classes, dropout, pretrained)
     if weights is not None:
         load_weights(network, weights, architecture)
     return network
@@ -162,30 +149,28 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
     except Exception as err:  # whatever the file is, it is not weights we can read
         raise DataError(f"--model.weights {path} holds no weights: {one_line(err)}") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):  # our checkpoint
-        prefix = "net."
-        state = {
-            k[len(prefix) :]: v for k, v in state["state_dict"].items() if k.startswith(prefix)
-        }
+        state = {k[4:]: v for k, v in state["state_dict"].items() if k.startswith("net.")}
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise DataError(f"--model.weights {path} is not a state dict of tensors")
-    own = network.state_dict()
-    head = {f"{n}." for n, module in network.named_modules() if module is classifier_of(network)}
+    own, layer = network.state_dict(), classifier_of(network)
+    head = tuple(f"{n}." for n, module in network.named_modules() if module is layer)
     reshaped = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
     # torch's own account of what is missing and extra; a layer the network removed (set to
     # None, as torchvision's auxiliary heads) is neither
     missing, extra = network.load_state_dict(
         {k: v for k, v in state.items() if k not in reshaped}, strict=False
     )
-    wrong = [k for k in reshaped + missing + extra if not k.startswith(tuple(head))]
+    wrong = [k for k in reshaped + missing + extra if not k.startswith(head)]
     if wrong:
         raise DataError(
             f"--model.weights {path} does not fit {architecture}: {len(wrong)} layers missing or "
             f"of another shape, e.g. {', '.join(wrong[:3])}"
         )
     if reshaped or missing:
+        outputs = layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
         rank_zero_warn(
             f"--model.weights {path}: its classifier is for other classes; the classifier is "
-            f"re-made for {_outputs(network)} classes and trained from random weights"
+            f"re-made for {outputs} classes and trained from random weights"
         )
 
 
@@ -197,14 +182,26 @@ def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
         build = partial(_torchvision_network, architecture, num_classes)
     else:
         build = partial(timm_network, architecture, num_classes, 0.0, False)
-    network = _on_meta(build)
-    reason = None if network is None else _meta_failure(network, num_classes, image_size)
+    network = None  # the network, its weights on the meta device
+    try:
+        with _EmptyOnMeta():
+            network = build().to("meta")
+    except RuntimeError:
+        pass
+    if network is None:
+        # Some run a part of themselves while being built (timm's hybrid ViTs, their CNN stem on
+        # a blank image, to learn its output size): that image must be on the meta device too.
+        try:
+            with torch.device("meta"):
+                network = build()
+        except RuntimeError:
+            return  # only a real model can tell
+    reason = _meta_failure(network, num_classes, image_size)
     if reason is None:
         return
     sizes = {224}
     if _is_torchvision(architecture):
-        weights = torchvision.models.get_model_weights(architecture)
-        sizes |= {w.meta["min_size"][0] for w in weights}
+        sizes |= {w.meta["min_size"][0] for w in torchvision.models.get_model_weights(architecture)}
     published = pretrained_inputs(architecture)
     if published is not None:
         sizes.add(published[0])
@@ -225,22 +222,6 @@ class _EmptyOnMeta(TorchFunctionMode):
         if func is torch.empty:
             kwargs["device"] = "meta"
         return func(*args, **kwargs)
-
-
-def _on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
-    """The network `build` makes, its weights on the meta device; None where it cannot be."""
-    try:
-        with _EmptyOnMeta():
-            return build().to("meta")
-    except RuntimeError:
-        pass
-    # Some run a part of themselves while being built (timm's hybrid ViTs, their CNN stem on a
-    # blank image, to learn its output size): that image must be on the meta device too.
-    try:
-        with torch.device("meta"):
-            return build()
-    except RuntimeError:
-        return None  # only a real model can tell
 
 
 def _meta_failure(network: nn.Module, num_classes: int, image_size: int) -> str | None:
@@ -292,11 +273,4 @@ def replace_classifier(network: nn.Module, num_classes: int) -> None:
         fresh: nn.Module = nn.Linear(layer.in_features, num_classes)
     else:
         fresh = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
-    parent_name, _, attribute = name.rpartition(".")
-    parent = network.get_submodule(parent_name) if parent_name else network
-    setattr(parent, attribute, fresh)
-
-
-def _outputs(network: nn.Module) -> int:
-    layer = classifier_of(network)
-    return layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
+    network.set_submodule(name, fresh)
