@@ -62,7 +62,11 @@ def decode_image(
                         fast = {"fastdct": approximate, "fastupsample": approximate}
                         sizes = {"min_height": side, "min_width": side}
                         rgb = simplejpeg.decode_jpeg(data, colorspace="RGB", **fast, **sizes)
-                        return _as_tensor(_ORIENT[orientation](rgb))
+                        if orientation >= 5:  # Exif orientation undone, as PIL's exif_transpose
+                            rgb = rgb.transpose(1, 0, 2)
+                        flip = (orientation - 1) % 4  # none, mirrored, both, upside down
+                        rgb = rgb[:: -1 if flip >= 2 else 1, :: -1 if flip in (1, 2) else 1]
+                        return _as_tensor(rgb)
                     except ValueError:
                         pass  # damaged, or a flaw libjpeg decodes through: PIL decides, quietly
                 if reducible:  # the largest DCT reduction (1/2, 1/4, 1/8) keeping min_size
@@ -117,20 +121,7 @@ def image_header(data: bytes, path: str) -> tuple[int, int, int]:
             f"refusing image {path}: {width}x{height} pixels is more than MAX_IMAGE_PIXELS "
             f"({MAX_IMAGE_PIXELS}): a decompression bomb, or far larger than training needs"
         )
-    return width, height, orientation if orientation in _ORIENT else 1
-
-
-# Exif orientation -> how to turn the stored (H, W, 3) pixels upright (as PIL's exif_transpose)
-_ORIENT = {
-    1: lambda rgb: rgb,
-    2: lambda rgb: rgb[:, ::-1],  # mirrored
-    3: lambda rgb: rgb[::-1, ::-1],  # upside down
-    4: lambda rgb: rgb[::-1],  # mirrored and upside down
-    5: lambda rgb: rgb.transpose(1, 0, 2),  # mirrored and turned
-    6: lambda rgb: rgb.transpose(1, 0, 2)[:, ::-1],  # turned 90 degrees: turn back clockwise
-    7: lambda rgb: rgb.transpose(1, 0, 2)[::-1, ::-1],
-    8: lambda rgb: rgb.transpose(1, 0, 2)[::-1],  # turn back anticlockwise
-}
+    return width, height, orientation if orientation in {1, 2, 3, 4, 5, 6, 7, 8} else 1
 
 
 def _open(data: bytes | str) -> Image.Image:

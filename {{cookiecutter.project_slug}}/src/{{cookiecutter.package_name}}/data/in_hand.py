@@ -69,9 +69,8 @@ def worker_death_message(error: BaseException) -> str | None:
     how = text[match.start() :].split(". ")[0].rstrip(".")
     unknown = "(the file it was reading is not known: it may have run out of memory)"
     what = f"while reading {', '.join(files)}" if files else unknown
-    package = __name__.split(".")[0]
     return (
         f"a data loader worker died ({how}) {what}; list every file that cannot be read with "
-        f"`python -m {package} scan` and the same --data options, or train with "
+        f"`python -m {__name__.split('.')[0]} scan` and the same --data options, or train with "
         "--data.source.skip_bad_images true"
     )
