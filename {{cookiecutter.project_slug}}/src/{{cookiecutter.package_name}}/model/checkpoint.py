@@ -1,9 +1,6 @@
-"""Reading a checkpoint as data only (`weights_only=True`), checked against the classifier it fits.
-
-Every command that takes `--ckpt_path` reads the file here first: a file that is missing, not a
-checkpoint, cut short, from another project, or holding pickled code is refused with one sentence
-naming it, before Lightning or `export` touches it, and nothing stored in it is ever run.
-"""
+"""Reading a checkpoint as data only (`weights_only=True`), checked against the classifier it fits:
+every `--ckpt_path` is read here first, and a file that is missing, not a checkpoint, cut short,
+from another project or holding pickled code is refused in one sentence, nothing in it run."""
 
 from __future__ import annotations
 
@@ -29,14 +26,12 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.save has written zip archives since PyTorch 
 def read_checkpoint(path: str | Path, resume: bool = False, option: str = "--ckpt_path") -> dict:
     """The checkpoint's contents, once they are known to build an `ImageClassifier` (`resume`:
     with the optimizer state too); otherwise a DataError naming `option` and the path."""
-    checkpoint, _ = _read(path, resume, option)
-    return checkpoint
+    return _read(path, resume, option)[0]
 
 
 def load_classifier(path: str | Path, option: str = "--ckpt_path") -> ImageClassifier:
     """The classifier the checkpoint describes, with its trained weights, on the CPU."""
-    _, model = _read(path, False, option)
-    return model
+    return _read(path, False, option)[1]
 
 
 def check_classes_present(
@@ -69,8 +64,20 @@ def _read(path: str | Path, resume: bool, option: str) -> tuple[dict, ImageClass
     except (RuntimeError, OSError, EOFError, ValueError) as err:
         raise DataError(f"{where} could not be read as a checkpoint: {one_line(err)}") from err
     hparams = _check_contents(checkpoint, where, resume)
-    model = _build(hparams, where)
-    _load_weights(model, checkpoint["state_dict"], where)
+    try:  # the checkpoint holds the trained weights; the file that seeded them may be gone
+        model = ImageClassifier(**{**hparams, "weights": None, "pretrained": False})
+    except Exception as err:  # the values came from the file: whatever they break is its fault
+        raise DataError(
+            f"{where} has hyper_parameters that build no network: {one_line(err)}"
+        ) from err
+    try:
+        model.load_state_dict(checkpoint["state_dict"])
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise DataError(
+            f"{where} has a state_dict that does not fit the network its hyper_parameters "
+            f"describe ({model.hparams.architecture} for {len(model.class_names)} classes): "
+            f"{one_line(err)}"
+        ) from err
     return checkpoint, model
 
 
@@ -135,8 +142,7 @@ def _check_contents(checkpoint: object, where: str, resume: bool) -> dict:
             f"{where} has hyper_parameters ImageClassifier does not take ({_preview(unknown)}): "
             f"written by another project or version"
         )
-    required = [name for name, p in parameters.items() if p.default is inspect.Parameter.empty]
-    lacking = [name for name in required if name not in hparams]
+    lacking = [n for n, p in parameters.items() if p.default is p.empty and n not in hparams]
     if lacking:
         raise DataError(
             f"{where} has no {', '.join(lacking)} in its hyper_parameters: not a checkpoint of "
@@ -157,28 +163,6 @@ def _check_contents(checkpoint: object, where: str, resume: bool) -> dict:
             f"it still serves validate, test, predict and export"
         )
     return hparams
-
-
-def _build(hparams: dict, where: str) -> ImageClassifier:
-    # The checkpoint holds the trained weights; the file that seeded them may be gone.
-    arguments = {**hparams, "weights": None, "pretrained": False}
-    try:
-        return ImageClassifier(**arguments)
-    except Exception as err:  # the values came from the file: whatever they break is its fault
-        raise DataError(
-            f"{where} has hyper_parameters that build no network: {one_line(err)}"
-        ) from err
-
-
-def _load_weights(model: ImageClassifier, state: dict, where: str) -> None:
-    try:
-        model.load_state_dict(state)
-    except (RuntimeError, TypeError, AttributeError) as err:
-        raise DataError(
-            f"{where} has a state_dict that does not fit the network its hyper_parameters "
-            f"describe ({model.hparams.architecture} for {len(model.class_names)} classes): "
-            f"{one_line(err)}"
-        ) from err
 
 
 def _refused(err: pickle.UnpicklingError) -> str:
