@@ -46,9 +46,10 @@ def timm_network(
     """timm's `architecture` with a fresh classifier of `num_classes`, from its published
     weights when `pretrained` (timm then leaves the old classifier out)."""
     timm, name = _timm(architecture)
+    options = {"num_classes": num_classes, "drop_rate": dropout}
     if not pretrained:
         try:
-            return timm.create_model(name, num_classes=num_classes, drop_rate=dropout)
+            return timm.create_model(name, **options)
         except TypeError as err:  # the encoders of multimodal models take no classifier options
             raise DataError(
                 f"--model.architecture {architecture}: timm does not build it as a classifier "
@@ -56,38 +57,26 @@ def timm_network(
             ) from err
     cached = _hub_cached(timm, name)
     # From the cache file itself: no network call at all when the weights are already here.
-    overlay = {"file": cached, "source": ""} if cached else None
+    cfg = {"file": cached, "source": ""} if cached else None
     try:
         if not cached:
             _reach_hub(timm, name)
         with _download_timeout():
-            return timm.create_model(
-                name,
-                pretrained=True,
-                num_classes=num_classes,
-                drop_rate=dropout,
-                pretrained_cfg_overlay=overlay,
-            )
+            return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=cfg, **options)
     except (OSError, RuntimeError, ValueError) as err:  # offline, or no such weights
+        from huggingface_hub import constants
+
         raise DataError(
             f"--model.pretrained: the weights of {name} are not in the Hugging Face cache "
-            f"{_hub_cache()} and could not be downloaded ({one_line(err)}); run once with "
-            f"network access, point HF_HOME at a cache that has them, or give a file with "
+            f"{constants.HF_HUB_CACHE} and could not be downloaded ({one_line(err)}); run once "
+            f"with network access, point HF_HOME at a cache that has them, or give a file with "
             f"--model.weights PATH"
         ) from err
 
 
-def _hub_cache() -> str:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_CACHE
-
-
 def _reach_hub(timm, name: str) -> None:
-    """Raise OSError if the Hugging Face hub cannot be reached, asked once without retries.
-    huggingface_hub retries an uncached download after a network error (45 s and 22 log lines
-    offline) and has no switch for that short of offline mode; its metadata request does not
-    retry and is bounded by `HF_HUB_ETAG_TIMEOUT`."""
+    """Raise OSError if the Hugging Face hub cannot be reached, asked once by a metadata request
+    (no retries, `HF_HUB_ETAG_TIMEOUT`): an uncached download retries for 45 s offline."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import HfHubHTTPError
 
@@ -105,9 +94,8 @@ def _reach_hub(timm, name: str) -> None:
 
 @contextlib.contextmanager
 def _download_timeout() -> Iterator[None]:
-    """Downloads over urllib (torch's hub, which takes no timeout) give up after
-    `DOWNLOAD_TIMEOUT` s without progress; the socket default is process-wide, hence set only
-    while the model is built (before any loader runs) and put back."""
+    """Downloads over urllib (torch's hub takes no timeout) give up after `DOWNLOAD_TIMEOUT` s
+    idle: the process-wide socket default, set only while the model is built, then put back."""
     before = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT)
     try:
