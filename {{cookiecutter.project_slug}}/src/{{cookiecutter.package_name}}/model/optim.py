@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from fnmatch import fnmatch
+from itertools import product
 
 import torch
 from torch import nn
@@ -45,27 +46,14 @@ def param_groups(
             layers = param_groups_layer_decay(network, weight_decay=0.0, layer_decay=layer_decay)
     head = {id(p) for p in classifier_of(network).parameters()}
     groups = []
-    for in_head in (True, False):
-        for index, layer in enumerate(layers):
-            for decay in (True, False):
-                chosen = [
-                    p
-                    for p in layer["params"]
-                    if decays[id(p)] == decay and (id(p) in head) == in_head
-                ]
-                if chosen:
-                    scale = layer["lr_scale"] * (1.0 if in_head else backbone_lr_scale)
-                    name = ("head" if in_head else "backbone") + (
-                        "" if layer_decay is None else f"_{index}"
-                    )
-                    groups.append(
-                        {
-                            "params": chosen,
-                            "lr": lr * scale,
-                            "weight_decay": weight_decay if decay else 0.0,
-                            "name": name + ("" if decay else "_no_decay"),
-                        }
-                    )
+    for in_head, (index, layer), decay in product((True, False), enumerate(layers), (True, False)):
+        chosen = [p for p in layer["params"] if (decays[id(p)], id(p) in head) == (decay, in_head)]
+        if chosen:
+            scale = layer["lr_scale"] * (1.0 if in_head else backbone_lr_scale)
+            name = "head" if in_head else "backbone"
+            name += ("" if layer_decay is None else f"_{index}") + ("" if decay else "_no_decay")
+            wd = weight_decay if decay else 0.0
+            groups.append({"params": chosen, "lr": lr * scale, "weight_decay": wd, "name": name})
     return groups
 
 
@@ -98,10 +86,9 @@ _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm
 
 
 def freeze_backbone(network: nn.Module, frozen: bool) -> None:
-    """Train only the classifier (`classifier_of`), or everything again. Frozen, the backbone
-    takes no gradients and its BatchNorm layers run in eval mode, so that a random classifier
-    does not pull the pretrained running statistics (Lightning's `BaseFinetuning` freezes them
-    by turning `track_running_stats` off, which normalises with batch statistics instead)."""
+    """Train only the classifier (`classifier_of`), or everything again. Frozen, the backbone's
+    BatchNorm layers run in eval mode: the pretrained running statistics are used, not pulled
+    (Lightning's `BaseFinetuning` turns `track_running_stats` off: batch statistics instead)."""
     head = classifier_of(network)
     in_head = {id(p) for p in head.parameters()} | {id(m) for m in head.modules()}
     for param in network.parameters():
