@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -63,16 +62,11 @@ def cgroup_cpu_limit() -> float | None:
             base, v2 = CGROUP_ROOT / controllers, False
         else:
             continue
-        limits += [q for folder in _up_from(base, path) if (q := _quota(folder, v2)) is not None]
+        folders, folder = [base], base / path.lstrip("/")  # its folder, then each parent
+        while folder != base and base in folder.parents:
+            folders, folder = [*folders, folder], folder.parent
+        limits += [q for folder in folders if (q := _quota(folder, v2)) is not None]
     return min(limits, default=None)
-
-
-def _up_from(base: Path, path: str) -> Iterator[Path]:
-    folder = base / path.lstrip("/")
-    while folder != base and base in folder.parents:
-        yield folder
-        folder = folder.parent
-    yield base
 
 
 def _quota(folder: Path, v2: bool) -> float | None:

@@ -145,7 +145,13 @@ def refuse_repeats(*splits: tuple[Callable[[int], str], Path | None, np.ndarray]
     bases = [os.fsencode(os.path.abspath(root)) if root else b"" for _, root, _ in splits]
     seen: dict[bytes, tuple[int, int]] = {}
     for at, (where, _, paths) in enumerate(splits):
-        for row, file in enumerate(_normalised(paths, bases[at] if len(set(bases)) > 1 else b"")):
+        if base := bases[at] if len(set(bases)) > 1 else b"":
+            files = [os.path.normpath(os.path.join(base, path)) for path in paths.tolist()]
+        else:  # only the rows where numpy finds a part `normpath` may rewrite go through it
+            files = paths.tolist()
+            for row in np.flatnonzero(np.any([np.char.find(paths, p) >= 0 for p in _UNNORMAL], 0)):
+                files[row] = os.path.normpath(files[row])
+        for row, file in enumerate(files):
             if (first := seen.setdefault(file, (at, row))) != (at, row):
                 before, name = splits[first[0]][0](first[1]), os.path.normpath(paths[row])
                 raise DataError(f"{before} and {where(row)} both name {os.fsdecode(name)!r}")
@@ -153,17 +159,6 @@ def refuse_repeats(*splits: tuple[Callable[[int], str], Path | None, np.ndarray]
 
 # What `os.path.normpath` may rewrite (on Windows, every `/` too).
 _UNNORMAL = (b"./", b"/.", b"//") if os.sep == "/" else (b"/", b".\\", b"\\.", b"\\\\")
-
-
-def _normalised(paths: np.ndarray, base: bytes) -> list[bytes]:
-    """`paths` normalised, joined to `base` if given; else only those numpy finds a part of that
-    `normpath` may rewrite go through it."""
-    if base:
-        return [os.path.normpath(os.path.join(base, path)) for path in paths.tolist()]
-    files = paths.tolist()
-    for row in np.flatnonzero(np.any([np.char.find(paths, p) >= 0 for p in _UNNORMAL], 0)):
-        files[row] = os.path.normpath(files[row])
-    return files
 
 
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:
