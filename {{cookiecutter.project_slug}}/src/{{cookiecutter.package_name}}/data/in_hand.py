@@ -32,14 +32,12 @@ class FilesInHand:
         self._memory = state["_memory"]
 
     def enter(self, path: str) -> None:
-        slot = self._slot()
-        if slot is not None:
+        if (slot := self._slot()) is not None:
             entry = f"{os.getpid()}\0{path}".encode(errors="replace")[: _WIDTH - 1] + b"\0"
             self._memory[slot : slot + len(entry)] = entry
 
     def leave(self) -> None:
-        slot = self._slot()
-        if slot is not None:
+        if (slot := self._slot()) is not None:
             self._memory[slot] = b"\0"
 
     def _slot(self) -> int | None:

@@ -150,11 +150,9 @@ def read_labels_csv(
 
 
 def _column(columns: list[str], name: str, option: str, csv_file: Path) -> int:
-    if name in columns:
-        return columns.index(name)
-    folded = [c.casefold() for c in columns]
-    if name.casefold() in folded:
-        return folded.index(name.casefold())
+    for names, key in ((columns, name), ([c.casefold() for c in columns], name.casefold())):
+        if key in names:  # as written, else in any case
+            return names.index(key)
     raise DataError(
         f"{csv_file} has no column {name!r} (its header: {','.join(columns)}); "
         f"name the column with --data.source.{option}"
