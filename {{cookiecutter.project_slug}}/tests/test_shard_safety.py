@@ -1,6 +1,5 @@
-"""`shard` and the user's files: never an output among the images it reads, never a file it did
-not write removed (`--overwrite` or not), a failed run's leftovers known as its own. (On S3:
-test_shards.)"""
+"""`shard` and the user's files: never an output among its images, never a file it did not write
+removed (`--overwrite` or not), a failed run's leftovers known as its own (S3: test_shards)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CLASSES, one_error, write_image
-from test_shards import PACKAGE, from_shards, needs_litdata, shard, shards_own
+from test_shards import PACKAGE, from_shards, needs_litdata, shards_own
 
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
@@ -21,7 +20,6 @@ from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
 @pytest.fixture
 def train_and_val(tmp_path: Path) -> Path:
-    """`D/train/<class>` (6 images each) and `D/val/<class>` (2 each): 24 images."""
     for split, count in (("train", 6), ("val", 2)):
         for c, name in enumerate(CLASSES):
             for i in range(count):
@@ -30,7 +28,6 @@ def train_and_val(tmp_path: Path) -> Path:
 
 
 def files(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder`, by its path relative to it, with its bytes."""
     found = (path for path in folder.rglob("*") if path.is_file())
     return {path.relative_to(folder).as_posix(): path.read_bytes() for path in found}
 
@@ -58,12 +55,8 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
     for name in ("D/labels.csv", "D/val.csv", "T/test.csv"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("filename,label\n")
-    source = LabelsCsv(
-        tmp_path / "D/labels.csv",
-        val_csv=tmp_path / "D/val.csv",
-        test_root=tmp_path / "T/images",
-        test_csv=tmp_path / "T/test.csv",
-    )
+    tests = {"test_root": tmp_path / "T/images", "test_csv": tmp_path / "T/test.csv"}
+    source = LabelsCsv(tmp_path / "D/labels.csv", val_csv=tmp_path / "D/val.csv", **tests)
     data = ImageDataModule(source, predict_root=tmp_path / "U")
     inputs = dict(data.inputs())  # what `shard` checks its output against
     assert {option: inputs[option] for option in inputs if inputs[option] is not None} == {
@@ -74,16 +67,10 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
         "--data.source.test_csv": tmp_path / "T/test.csv",
         "--data.predict_root": tmp_path / "U",
     }
-    for option, path in inputs.items():
-        if path is None:
-            continue
-        one = [(option, path)]
-        with pytest.raises(DataError, match=f"is {option} "):
-            refuse_overlap(str(path), "--output", one, folder=True)
-        with pytest.raises(DataError, match=f"contains {option} "):
-            refuse_overlap(str(tmp_path), "--output", one, folder=True)
-        with pytest.raises(DataError, match=f"lies inside {option} "):
-            refuse_overlap(str(path / "shards"), "--output", one, folder=True)
+    for option, path in inputs.items():  # is, contains, lies inside: the test above
+        if path is not None:
+            with pytest.raises(DataError, match=f"lies inside {option} "):
+                refuse_overlap(str(path / "shards"), "--output", [(option, path)], folder=True)
     # beside the data, a name that merely starts the same, or object storage: all fine
     beside = [("--data.source.root", tmp_path / "D"), ("--data.predict_root", None)]
     refuse_overlap(str(tmp_path / "D2"), "--output", beside, folder=True)
@@ -92,88 +79,45 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @needs_litdata
-def test_an_output_holding_a_users_file_is_refused_and_the_file_always_kept(
-    train_and_val: Path, tmp_path: Path, run_main
-) -> None:
-    out = tmp_path / "shards"
-    out.mkdir()
-    (out / "notes.txt").write_text("the user's")
-    root = train_and_val / "train"
-    refused = shard(run_main, root, out, cwd=tmp_path)
-    error = one_error(refused.returncode, refused.stderr)
-    assert f"--output {out} holds files that shard did not write" in error, error
-    assert "--overwrite true" in error and files(out) == {"notes.txt": b"the user's"}
-
-    beside = shard(run_main, root, out, "--overwrite", "true", cwd=tmp_path)
-    assert beside.returncode == 0, beside.stderr[-3000:]
-    written = set(files(out)) - {"notes.txt"}
-    assert json.loads((out / "shard-manifest.json").read_text())["folders"] == ["train", "val"]
-    assert shards_own(written) and "train/index.json" in written
-
-    (out / "train" / "mine.txt").write_text("also the user's")  # where the shards go
-    options = ["--resize", "8", "--overwrite", "true"]
-    in_the_way = shard(run_main, root, out, *options, cwd=tmp_path)
-    error = one_error(in_the_way.returncode, in_the_way.stderr)
-    assert f"{out}/train/mine.txt, which shard did not write" in error, error
-    assert set(files(out)) == written | {"notes.txt", "train/mine.txt"}
-
-    (out / "train" / "mine.txt").unlink()
-    replaced = shard(run_main, root, out, *options, cwd=tmp_path)
-    assert replaced.returncode == 0, replaced.stderr[-3000:]
-    assert json.loads((out / "dataset.json").read_text())["made_of"]["resize"] == 8
-    assert (out / "notes.txt").read_text() == "the user's"
-    assert shards_own(set(files(out)) - {"notes.txt"})
-
-
-@pytest.mark.slow
-@needs_litdata
 def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     train_and_val: Path, tmp_path: Path, run_main
 ) -> None:
-    """An unreadable validation image stops `--resize` half-way (through `python -m`), with the
-    training shards written: one error names the image, `fit` refuses the incomplete shards, and
-    the next run (no `--overwrite`) replaces them."""
-    image = train_and_val / "val" / "bee" / "1.png"
+    """A user's file in the output: refused, then written beside under `--overwrite`. There, an
+    unreadable validation image stops `--resize` half-way (`python -m`), the training shards
+    written: one error names it, `fit` refuses the shards, the next run replaces them."""
+    image, out = train_and_val / "val" / "bee" / "1.png", tmp_path / "out"
     good = image.read_bytes()
     image.write_bytes(good[: len(good) // 3])
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
     data = ["--data.source.root", "D/train", "--data.source.val_root", "D/val", "--resize", "8"]
-    failed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            PACKAGE,
-            "shard",
-            "--data.num_workers",
-            "1",
-            *data,
-            "--output",
-            "out",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    refused = run_main("shard", *data, "--output", "out", cwd=tmp_path)
+    error = one_error(refused.returncode, refused.stderr)
+    assert "--output out holds files that shard did not write" in error, error
+    assert "--overwrite true" in error and files(out) == {"notes.txt": b"the user's"}
+    command = [sys.executable, "-m", PACKAGE, "shard", "--data.num_workers", "1", *data]
+    run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 600}
+    failed = subprocess.run([*command, "--output", "out", "--overwrite", "true"], **run)
     error = one_error(failed.returncode, failed.stderr)
     assert "cannot read image D/val/bee/1.png" in error, error
     assert "--data.source.skip_bad_images true" in error, error
-    left = files(tmp_path / "out")
+    left = files(out)
     assert "train/index.json" in left and "dataset.json" not in left
     assert json.loads(left["shard-manifest.json"])["folders"] == ["train", "val"]  # claimed
-    refused = run_main("fit", *from_shards(tmp_path / "out"), cwd=tmp_path)
+    refused = run_main("fit", *from_shards(out), cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
-    assert "no complete shards" in error and str(tmp_path / "out") in error, error
+    assert "no complete shards" in error and str(out) in error, error
 
     image.write_bytes(good)
     # A file put in a folder the failed run claimed is the user's: in the way, never removed.
-    mine = tmp_path / "out" / "train" / "mine.txt"
+    mine = out / "train" / "mine.txt"
     mine.write_text("the user's")
     again = ["shard", *data, "--output", "out"]
     refused = run_main(*again, "--overwrite", "true", cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
     assert f"holds {Path('out/train/mine.txt')}, which shard did not write" in error, error
-    assert mine.read_text() == "the user's" and "train/index.json" in files(tmp_path / "out")
+    assert mine.read_text() == "the user's" and "train/index.json" in files(out)
     mine.unlink()
     done = run_main(*again, cwd=tmp_path)
     assert done.returncode == 0 and "wrote 18 train, 6 val" in done.stdout, done.stderr[-3000:]
-    assert shards_own(set(files(tmp_path / "out")))
+    assert files(out)["notes.txt"] == b"the user's" and shards_own(set(files(out)) - {"notes.txt"})

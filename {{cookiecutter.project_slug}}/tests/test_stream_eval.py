@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 from conftest import CLASSES, one_error, write_image
@@ -22,8 +23,7 @@ pytestmark = [pytest.mark.slow, needs_litdata]
 
 @pytest.fixture
 def eval_sets(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """The colour images; a test folder of 11 images in the three classes; 7 unlabelled images,
-    some nested."""
+    """The colour images, 11 test images in the three classes, 7 unlabelled ones (some nested)."""
     test_root, predict_root = tmp_path / "test", tmp_path / "unlabelled"
     for i in range(11):
         colour = tuple(255 if c == i % 3 else 30 for c in range(3))
@@ -33,29 +33,22 @@ def eval_sets(tmp_path: Path) -> tuple[Path, Path, Path]:
     return colour_images(tmp_path / "colours"), test_root, predict_root
 
 
-def cli(
-    command: str, checkpoint: Path, *options: str, cwd: Path, run_main
-) -> subprocess.CompletedProcess:
-    """The command on a checkpoint: in this process (`run_main`), or under DDP in new ones."""
+def cli(command: str, checkpoint: Path, *options: str, cwd: Path, run_main) -> CompletedProcess:
+    """The command on a checkpoint: in this process, or under DDP in new ones (Lightning starts
+    the other from the command line), there with no loader workers (a rank's share is LitData's)."""
     data = ["--data.image_size", "16", "--data.batch_size", "4", "--data.num_workers", "1"]
     args = [command, "--ckpt_path", str(checkpoint), *data, *QUIET, *options]
-    if "--trainer.devices" in options:  # Lightning starts the other process from the command line
-        run = subprocess.run(
-            [sys.executable, "-m", PACKAGE, *args],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    else:
+    if "--trainer.devices" not in options:
         run = run_main(*args, cwd=cwd)
+    else:
+        command = [sys.executable, "-m", PACKAGE, *args, "--data.num_workers", "0"]
+        run = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
 
-def scores(run: subprocess.CompletedProcess) -> dict[str, float]:
-    """The metrics of Lightning's results table, e.g. {"test_acc": 0.33, "test_loss": 1.1}: in
-    boxes where `rich` is installed, plain columns where not (the bake does not require it)."""
+def scores(run: CompletedProcess) -> dict[str, float]:
+    """The metrics of Lightning's results table (boxes where `rich` is installed, else columns)."""
     row = r"^[│|\s]*(\w+_(?:acc|loss))[│|\s]+([-+.0-9eE]+)[│|\s]*$"
     found = re.findall(row, run.stdout, flags=re.MULTILINE)
     assert found, run.stdout[-3000:]
@@ -74,10 +67,8 @@ def predictions(path: Path, root: Path | None = None) -> dict[str, list[str]]:
 def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
     eval_sets: tuple[Path, Path, Path], trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
-    """Test and predict sets written by `shard` beside training and validation. From them `test`
-    scores and `predict` labels as from the folders; with 2 processes (DDP) too, each image once,
-    also where the images are fewer than the processes' batches (7 to predict, batches of 4), and
-    11 test images, not a multiple of 2 (validation goes through the same loader)."""
+    """`test` scores and `predict` labels from shards as from the folders, with 2 processes (DDP)
+    too, each image once: 7 to predict, fewer than 2 batches of 4; 11 to test, an odd number."""
     colours, test_root, predict_root = eval_sets
     out = tmp_path / "shards"
     sets = ["--data.source.test_root", str(test_root), "--data.predict_root", str(predict_root)]
@@ -85,7 +76,7 @@ def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
     assert done.returncode == 0 and "11 test, 7 predict" in done.stdout, done.stderr[-3000:]
     stream = from_shards(out)
 
-    def run(command: str, *options: str) -> subprocess.CompletedProcess:
+    def run(command: str, *options: str) -> CompletedProcess:
         return cli(command, trained_checkpoint, *options, cwd=tmp_path, run_main=run_main)
 
     from_folder = scores(run("test", *sets[:2]))
@@ -108,28 +99,20 @@ def test_test_and_predict_from_shards_match_the_folders_in_one_process_and_two(
 def test_evaluation_needs_its_split_and_refuses_folder_only_options(
     eval_sets: tuple[Path, Path, Path], trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
-    """`test` and `predict` from shards written without their sets name the option that adds
-    them. The pixel cache, the skipping of unreadable images and the class-balanced sampler work
-    on image files only: given to `Shards`, they stop a run before it starts."""
+    """Without their sets, `test` and `predict` name the option that adds them. The folder-only
+    options stop a run before it starts."""
     out = tmp_path / "shards"
     assert shard(run_main, eval_sets[0], out, cwd=tmp_path).returncode == 0
-    for option, value in (
-        ("balance_classes", "true"),
-        ("cache", "memmap"),
-        ("skip_bad_images", "true"),
-    ):
-        option_given = [f"--data.source.{option}", value]
-        run = run_main("fit", *from_shards(out), *option_given, cwd=tmp_path)
-        error = one_error(run.returncode, run.stderr)
-        assert '"data.source"' in error, error
+    folder_only = {"balance_classes": "true", "cache": "memmap", "skip_bad_images": "true"}
+    for option, value in folder_only.items():
+        run = run_main("fit", *from_shards(out), f"--data.source.{option}", value, cwd=tmp_path)
+        assert '"data.source"' in one_error(run.returncode, run.stderr)
         assert f"class_path '{PACKAGE}.data.sources.Shards'" in run.stderr, run.stderr[-3000:]
         assert f"Option '{option}' is not accepted" in run.stderr, run.stderr[-3000:]
         assert not (tmp_path / "lightning_logs").exists()  # nothing started
-    for command, option in (
-        ("test", "--data.source.test_root"),
-        ("predict", "--data.predict_root"),
-    ):
-        checkpoint = ["--ckpt_path", str(trained_checkpoint)]
-        run = run_main(command, *checkpoint, *from_shards(out), *QUIET, cwd=tmp_path)
+    checkpoint = ["--ckpt_path", str(trained_checkpoint), *from_shards(out), *QUIET]
+    sets = {"test": "--data.source.test_root", "predict": "--data.predict_root"}
+    for command, option in sets.items():
+        run = run_main(command, *checkpoint, cwd=tmp_path)
         error = one_error(run.returncode, run.stderr)
         assert f"holds no {command} images" in error and option in error, error
