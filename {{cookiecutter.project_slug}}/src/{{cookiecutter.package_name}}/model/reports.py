@@ -9,10 +9,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 
 def per_class_table(matrix: np.ndarray, class_names: list[str]) -> str:
-    """A text table: for each class, its validation images, the correct ones and the accuracy.
-
-    `matrix[i, j]` counts images of true class `i` predicted as class `j`.
-    """
+    """A text table: for each class (row `i` of `matrix[true, predicted]`), its validation
+    images, the correct ones and the accuracy."""
     width = max(len("class"), *(len(name) for name in class_names))
     lines = [f"{'class':<{width}}  {'images':>7}  {'correct':>7}  {'accuracy':>8}"]
     for i, name in enumerate(class_names):
@@ -23,18 +21,14 @@ def per_class_table(matrix: np.ndarray, class_names: list[str]) -> str:
 
 
 def precision_recall(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class precision and recall from `matrix[true, predicted]`; NaN where undefined.
-
-    Precision of class `j`: of the images predicted `j`, the share that are `j` (column `j`).
-    Recall of class `i`: of the images of class `i`, the share predicted `i` (row `i`).
-    """
+    """Per-class precision (of column `j`, the share that is `j`) and recall (of row `i`, the share
+    predicted `i`) from `matrix[true, predicted]`; NaN where undefined."""
     matrix = np.asarray(matrix, dtype=float)
     correct = np.diag(matrix)
-    predicted, actual = matrix.sum(axis=0), matrix.sum(axis=1)
-    nan = np.full(len(correct), np.nan)
-    precision = np.divide(correct, predicted, out=nan.copy(), where=predicted > 0)
-    recall = np.divide(correct, actual, out=nan.copy(), where=actual > 0)
-    return precision, recall
+    return tuple(
+        np.divide(correct, n, out=np.full(len(correct), np.nan), where=n > 0)
+        for n in (matrix.sum(axis=0), matrix.sum(axis=1))
+    )
 
 
 def save_confusion_png(matrix: np.ndarray, class_names: list[str], path: str | Path) -> Path:
@@ -44,11 +38,8 @@ def save_confusion_png(matrix: np.ndarray, class_names: list[str], path: str | P
     cell = max(12, min(48, 720 // max(1, num_classes)))
     font = ImageFont.load_default()
     label_width = 8 + max(int(font.getlength(name)) for name in class_names)
-    margin = 24
-    size = (
-        label_width + num_classes * cell + margin,
-        margin + num_classes * cell + label_width + 4,
-    )
+    margin, grid = 24, num_classes * cell
+    size = (label_width + grid + margin, margin + grid + label_width + 4)
     image = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(image)
     rows = matrix.sum(axis=1, keepdims=True)
