@@ -1,6 +1,5 @@
-"""MixUp and CutMix of a training batch on the device, drawn from a key (seed, epoch, batch,
-rank) rather than the global random state, so that a run resumed mid-epoch mixes its remaining
-batches exactly as the uninterrupted run would."""
+"""MixUp and CutMix of a training batch, drawn from a key (seed, epoch, batch, rank), not the global
+random state: a run resumed mid-epoch mixes its remaining batches as the uninterrupted run would."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class BatchMixer:
         self.transform = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
 
     def __call__(self, images: Tensor, targets: Tensor, key: tuple[int, ...]) -> tuple:
-        # The draws (which mixer, the mixing weight, the box) all come from the CPU generator,
-        # seeded here from `key` alone and put back as it was afterwards.
+        # Every draw (mixer, weight, box) from the CPU generator, seeded by `key`, then put back.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(hash(key))  # ints hash the same in every process, unlike str
             return self.transform(images, targets)
