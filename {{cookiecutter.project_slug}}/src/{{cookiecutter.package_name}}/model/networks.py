@@ -108,9 +108,14 @@ def build_network(
         check_runs(architecture, num_classes, image_size)
         if not _is_torchvision(architecture):
             network = timm_network(architecture, num_classes, dropout, pretrained)
-        elif pretrained:
+        elif pretrained:  # torchvision's classifier (`classifier_of`) re-made for our classes
             network = torchvision_pretrained(architecture)
-            replace_classifier(network, num_classes)
+            name, layer = _last_layer(network)
+            if isinstance(layer, nn.Linear):
+                fresh: nn.Module = nn.Linear(layer.in_features, num_classes)
+            else:
+                fresh = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
+            network.set_submodule(name, fresh)
         else:
             network = _torchvision_network(architecture, num_classes)
     if weights is not None:
@@ -129,9 +134,8 @@ def classifier_of(network: nn.Module) -> nn.Module:
 
 
 def load_weights(network: nn.Module, path: str | Path, architecture: str) -> None:
-    """Start `network` from a state dict, `.safetensors` file or checkpoint of this project. A
-    classifier for another number of classes is re-made, with a warning; any other layer that is
-    missing or of another shape is refused, naming it."""
+    """Start `network` from a state dict, `.safetensors` file or checkpoint of this project; a
+    classifier for other classes is re-made (a warning), any other misfit layer refused by name."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--model.weights {path} is not a file")
@@ -155,8 +159,7 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
     own, layer = network.state_dict(), classifier_of(network)
     head = tuple(f"{n}." for n, module in network.named_modules() if module is layer)
     reshaped = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
-    # torch's own account of what is missing and extra; a layer the network removed (set to
-    # None, as torchvision's auxiliary heads) is neither
+    # torch's account of missing and extra keys: a layer set to None (aux heads) is neither
     missing, extra = network.load_state_dict(
         {k: v for k, v in state.items() if k not in reshaped}, strict=False
     )
@@ -176,8 +179,7 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
 
 def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
     """Refuse, before anything trains or downloads, a torchvision or timm model that cannot train
-    at `image_size` (a ViT wants 224 pixels, Inception v3 at least 75), naming a size that runs.
-    The model is run on the meta device (shapes only) in training and evaluation mode."""
+    at `image_size` (run on the meta device in both modes), naming a size that runs."""
     if _is_torchvision(architecture):
         build = partial(_torchvision_network, architecture, num_classes)
     else:
@@ -264,13 +266,3 @@ def _torchvision_network(architecture: str, num_classes: int) -> nn.Module:
 def _last_layer(network: nn.Module) -> tuple[str, nn.Module]:
     layers = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Linear)]
     return (layers or [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Conv2d)])[-1]
-
-
-def replace_classifier(network: nn.Module, num_classes: int) -> None:
-    """Swap torchvision's classifier (`classifier_of`) for a fresh one of `num_classes`."""
-    name, layer = _last_layer(network)
-    if isinstance(layer, nn.Linear):
-        fresh: nn.Module = nn.Linear(layer.in_features, num_classes)
-    else:
-        fresh = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
-    network.set_submodule(name, fresh)
