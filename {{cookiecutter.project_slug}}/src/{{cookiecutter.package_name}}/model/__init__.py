@@ -1,8 +1,7 @@
 """The model side: the LightningModule (classifier), its networks and its validation reports."""
 
 
-def __getattr__(name: str):
-    # `from <package>.model import ImageClassifier` keeps working, imported on first use.
+def __getattr__(name: str):  # `from <package>.model import ImageClassifier`, on first use
     if name == "ImageClassifier":
         from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 

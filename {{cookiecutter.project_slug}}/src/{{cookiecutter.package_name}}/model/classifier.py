@@ -118,8 +118,7 @@ class ImageClassifier(L.LightningModule):
             MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
         )
         self.val_confusion = MulticlassConfusionMatrix(num_classes)
-        # Losses averaged over images, not over batches or processes: exact under DDP, where the
-        # evaluation shards may differ by one image (data/loaders.py, EvalShardSampler).
+        # Losses averaged over images: exact under DDP's uneven shards (EvalShardSampler).
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
@@ -275,8 +274,7 @@ class ImageClassifier(L.LightningModule):
         backbone_scale = hp.backbone_lr_scale
         if backbone_scale is None:
             backbone_scale = 0.1 if hp.freeze_backbone_epochs else 1.0
-        # Every parameter from the start, frozen or not: the schedule and a resumed optimizer
-        # state never meet a group added later; freezing is `on_train_epoch_start`'s alone.
+        # Every parameter from the start, frozen or not: no group is added later (on resume).
         groups = param_groups(self.net, lr, hp.weight_decay, backbone_scale, hp.layer_decay)
         optimizer = torch.optim.AdamW(groups, lr=lr)
         self._schedule_total = total
@@ -302,8 +300,7 @@ class ImageClassifier(L.LightningModule):
         checkpoint["schedule_total"] = self._schedule_total
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Called before `configure_optimizers` when a fit resumes; the schedulers' states are
-        # restored from these same dicts after it, so `configure_optimizers` may adjust them.
+        # Before `configure_optimizers`, which may adjust these scheduler states: restored after.
         schedulers = checkpoint.get("lr_schedulers", [])
         self._resumed = (checkpoint.get("schedule_total"), checkpoint["global_step"], schedulers)
 
