@@ -125,8 +125,7 @@ def image_header(data: bytes, path: str) -> tuple[int, int, int]:
 
 
 def _open(data: bytes | str) -> Image.Image:
-    """A PIL image over `data` or a file, header parsed; PIL's bomb warning silenced (ours names
-    the file)."""
+    """A PIL image over `data` or a file; PIL's bomb warning silenced (ours names the file)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(data if isinstance(data, str) else io.BytesIO(data), formats=FORMATS)

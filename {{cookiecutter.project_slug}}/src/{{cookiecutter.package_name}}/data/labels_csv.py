@@ -28,8 +28,7 @@ LABEL_KINDS = ("auto", "index", "name")
 
 @dataclass(eq=False)
 class CsvLabels:
-    """A CSV naming files in `root` and their labels, read as `kind` says or as the source it
-    `follows` reads them."""
+    """A CSV naming files in `root` and their labels, read as `kind` or its `follows` says."""
 
     root: Path
     csv_file: Path

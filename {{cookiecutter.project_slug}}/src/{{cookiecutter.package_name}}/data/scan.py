@@ -78,9 +78,8 @@ def _check_one_to(pipe, check: _ReadCheck, index: int) -> None:
 def find_unreadable(
     datasets: Sequence[ImageFolderDataset], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[int, str]]:
-    """(index, error message) of each image of `datasets` (numbered in turn) that cannot be read,
-    decoded in child processes: what a dead child had in hand is read again, a file per process,
-    and the file that kills one is said to crash the decoder."""
+    """(index, error message) of each unreadable image of `datasets` (numbered in turn), decoded in
+    child processes; what a dead one held is read again a file per process, to name the killer."""
     check = _ReadCheck(datasets)
     bad: dict[int, str] = {}
     bar = tqdm(total=len(check), desc="scanning images", unit="img", disable=not progress or None)
@@ -103,8 +102,7 @@ def find_unreadable(
 
 
 def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, record) -> list:
-    """Run `chunks` in a process pool, `record` each result; return those a dead process held
-    (two in flight per process at most)."""
+    """`record` each of `chunks` run in a process pool; return those a dead process held."""
     queue, suspects = deque(chunks), []
     while queue:
         broken = False
