@@ -51,7 +51,29 @@ def check_classes_present(
 def _read(path: str | Path, resume: bool, option: str) -> tuple[dict, ImageClassifier]:
     path = Path(path)
     where = f"{option} {path}"
-    _check_file(path, where)
+    # From the file system and the first bytes: what cannot be a checkpoint at all.
+    if not path.exists():
+        raise DataError(f"{where} is not a file: it does not exist")
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise DataError(f"{where} is not a file: it is {kind}")
+    try:
+        with open(path, "rb") as file:
+            head = file.read(64)
+    except OSError as err:
+        raise DataError(f"{where} cannot be read: {err.strerror}") from err
+    if not head:
+        raise DataError(f"{where} is empty, not a checkpoint")
+    if not head.startswith(_ZIP_MAGIC):
+        raise DataError(
+            f"{where} is not a checkpoint: torch.save writes a zip archive, and this file "
+            f"{_describe(head)}"
+        )
+    if not zipfile.is_zipfile(path):
+        raise DataError(
+            f"{where} is truncated or corrupt: a zip archive without its end (central "
+            f"directory), as an interrupted save or copy leaves it"
+        )
     try:
         # weights_only: tensors and plain data only. A pickled call (os.system, ...) is refused
         # by the unpickler before it is made. mmap: the tensors are read only when used.
@@ -79,32 +101,6 @@ def _read(path: str | Path, resume: bool, option: str) -> tuple[dict, ImageClass
             f"{one_line(err)}"
         ) from err
     return checkpoint, model
-
-
-def _check_file(path: Path, where: str) -> None:
-    """Refuse, from the file system and the first bytes, what cannot be a checkpoint at all."""
-    if not path.exists():
-        raise DataError(f"{where} is not a file: it does not exist")
-    if not path.is_file():
-        kind = "a directory" if path.is_dir() else "not a regular file"
-        raise DataError(f"{where} is not a file: it is {kind}")
-    try:
-        with open(path, "rb") as file:
-            head = file.read(64)
-    except OSError as err:
-        raise DataError(f"{where} cannot be read: {err.strerror}") from err
-    if not head:
-        raise DataError(f"{where} is empty, not a checkpoint")
-    if not head.startswith(_ZIP_MAGIC):
-        raise DataError(
-            f"{where} is not a checkpoint: torch.save writes a zip archive, and this file "
-            f"{_describe(head)}"
-        )
-    if not zipfile.is_zipfile(path):
-        raise DataError(
-            f"{where} is truncated or corrupt: a zip archive without its end (central "
-            f"directory), as an interrupted save or copy leaves it"
-        )
 
 
 def _check_contents(checkpoint: object, where: str, resume: bool) -> dict:

@@ -50,12 +50,7 @@ class CompactResNet(nn.Module):
     """A small ResNet: a strided stem, then stages that halve resolution and double width."""
 
     def __init__(
-        self,
-        num_classes: int,
-        image_size: int,
-        width: int = 32,
-        depths: tuple[int, ...] = (1, 1, 2, 1),
-        dropout: float = 0.0,
+        self, num_classes: int, image_size: int, width: int, depths: tuple[int, ...], dropout: float
     ) -> None:
         super().__init__()
         stride = 1 if image_size < 64 else 2 if image_size < 128 else 4  # stage 1: 32 to 64 pixels
