@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from fnmatch import fnmatch
 from itertools import product
 
@@ -42,8 +40,13 @@ def param_groups(
     else:
         from timm.optim import param_groups_layer_decay
 
-        with _all_trainable(network):  # timm leaves out the parameters frozen now
+        flags = [(p, p.requires_grad) for p in network.parameters()]
+        network.requires_grad_(True)  # timm leaves out the parameters frozen now
+        try:
             layers = param_groups_layer_decay(network, weight_decay=0.0, layer_decay=layer_decay)
+        finally:
+            for p, flag in flags:
+                p.requires_grad_(flag)
     head = {id(p) for p in classifier_of(network).parameters()}
     groups = []
     for in_head, (index, layer), decay in product((True, False), enumerate(layers), (True, False)):
@@ -55,18 +58,6 @@ def param_groups(
             wd = weight_decay if decay else 0.0
             groups.append({"params": chosen, "lr": lr * scale, "weight_decay": wd, "name": name})
     return groups
-
-
-@contextmanager
-def _all_trainable(network: nn.Module) -> Iterator[None]:
-    flags = [(p, p.requires_grad) for p in network.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(True)
-    try:
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 def check_layer_decay(network: nn.Module, architecture: str, layer_decay: float | None) -> None:

@@ -54,10 +54,8 @@ def save_confusion_png(matrix: np.ndarray, class_names: list[str], path: str | P
             shade = int(255 * (1 - shares[i, j]))
             draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=(shade, shade, 255))
             if cell >= 28 and matrix[i, j]:
-                colour = "white" if shares[i, j] > 0.5 else "black"
-                draw.text(
-                    (x + 3, y + cell // 2 - 5), str(int(matrix[i, j])), fill=colour, font=font
-                )
+                text, colour = str(int(matrix[i, j])), "white" if shares[i, j] > 0.5 else "black"
+                draw.text((x + 3, y + cell // 2 - 5), text, fill=colour, font=font)
     # Column labels, written sideways below the grid.
     for j, name in enumerate(class_names):
         label = Image.new("RGB", (label_width, cell), "white")
