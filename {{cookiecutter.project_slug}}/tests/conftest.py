@@ -66,8 +66,7 @@ def image_root(tmp_path: Path) -> Path:
     return write_classes(tmp_path / "images")
 
 
-# Tests that read metrics.csv ask for the CSV logger, whatever the bake's default logger is. The
-# name too: a new class keeps the arguments of the default's that it shares (WandbLogger's name).
+# For tests that read metrics.csv, whatever the bake's logger (the name: a new class keeps W&B's).
 CSV_LOGGER = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger"]
 CSV_LOGGER += ["--trainer.logger.save_dir", ".", "--trainer.logger.name", "lightning_logs"]
 
@@ -91,8 +90,8 @@ class Run(subprocess.CompletedProcess):
 
 
 def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> Run:
-    """Run `args` in a process group of its own, Ctrl-C as in a terminal; end the whole group
-    when it returns. Past `timeout`, fail with its output and each process's stack."""
+    """Run `args` in a process group of its own, Ctrl-C as in a terminal, then end the group.
+    Past `timeout`, fail with its output and each process's stack."""
     with subprocess.Popen(
         args, cwd=cwd, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_ctrl_c,
@@ -116,9 +115,8 @@ def run_group(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 
 
 
 def running_in_group(group: int, grace: float = 10) -> list[int]:
-    """The processes of process group `group` still running `grace` s on (zombies left out). The
-    grace is for a process that has closed its pipes and is ending: on a loaded machine, `ps` can
-    still show it for a moment after `communicate` has returned."""
+    """The processes of group `group` (zombies left out) still running after up to `grace` s, for
+    a process that has closed its pipes and is ending."""
     deadline = time.monotonic() + grace
     while (found := [pid for pid, pgid in _processes() if pgid == group]) and (
         time.monotonic() < deadline
@@ -147,8 +145,7 @@ def one_error(returncode: int, stderr: str) -> str:
 
 @pytest.fixture
 def run_main(capsys, monkeypatch):
-    """A command line run in `cwd` through `python -m`'s `main`, in this process: its status and
-    output."""
+    """A command line run in `cwd` through `python -m`'s `main`, in this process."""
 
     def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
         monkeypatch.chdir(cwd)
@@ -171,7 +168,7 @@ def run_main(capsys, monkeypatch):
 
 
 def write_corrupt(path: Path) -> Path:
-    """Write a JPEG cut off halfway, as an interrupted copy leaves it."""
+    """A JPEG cut off halfway, as an interrupted copy leaves it."""
     data = write_image(path, (120, 120, 120), size=(64, 48)).read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path
@@ -203,8 +200,8 @@ def quiet_trainer(folder: Path, **options) -> L.Trainer:
 
 
 def write_labelled(folder: Path) -> tuple[Path, Path]:
-    """8 training images a class; 5 validation images a class, 2 in the next class's colour: 15
-    in all, which 2 processes do not divide (a padded shard would count one twice)."""
+    """8 training images a class; 5 validation images a class, 2 in the next class's colour (15,
+    which 2 processes do not divide: a padded shard would count one twice)."""
     colours = [tuple(255 if c == label else 30 for c in range(3)) for label in range(3)]
     for label, name in enumerate(CLASSES):
         for i in range(8):
@@ -232,9 +229,8 @@ class SavedAfter17(L.Callback):
 
 
 def cli_fit(folder: Path, *options: str, omp: str | None = None) -> str:
-    """`fit` as a command in `folder`, with ThreadRecorder, OMP_NUM_THREADS `omp` (None: unset)
-    and a per-user cache folder of its own (session fixtures' runs start before `user_cache`):
-    what it printed."""
+    """`fit` as a command in `folder` with ThreadRecorder, OMP_NUM_THREADS `omp` (None: unset) and
+    a cache folder of its own (session fixtures start before `user_cache`): what it printed."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env |= ({"OMP_NUM_THREADS": omp} if omp else {}) | {CACHE_ENV: str(folder / "cache")}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *sys.path])
@@ -270,8 +266,8 @@ DDP = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
 
 @pytest.fixture(scope="session")
 def ddp_fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two DDP processes, 2 epochs in batches of 64: each process's 12 images are under one
-    batch; the report shows every mistake (test_report, test_ranks, test_cpus)."""
+    """Two DDP processes, 2 epochs in batches of 64 (each process's 12 images under one batch);
+    the report shows every mistake (test_report, test_cpus)."""
     options = [*DDP, "--data.batch_size", "64", "--trainer.max_epochs", "2"]
     options += ["--history.wrong_images", "20"]
     return labelled_fit(tmp_path_factory.mktemp("ddp_fit"), *options)
@@ -279,8 +275,8 @@ def ddp_fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp_timed_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two DDP processes with OMP_NUM_THREADS=2, a timed save due after every batch, 18 batches
-    of 1 image a process (test_ddp, test_cpus): its folder."""
+    """Two DDP processes, OMP_NUM_THREADS=2, a timed save due each batch, 18 batches of 1 image a
+    process (test_ddp): its folder."""
     folder = tmp_path_factory.mktemp("ddp_timed")
     root = write_classes(folder / "images", count=12)
     options = [*tiny_run_options(root, batch_size=1), "--data.source.val_fraction", "0", *DDP]

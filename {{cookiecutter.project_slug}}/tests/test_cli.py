@@ -1,5 +1,5 @@
 """The real command line: `fit` in a process of its own, its output to a file (plain progress
-lines, no warnings), then the commands and errors a user meets, through the same `main`."""
+lines, no warnings), then the commands and errors a user meets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-from conftest import CSV_LOGGER, tiny_run_options, write_image
+from conftest import CSV_LOGGER, tiny_run_options, write_classes
 from lightning.pytorch.loggers import CSVLogger
 
 from {{ cookiecutter.package_name }}.__main__ import main
@@ -38,10 +38,7 @@ def logged_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str
     """A two-epoch `fit` with the bake's logger and a progress line every step; more steps an
     epoch (19) than Lightning's logging interval, which warns below it."""
     folder = tmp_path_factory.mktemp("console")
-    for label, name in enumerate(("ant", "bee", "cat")):
-        colour = tuple(255 if c == label else 30 for c in range(3))
-        for i in range(16):
-            write_image(folder / "images" / name / f"{name}_{i}.png", colour)
+    write_classes(folder / "images", count=16)
     options = [*tiny_run_options(folder / "images", batch_size=2), "--trainer.max_epochs", "2"]
     rc, out, err = run_to_file("fit", *options, "--progress.every_n_steps", "1", cwd=folder)
     assert rc == 0, err
@@ -170,25 +167,3 @@ def test_each_command_has_its_own_help(command: str, option: str, capsys) -> Non
         main([command, "--help"])
     assert ended.value.code in (0, None), capsys.readouterr().err
     assert option in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_test_scores_a_checkpoint_on_held_out_images(
-    trained_checkpoint: Path, tmp_path: Path, run_main
-) -> None:
-    images = trained_checkpoint.parent / "images"
-    held_out = tmp_path / "held_out"
-    for name, colour in (("ant", (255, 30, 30)), ("bee", (30, 255, 30)), ("cat", (30, 30, 255))):
-        for i in range(4):
-            write_image(held_out / name / f"new_{i}.png", colour)
-    options = ["--data.source.root", str(images), "--data.source.test_root", str(held_out)]
-    options += ["--data.num_workers", "0", "--trainer.logger", "false"]
-    result = run_main("test", "--ckpt_path", str(trained_checkpoint), *options, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    [score] = re.findall(r"test_acc\s+.\s+([\d.]+)", result.stdout)
-    assert float(score) >= 0.75, result.stdout  # trained on the same colours
-    assert re.search(r"^bee\s+4\s+\d+\s+[\d.]+$", result.stdout, re.MULTILINE)  # per class
-    options = ["--ckpt_path", str(trained_checkpoint), "--data.source.root", str(images)]
-    result = run_main("test", *options, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "error: test needs --data.source.test_root" in result.stderr

@@ -1,9 +1,6 @@
-"""`num_workers: auto`, torch's threads and the CPUs they share: affinity capped by cgroup v1 and
-v2 CPU quotas, divided among the training processes of a machine.
-
-The cgroup files are real files in a temporary tree laid out as /sys/fs/cgroup and
-/proc/self/cgroup are on a host, in a container, and in v1, v2 and hybrid mode.
-"""
+"""`num_workers: auto` and torch's threads: the CPUs of the affinity, capped by a cgroup v1 or v2
+quota (real files in a temporary tree laid out as on a host or in a container), divided among the
+training processes of a machine."""
 
 from __future__ import annotations
 
@@ -22,16 +19,16 @@ from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 
 @pytest.fixture
 def cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Write a cgroup tree: `files` maps paths under the mount to contents; `membership` is
-    what /proc/self/cgroup says."""
+    """Write a cgroup tree (`files`: path under the mount -> contents) and /proc/self/cgroup."""
 
-    def write(membership: str, files: dict[str, str]) -> None:
+    def write(membership: str | None, files: dict[str, str]) -> None:
         root = tmp_path / "sys-fs-cgroup"
         for name, content in files.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_text(content)
         root.mkdir(exist_ok=True)
-        (tmp_path / "proc-self-cgroup").write_text(membership)
+        if membership is not None:
+            (tmp_path / "proc-self-cgroup").write_text(membership)
         monkeypatch.setattr(cpus, "CGROUP_ROOT", root)
         monkeypatch.setattr(cpus, "PROC_CGROUP", tmp_path / "proc-self-cgroup")
 
@@ -39,13 +36,13 @@ def cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def v2(quotas: dict[str, str]) -> dict[str, str]:
-    """A pure v2 hierarchy (`cgroup.controllers` at the root): `cpu.max` per cgroup folder."""
+    """A pure v2 hierarchy: `cpu.max` per cgroup folder."""
     files = {os.path.join(folder, "cpu.max"): quota for folder, quota in quotas.items()}
     return {"cgroup.controllers": "cpu memory", **files}
 
 
 def v1(quota: str, at: str = "cpu") -> dict[str, str]:
-    """v1's cpu controller mounted at `at`, with a CFS quota over a 100 ms period."""
+    """v1's cpu controller at `at`: a CFS quota over a 100 ms period."""
     return {f"{at}/cpu.cfs_quota_us": quota, f"{at}/cpu.cfs_period_us": "100000"}
 
 
@@ -63,18 +60,13 @@ def v1(quota: str, at: str = "cpu") -> dict[str, str]:
         ("3:cpu:/", v1("-1"), None),
         # hybrid: v1 controllers, and v2 under /unified without a cpu controller
         ("1:cpu:/\n0::/", {**v1("250000"), "unified/cgroup.procs": ""}, 2.5),
-        # no cpu controller at all
-        ("4:memory:/x", {"memory/x/memory.max": "1000"}, None),
+        ("4:memory:/x", {"memory/x/memory.max": "1000"}, None),  # no cpu controller
+        (None, {}, None),  # no /proc/self/cgroup
     ],
 )
-def test_cgroup_cpu_limit(cgroups, membership: str, files: dict, limit) -> None:
+def test_cgroup_cpu_limit(cgroups, membership: str | None, files: dict, limit) -> None:
     cgroups(membership, files)
     assert cpus.cgroup_cpu_limit() == limit
-
-
-def test_no_cgroup_information_means_no_limit(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(cpus, "PROC_CGROUP", tmp_path / "missing")
-    assert cpus.cgroup_cpu_limit() is None
 
 
 @pytest.fixture
@@ -92,17 +84,13 @@ def sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_auto_workers_share_the_quota_among_local_processes(
-    cgroups, sixteen_cpus, quota: str, usable: int, workers: dict
+    cgroups, sixteen_cpus, quota: str, usable: int, workers: dict, image_root: Path
 ) -> None:
     cgroups("0::/", v2({"": quota}))
     assert cpus.usable_cpus() == usable
     assert {n: cpus.auto_num_workers(n) for n in workers} == workers
-
-
-def test_datamodule_auto_workers_count_the_quota(cgroups, sixteen_cpus, image_root: Path) -> None:
-    cgroups("0::/", v2({"": "400000 100000"}))
     dm = ImageDataModule(ClassFolders(image_root), num_workers="auto", batch_size=4)
-    assert dm.train_dataloader().num_workers == 3  # 4 CPUs' worth, one left for the main process
+    assert dm.train_dataloader().num_workers == workers[1]  # one CPU left for the main process
 
 
 @pytest.mark.parametrize(
@@ -160,21 +148,22 @@ def torch_threads(omp: str | None) -> int:
     return int(subprocess.run(alone, env=env, capture_output=True, check=True).stdout)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("run", "processes", "omp"),
-    [("fit_run", 1, None), ("ddp_fit_run", 2, None), ("ddp_timed_fit", 2, "2")],
-)
-def test_training_processes_share_the_cpus_unless_omp_num_threads_says(
-    run: str, processes: int, omp: str | None, request: pytest.FixtureRequest
-) -> None:
-    """conftest's fits: one process alone keeps torch's default threads, two share the CPUs;
-    OMP_NUM_THREADS=2 wins."""
-    folder = request.getfixturevalue(run)
-    folder = folder if run == "ddp_timed_fit" else folder.parent.parent  # the fit's, not the run's
-    threads = torch_threads(omp)
-    if omp is None:
-        threads = min(threads, cpus.cpu_share(processes))
-    recorded = [int((folder / f"threads{rank}").read_text()) for rank in range(processes)]
-    assert recorded == [threads] * processes
+def recorded_threads(folder: Path, processes: int) -> list[int]:
+    """The thread counts ThreadRecorder noted in a fit's folder, one a process."""
     assert not (folder / f"threads{processes}").exists()
+    return [int((folder / f"threads{rank}").read_text()) for rank in range(processes)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("run", "processes"), [("fit_run", 1), ("ddp_fit_run", 2)])
+def test_training_processes_share_the_cpus(
+    run: str, processes: int, request: pytest.FixtureRequest
+) -> None:
+    """conftest's fits: one process alone keeps torch's default threads, two share the CPUs
+    (OMP_NUM_THREADS set: test_ddp.py). The DDP one, each share under one batch, trains."""
+    run_folder = request.getfixturevalue(run)
+    threads = min(torch_threads(None), cpus.cpu_share(processes))
+    assert recorded_threads(run_folder.parent.parent, processes) == [threads] * processes
+    if processes == 2:  # 2 epochs of one step
+        last = torch.load(run_folder / "checkpoints" / "last.ckpt", weights_only=True)
+        assert last["global_step"] == 2

@@ -8,6 +8,7 @@ import warnings
 import lightning as L
 import pytest
 import torch
+from conftest import quiet_trainer
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
@@ -46,16 +47,7 @@ class TinyModel(L.LightningModule):
 
 def fit(tmp_path, data_delay: float, step_delay: float, epochs: int = 2) -> DataStarvationMonitor:
     monitor = DataStarvationMonitor(min_steps=3)
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=[monitor],
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-    )
+    trainer = quiet_trainer(tmp_path, max_epochs=epochs, callbacks=[monitor])
     loader = DataLoader(SlowItems(data_delay), batch_size=2)
     trainer.fit(TinyModel(step_delay), loader)
     assert trainer.callback_metrics["data_wait_fraction"] == pytest.approx(monitor.fraction)
