@@ -1,6 +1,5 @@
-"""Runs by name: `--ckpt_path last` resumes only its own run; a resume keeps the run's options;
-`--trainer.default_root_dir` and `--trainer.logger false` as Lightning means them; the default
-precision."""
+"""Runs by name: `--ckpt_path last` resumes only its own run, with its options; where runs go;
+the default precision."""
 
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ def fit(image_root: Path, *options: str) -> None:
 
 
 def refusal(capsys, image_root: Path, *options: str) -> str:
-    """The one error line of a `fit` that must be refused."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         fit(image_root, *options)
@@ -53,10 +51,12 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
     """`--ckpt_path last` is the named run's own, not the newest; a finished run says so and exits
-    0 (its own max_epochs applies, not the default); a fresh fit of it, or a resume that changes
-    what it trains, is refused naming the options; none of them touches its last.ckpt. Without
-    `--run`, `--ckpt_path last` starts a new run and leaves the others alone."""
-    fit(image_root, "--run", "a", "--trainer.max_epochs", "1")
+    0; a fresh fit of it, or a resume that changes what it trains, is refused naming the options,
+    its last.ckpt untouched. Where the data is (staged on a node's disk) and how it is read may
+    change: an option given wins, even at its default value, and `fit` names it. Without `--run`,
+    `--ckpt_path last` starts a new run."""
+    reading = ["--data.source.skip_bad_images", "true", "--data.source.cache", "memmap"]
+    fit(image_root, "--run", "a", "--trainer.max_epochs", "1", *reading)
     fit(image_root, "--run", "b", "--trainer.max_epochs", "2")  # newer, and further on
     before = last_of("b").read_bytes()
     capsys.readouterr()
@@ -77,10 +77,18 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     assert "start a new run" in error
     assert last_of("b").read_bytes() == before
 
-    fit(image_root, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2")
+    moved = shutil.copytree(image_root, in_tmp / "staged")
+    reading = ["--data.source.skip_bad_images", "false", "--data.source.cache", "none"]
+    fit(moved, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2", *reading)
     out = capsys.readouterr().out
     assert f"--ckpt_path last: resuming run a from {last_of('a')}" in out
-    assert "resuming run a with --trainer.max_epochs 2 (the run's: 1)" in out
+    assert "--trainer.max_epochs 2 (the run's: 1)" in out
+    assert f"--data.source.root {moved} (the run's: {image_root})" in out
+    assert "--data.source.skip_bad_images false (the run's: true)" in out
+    assert "--data.source.cache none (the run's: memmap)" in out
+    saved = torch.load(last_of("a"), weights_only=False)["datamodule_hyper_parameters"]
+    init = saved["source"]["init_args"]
+    assert (init["skip_bad_images"], init["cache"]) == (False, "none")
     assert progress(last_of("a")) == (1, 8)
     with pytest.raises(SystemExit) as refused:  # other commands need the run named
         main(["validate", "--ckpt_path", "last", *QUIET, *CSV_LOGGER])
@@ -95,29 +103,8 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     assert (last_of("a").read_bytes(), last_of("b").read_bytes()) == (finished, before)
 
 
-def test_a_resume_applies_a_new_place_and_reading_options_and_says_so(
-    image_root: Path, in_tmp: Path, capsys
-) -> None:
-    """Data staged elsewhere (a cluster job's node-local disk) and how it is read may change on
-    resume: an option given wins over the run's, even at its default value, and `fit` names it."""
-    fit(image_root, "--run", "a", "--trainer.max_epochs", "1",
-        "--data.source.skip_bad_images", "true", "--data.source.cache", "memmap")  # fmt: skip
-    moved = shutil.copytree(image_root, in_tmp / "staged")
-    capsys.readouterr()
-    fit(moved, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2",
-        "--data.source.skip_bad_images", "false", "--data.source.cache", "none")  # fmt: skip
-    out = capsys.readouterr().out
-    assert f"--data.source.root {moved} (the run's: {image_root})" in out
-    assert "--data.source.skip_bad_images false (the run's: true)" in out
-    assert "--data.source.cache none (the run's: memmap)" in out
-    saved = torch.load(last_of("a"), weights_only=False)["datamodule_hyper_parameters"]
-    assert saved["source"]["init_args"]["skip_bad_images"] is False
-    assert saved["source"]["init_args"]["cache"] == "none"
-    assert progress(last_of("a")) == (1, 8)
-
-
 class RecipeProbe(L.Callback):
-    """Notes, as training starts, the weights the model starts from and the recipe in force."""
+    """Notes the weights training starts from and the recipe in force."""
 
     seen: dict = {}
 
@@ -131,10 +118,9 @@ class RecipeProbe(L.Callback):
 
 
 def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path, capsys) -> None:
-    """`fit --run a --ckpt_path last`, as the README gives it, after a run with EMA and gradient
-    clipping: training goes on from the raw weights (not the average that `state_dict` holds),
-    with EMA and clipping on, and the run's config.yaml is left as the run began. (Callbacks
-    given again replace the run's: test_mid_epoch.py's resumes would record each batch twice.)"""
+    """`fit --run a --ckpt_path last` (the README's) after a run with EMA and gradient clipping:
+    training goes on from the raw weights (not the average in `state_dict`), with EMA and
+    clipping on; the run's config.yaml is left as the run began."""
     recipe = ["--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights"]
     recipe += ["--trainer.callbacks.decay", "0.5", "--trainer.gradient_clip_val", "0.25"]
     recipe += ["--trainer.callbacks+=test_runs.RecipeProbe"]
@@ -155,25 +141,19 @@ def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path,
     assert "averaging_state" in torch.load(last_of("a"), weights_only=True)
 
 
-def test_a_named_run_is_not_started_over_another_commands_files(
+def test_a_new_run_does_not_write_over_files_it_did_not_write(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
-    """`validate` logs into lightning_logs/version_0: a `fit --run version_0` must not write
-    over its metrics and config."""
+    """Not over `validate`'s logs in lightning_logs/version_0 (`fit --run version_0`), nor over
+    the `last.ckpt` in `--checkpoint.dirpath`, the user's or another run's; resuming that run is
+    still one option away."""
     theirs = in_tmp / "lightning_logs" / "version_0"
     theirs.mkdir(parents=True)
     (theirs / "metrics.csv").write_text("epoch,val_acc\n0,0.5\n")
     error = refusal(capsys, image_root, "--run", "version_0", "--trainer.max_epochs", "1")
     assert f"--run version_0: {Path('lightning_logs/version_0')} holds files" in error
-    assert (theirs / "metrics.csv").read_text() == "epoch,val_acc\n0,0.5\n"
     assert sorted(p.name for p in theirs.iterdir()) == ["metrics.csv"]
-
-
-def test_a_fresh_fit_into_a_checkpoint_folder_with_a_last_ckpt_is_refused(
-    image_root: Path, in_tmp: Path, capsys
-) -> None:
-    """Whether the `last.ckpt` in `--checkpoint.dirpath` is a file of the user's or another
-    run's, a new run does not overwrite it; resuming it is still one option away."""
+    assert (theirs / "metrics.csv").read_text() == "epoch,val_acc\n0,0.5\n"
     mine = in_tmp / "mine"
     mine.mkdir()
     (mine / "last.ckpt").write_bytes(b"the user's own file")
@@ -193,8 +173,8 @@ def test_a_fresh_fit_into_a_checkpoint_folder_with_a_last_ckpt_is_refused(
 def test_a_run_being_trained_is_not_started_or_resumed_by_a_second_fit(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
-    """Two `fit --run a` at once would write the same checkpoints and logs: the second is
-    refused, fresh or resuming, until the first ends; killed, it holds the run no longer."""
+    """A second `fit --run a`, fresh or resuming, is refused while the first trains; killed, the
+    first holds the run no longer."""
     first = subprocess.Popen(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
         + [*tiny_run_options(image_root), *QUIET, *CSV_LOGGER, "--run", "a"]
@@ -238,23 +218,18 @@ def test_slurm_names_the_run_by_its_job(monkeypatch) -> None:
 def test_default_root_dir_holds_the_logs_checkpoints_history_and_report(
     image_root: Path, in_tmp: Path
 ) -> None:
-    """The logger's folder follows --trainer.default_root_dir unless its own save_dir is given."""
-    # The name given: a W&B bake's default logger would pass on its own (None) to the new class.
-    csv_logger = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger"]
-    csv_logger += ["--trainer.logger.name", "lightning_logs"]
-    options = [*tiny_run_options(image_root), *QUIET, *csv_logger, "--trainer.max_epochs", "1"]
-    main(["fit", *options, "--trainer.default_root_dir", "out"])
+    """The logger's folder follows --trainer.default_root_dir unless its own save_dir is given;
+    without a logger, a named run's checkpoints go to lightning_logs/<run>."""
+    csv_logger = [opt for opt in CSV_LOGGER if opt not in ("--trainer.logger.save_dir", ".")]
+    options = [*tiny_run_options(image_root), *QUIET, "--trainer.max_epochs", "1"]
+    main(["fit", *options, *csv_logger, "--trainer.default_root_dir", "out"])
     run = in_tmp / "out" / "lightning_logs" / "version_0"
     for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "history.json", "metrics.csv"):
         assert (run / name).is_file(), name
     assert not (in_tmp / "lightning_logs").exists()
-    main(["fit", *options, "--trainer.default_root_dir", "out", "--trainer.logger.save_dir", "."])
+    main(["fit", *options, *CSV_LOGGER, "--trainer.default_root_dir", "out"])
     assert (in_tmp / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-
-
-def test_training_without_a_logger(image_root: Path, in_tmp: Path) -> None:
-    no_logger = ["--trainer.logger", "false", "--run", "a", "--trainer.max_epochs", "1"]
-    main(["fit", *tiny_run_options(image_root), *QUIET, *no_logger])
+    main(["fit", *options, "--trainer.logger", "false", "--run", "a"])
     assert progress(in_tmp / "lightning_logs" / "a" / "checkpoints" / "last.ckpt") == (0, 4)
 
 
