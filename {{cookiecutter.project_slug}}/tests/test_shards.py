@@ -24,7 +24,7 @@ from conftest import one_error, write_image
 from test_mid_epoch import colour_images, interrupted_and_resumed, recorded
 
 from {{ cookiecutter.package_name }}.__main__ import main
-from {{ cookiecutter.package_name }}.commands import shard_output
+from {{ cookiecutter.package_name }}.data import shard_output
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 needs_litdata = pytest.mark.skipif(

@@ -25,10 +25,10 @@ from jsonargparse import ArgumentParser
 from PIL import Image, ImageOps
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
-from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import decode_image
+from {{ cookiecutter.package_name }}.data.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.data.sources import require_shards, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap

@@ -10,9 +10,9 @@ import warnings
 import litdata
 import torch
 
-from {{ cookiecutter.package_name }}.commands.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.data.images import decode_image
 from {{ cookiecutter.package_name }}.data.loaders import worker_options
+from {{ cookiecutter.package_name }}.data.shard_output import META, ShardOutput
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
