@@ -34,11 +34,13 @@ def main() -> None:
     args = parser.parse_args()
     images = importlib.import_module(f"{args.package}.data.images")
 
-    def exact(data):
-        return images._as_tensor(images._decode_jpeg(data, False))
+    # The bake's own entry point: a JPEG goes to simplejpeg (exact, or fast with `approximate`),
+    # or, reducible and exact, to PIL's draft mode.
+    def exact(data, size=0):
+        return images.decode_image(data, "", size, approximate=False)
 
     def fast(data, size=0):
-        return images._as_tensor(images._decode_jpeg(data, True, size))
+        return images.decode_image(data, "", size, approximate=True)
 
     def pil(data):
         with images._open(data) as image:
@@ -52,9 +54,7 @@ def main() -> None:
     if args.min_size:
         size = args.min_size
         decoders = {
-            f"PIL draft to >= {size} (exact)": lambda d: images._decode_jpeg_reduced(
-                d, min(images.image_header(d, "")[:2]) / size
-            ),
+            f"PIL draft to >= {size} (exact)": lambda d: exact(d, size),
             f"simplejpeg n/8 to >= {size} (training)": lambda d: fast(d, size),
         }
     else:
