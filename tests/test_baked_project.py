@@ -16,8 +16,10 @@ from conftest import bake, new_venv, run
 pytestmark = pytest.mark.slow
 
 # One bake per row: the defaults, the other value of the options that change code and
-# dependencies (each logger's dependency), and a bare project. Distinct names, so that installs
-# never collide.
+# dependencies (each logger's dependency), and every option at its last value: the bake-time
+# capabilities with a bare project (no CI, no SLURM script) and the last logger, whose fast tier
+# and capability tests run there rather than in a bake of their own (about 140 s of CI each).
+# Distinct names, so that installs never collide.
 DEFAULT = {"project_name": "Shape Sorter"}
 OTHERS = {
     "csv-tensorboard": {
@@ -26,18 +28,19 @@ OTHERS = {
         "logger": "tensorboard",
         "license": "Apache-2.0",
     },
-    "no-ci-no-slurm-wandb": {
-        "project_name": "Quiet Quail",
+    "mlflow": {"project_name": "Mind Map", "logger": "mlflow", "license": "BSD-3-Clause"},
+    # The fast tier, then every test of the files the capabilities add.
+    "serve-shards-wandb-bare": {
+        "project_name": "Wide Net",
+        "serve": "yes",
+        "shards": "yes",
+        "logger": "wandb",
         "ci": "none",
         "slurm": "no",
         "license": "Proprietary",
-        "logger": "wandb",
     },
-    "mlflow": {"project_name": "Mind Map", "logger": "mlflow", "license": "BSD-3-Clause"},
-    # The bake-time capabilities: the fast tier, then every test of the files they add.
-    "serve-shards": {"project_name": "Wide Net", "serve": "yes", "shards": "yes"},
 }
-OPTION_BAKES = ("serve-shards",)
+OPTION_BAKES = ("serve-shards-wandb-bare",)
 # The test files each capability adds, and its tests in shared files, run whole (slow tests
 # included) in its bake, with the extras they need so that none is skipped.
 OPTION_TESTS = {
@@ -47,7 +50,7 @@ OPTION_TESTS = {
             "tests/test_shards.py",
             "tests/test_shard_safety.py",
             "tests/test_stream_eval.py",
-            "tests/test_stop.py::test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running",
+            "tests/test_stop.py::test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running[shards]",
         ],
         "stream",
     ),
