@@ -277,11 +277,11 @@ def test_only_our_pixel_limit_speaks(tmp_path: Path, monkeypatch) -> None:
 @pytest.fixture(scope="module")
 def large_jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("large")
-    sizes = {"large": (1200, 900), "rotated": (1200, 900), "eighths": (1500, 1200)}
-    for name, size in {**sizes, "under twice": (500, 375)}.items():
+    sizes = {"large": (600, 450), "rotated": (600, 450), "eighths": (750, 600)}
+    for name, size in {**sizes, "under twice": (250, 188)}.items():
         exif = {"exif": ROTATED} if name == "rotated" else {}
         noisy_photo(folder / f"{name}.jpg", size, quality=95, **exif)
-    Image.new("RGB", (1200, 900), RED).save(folder / "large.png")
+    Image.new("RGB", (600, 450), RED).save(folder / "large.png")
     return folder
 
 
@@ -292,19 +292,19 @@ def test_large_jpeg_is_decoded_at_a_reduced_size_above_min_size(
     def read(name: str, min_size: int) -> torch.Tensor:
         return read_image(str(large_jpegs / f"{name}.jpg"), min_size, approximate)
 
-    reduced = read("large", 224)
-    assert reduced.shape == (3, 225, 300)  # 1/4 scale: the largest reduction keeping >= 224
+    reduced = read("large", 112)
+    assert reduced.shape == (3, 113, 150)  # 1/4 scale: the largest reduction keeping >= 112
     full = read_image(str(large_jpegs / "large.jpg"))
-    shrunk = torch.nn.functional.interpolate(full[None].float(), size=(225, 300), mode="area")[0]
+    shrunk = torch.nn.functional.interpolate(full[None].float(), size=(113, 150), mode="area")[0]
     assert (reduced.float() - shrunk).abs().mean() < 3  # the same picture, not a crop of it
-    assert reduced[:, 225 * 3 // 8, 300 * 3 // 8].tolist() == pytest.approx([20, 20, 20], abs=8)
-    assert read("rotated", 224).shape == (3, 300, 225)  # turned as Exif says
-    assert read("under twice", 224).shape == (3, 375, 500)  # under twice min_size: in full
-    assert read("large", 500).shape == (3, 900, 1200)
-    # 1500x1200 for a 334 short side: libjpeg's 3/8 gives 450; PIL's powers of two stop at 1/2
-    assert read("eighths", 334).shape == ((3, 450, 563) if approximate else (3, 600, 750))
-    png = read_image(str(large_jpegs / "large.png"), min_size=100)
-    assert png.shape == (3, 900, 1200)  # a PNG is never reduced
+    assert reduced[:, 113 * 3 // 8, 150 * 3 // 8].tolist() == pytest.approx([20, 20, 20], abs=8)
+    assert read("rotated", 112).shape == (3, 150, 113)  # turned as Exif says
+    assert read("under twice", 112).shape == (3, 188, 250)  # under twice min_size: in full
+    assert read("large", 250).shape == (3, 450, 600)
+    # 750x600 for a 167 short side: libjpeg's 3/8 gives 225; PIL's powers of two stop at 1/2
+    assert read("eighths", 167).shape == ((3, 225, 282) if approximate else (3, 300, 375))
+    png = read_image(str(large_jpegs / "large.png"), min_size=50)
+    assert png.shape == (3, 450, 600)  # a PNG is never reduced
 
 
 @pytest.mark.parametrize("scale", [(0.6, 1.0), (0.08, 1.0), (0.35, 1.0)])

@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CLASSES, CSV_LOGGER, one_error, write_classes, write_corrupt, write_image
+from test_cache import folder_dataset
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
-from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES
-from {{ cookiecutter.package_name }}.data.index import find_classes, make_dataset
+from {{ cookiecutter.package_name }}.data.index import find_classes
 from {{ cookiecutter.package_name }}.data.scan import SKIPPED_FILE, drop_unreadable
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
-from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
 TINY = ["--data.image_size", "16", "--data.batch_size", "4", "--data.num_workers", "0"]
@@ -44,8 +43,8 @@ def snapshot(root: Path) -> tuple[str, set[str]]:
 
 
 def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> None:
-    """`fit` (this project's logger, a run name, no logger) writes nothing over the user's files in
-    the working folder nor in the data; `validate`, `test` and `predict` of a run leave it alone."""
+    """`fit` (this project's logger, a run name; no logger, from inside the data) writes nothing
+    over the user's files nor in the data; `validate`, `test`, `predict` leave a run alone."""
     data = write_classes(tmp_path / "data", count=4)
     before = snapshot(data)
     work = tmp_path / "work"
@@ -53,13 +52,15 @@ def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> 
     for name in RUN_FILES:
         (work / name).write_text(f"the user's {name}")
     mine = {name: (work / name).read_text() for name in RUN_FILES}
-    no_logger = ["--trainer.logger", "false"]
-    for options in ([], ["--run", "a"], no_logger):
-        run = run_main("fit", *TINY, "--data.root", "../data", *ONE_EPOCH, *options, cwd=work)
+    no_logger = ". --trainer.logger false --trainer.default_root_dir ../work"
+    for cwd, options in ((work, "../data"), (work, "../data --run a"), (data, no_logger)):
+        run = run_main("fit", *TINY, *ONE_EPOCH, "--data.root", *options.split(), cwd=cwd)
         assert run.returncode == 0, run.stderr[-3000:]
-        last = re.findall(r"resume with --ckpt_path (\S+)", run.stdout)[-1]
-        folder = work / Path(last).parent.parent  # the run's: where its report is
-        assert folder != work and (folder / "report.html").is_file(), last
+        last = cwd / re.findall(r"resume with --ckpt_path (\S+)", run.stdout)[-1]
+        folder = last.parent.parent  # the run's: where its report is
+        assert folder.resolve() != work.resolve() and (folder / "report.html").is_file(), last
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    assert saved["hyper_parameters"]["class_names"] == list(CLASSES)  # no run folder a class
     run_a = snapshot(work / "lightning_logs" / "a")
     for command, options in (
         ("validate", []),
@@ -71,19 +72,6 @@ def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> 
         assert snapshot(work / "lightning_logs" / "a") == run_a, command
     assert {name: (work / name).read_text() for name in RUN_FILES} == mine
     assert snapshot(data) == before
-
-
-def test_fit_from_inside_the_data_leaves_it_unchanged(tmp_path: Path, run_main) -> None:
-    """`cd data && fit --data.root . --trainer.default_root_dir ../runs`: `data/` unchanged."""
-    data = write_classes(tmp_path / "data", count=4)
-    before = snapshot(data)
-    options = ["--data.root", ".", "--trainer.default_root_dir", "../runs"]
-    run = run_main("fit", *TINY, *ONE_EPOCH, *options, cwd=data)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert snapshot(data) == before
-    [checkpoint] = (tmp_path / "runs").rglob("last.ckpt")  # the folders are the logger's
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    assert saved["hyper_parameters"]["class_names"] == list(CLASSES)
 
 
 @pytest.mark.parametrize(
@@ -183,8 +171,7 @@ def test_the_default_cache_folder_is_outside_the_dataset_and_the_working_folder(
 @pytest.mark.parametrize(
     ("folder", "among"),
     [
-        ("data/cache", "--data.source.root data"),  # inside
-        ("data", "--data.source.root data"),  # is
+        ("data", "--data.source.root data"),  # is (inside: the CLI test above)
         (".", "--data.source.root data"),  # contains
         ("val/cache", "--data.source.val_root val"),  # inside another dataset folder
         ("csvs/cache", "--data.source.val_csv "),  # the folder of a labels CSV
@@ -209,23 +196,18 @@ def test_a_cache_folder_among_the_images_is_refused(
         ImageDataModule(source, cache_dir=folder)
 
 
-def dataset_of(root: Path) -> ImageFolderDataset:
-    paths, targets = make_dataset(root, {name: i for i, name in enumerate(CLASSES)})
-    return ImageFolderDataset(root, paths, targets, eval_transform(16), list(CLASSES))
-
-
 def test_the_skipped_image_list_is_this_runs_and_never_inside_the_dataset(tmp_path: Path) -> None:
     root = write_classes(tmp_path / "images", count=2)
     write_corrupt(root / "bee" / "broken.jpg")
     logs = tmp_path / "logs"
     with pytest.warns(UserWarning, match="skipped 1 of"):
-        drop_unreadable([dataset_of(root)], 0, False, str(logs), True)
+        drop_unreadable([folder_dataset(root)], 0, False, str(logs), True)
     lines = (logs / SKIPPED_FILE).read_text().splitlines()
     assert len(lines) == 1 and "broken.jpg" in lines[0]
     inside = root / "lightning_logs" / "version_0"
     with pytest.warns(UserWarning, match="not listed in .* it lies inside the dataset"):
-        drop_unreadable([dataset_of(root)], 0, False, str(inside), True)
+        drop_unreadable([folder_dataset(root)], 0, False, str(inside), True)
     assert not inside.exists()
     (root / "bee" / "broken.jpg").unlink()  # mended: the next run's list replaces the last's
-    drop_unreadable([dataset_of(root)], 0, False, str(logs), True)
+    drop_unreadable([folder_dataset(root)], 0, False, str(logs), True)
     assert (logs / SKIPPED_FILE).read_text() == ""
