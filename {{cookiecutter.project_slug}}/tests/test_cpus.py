@@ -1,6 +1,5 @@
-"""`num_workers: auto` and torch's threads: the CPUs of the affinity, capped by a cgroup v1 or v2
-quota (real files in a temporary tree laid out as on a host or in a container), divided among the
-training processes of a machine."""
+"""`num_workers: auto` and torch's threads: the affinity's CPUs, capped by a cgroup v1 or v2 quota
+(files laid out as on a host or in a container), shared by a machine's training processes."""
 
 from __future__ import annotations
 
@@ -35,14 +34,12 @@ def cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return write
 
 
-def v2(quotas: dict[str, str]) -> dict[str, str]:
-    """A pure v2 hierarchy: `cpu.max` per cgroup folder."""
+def v2(quotas: dict[str, str]) -> dict[str, str]:  # a pure v2 hierarchy: cpu.max per cgroup
     files = {os.path.join(folder, "cpu.max"): quota for folder, quota in quotas.items()}
     return {"cgroup.controllers": "cpu memory", **files}
 
 
-def v1(quota: str, at: str = "cpu") -> dict[str, str]:
-    """v1's cpu controller at `at`: a CFS quota over a 100 ms period."""
+def v1(quota: str, at: str = "cpu") -> dict[str, str]:  # a CFS quota over a 100 ms period
     return {f"{at}/cpu.cfs_quota_us": quota, f"{at}/cpu.cfs_period_us": "100000"}
 
 
@@ -70,8 +67,7 @@ def test_cgroup_cpu_limit(cgroups, membership: str | None, files: dict, limit) -
 
 
 @pytest.fixture
-def sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 16-CPU machine's affinity (this test machine has fewer)."""
+def sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:  # a 16-CPU machine's affinity
     monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
 
 
@@ -107,9 +103,8 @@ def test_auto_workers_under_a_per_task_cpu_binding(
     monkeypatch.setattr(cpus, "PROC_CGROUP", tmp_path / "missing")  # no quota
     monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(cpus.os, "cpu_count", lambda: 32)
-    if per_task is None:
-        monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
-    else:
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    if per_task:
         monkeypatch.setenv("SLURM_CPUS_PER_TASK", per_task)
     assert cpus.auto_num_workers(4) == workers
 
@@ -159,8 +154,8 @@ def recorded_threads(folder: Path, processes: int) -> list[int]:
 def test_training_processes_share_the_cpus(
     run: str, processes: int, request: pytest.FixtureRequest
 ) -> None:
-    """conftest's fits: one process alone keeps torch's default threads, two share the CPUs
-    (OMP_NUM_THREADS set: test_ddp.py). The DDP one, each share under one batch, trains."""
+    """conftest's fits: one process keeps torch's default threads, two share the CPUs; the DDP
+    one (each rank's share under one batch) trains."""
     run_folder = request.getfixturevalue(run)
     threads = min(torch_threads(None), cpus.cpu_share(processes))
     assert recorded_threads(run_folder.parent.parent, processes) == [threads] * processes

@@ -1,6 +1,5 @@
-"""On one CUDA GPU: training through the CLI gets pinned uint8 batches normalised on the device,
-and the model it saves predicts there as on the CPU{{ "; the same from shards" if cookiecutter.shards == "yes" else "" }}. Marked `gpu` and skipped
-where no CUDA device is found (CI has none): run them with `pytest -m gpu` on a GPU machine."""
+"""On one CUDA GPU (`pytest -m gpu`; skipped without one): the CLI's batches are normalised on the
+device, and the saved model predicts there as on the CPU{{ "; the same from shards" if cookiecutter.shards == "yes" else "" }}."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ pytestmark = [
 
 
 class Probe(L.Callback):
-    """Writes what the first training batch looked like, before and after its transfer, to
-    $PROBE_FILE: the loader's pinning, the dtype it sent, and where and as what it arrived."""
+    """Writes the first training batch's loader, pinning, device, dtype and mean to $PROBE_FILE."""
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if batch_idx == 0 and trainer.current_epoch == 0:

@@ -1,10 +1,9 @@
-"""The model: output shapes, weights files, weight decay groups, the hyperparameters it saves."""
+"""The model: output shapes, weights files, the hyperparameters it saves, its reports."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -42,16 +41,6 @@ def test_a_local_weights_file_loads_with_the_classifier_re_made(
     model.train()
     logits = model(torch.randn(2, 3, 32, 32))
     assert isinstance(logits, torch.Tensor) and logits.shape == (2, 7)
-
-
-def test_no_weight_decay_on_norms_and_biases() -> None:
-    model = ImageClassifier(class_names=["a", "b"], image_size=32, weight_decay=0.1)
-    trainer = L.Trainer(max_steps=10, logger=False, enable_checkpointing=False)
-    model.trainer = trainer
-    optimizer = model.configure_optimizers()["optimizer"]
-    decayed, plain = optimizer.param_groups
-    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
-    assert all(p.ndim > 1 for p in decayed["params"]) and all(p.ndim == 1 for p in plain["params"])
 
 
 def test_per_class_table_and_confusion_png(tmp_path: Path) -> None:

@@ -74,6 +74,10 @@ def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate
     assert first["lrs"]["head"] > second["lrs"]["head"] > third["lrs"]["head"]
     groups = model.trainer.optimizers[0].param_groups
     assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in model.parameters()}
+    for group in groups:  # no weight decay on norms and biases (the 1-dimensional parameters)
+        plain = group["name"].endswith("no_decay")
+        assert (group["weight_decay"] == 0) == plain
+        assert all((p.ndim == 1) == plain for p in group["params"]), group["name"]
     assert all(p.requires_grad for p in model.parameters())  # whole again after `fit`
 
 
