@@ -199,7 +199,7 @@ def test_skipped_images_are_left_out_of_a_cache_of_the_whole_dataset(
 
 
 def test_mtime_key_survives_a_copy_that_keeps_times(image_root: Path, tmp_path: Path) -> None:
-    # A dataset copied to node-local scratch at each job start: new inodes, same bytes and mtimes.
+    """A dataset copied to node-local scratch at each job: new inodes, same bytes and mtimes."""
     first_copy = shutil.copytree(image_root, tmp_path / "scratch")  # copy2: times kept
     by_stat = serve(folder_dataset(first_copy), 16, tmp_path / "c").cache.folder
     by_mtime = serve(folder_dataset(first_copy), 16, tmp_path / "c", key="mtime").cache.folder
@@ -271,8 +271,7 @@ def test_out_of_space_is_named_with_the_size_needed_and_leaves_nothing(
 def test_without_file_locks_a_cache_is_built_and_the_first_finished_wins(
     image_root: Path, tmp_path: Path, monkeypatch, caplog
 ) -> None:
-    """Without locks (NFS without a lock manager) two nodes may build one cache: the first rename
-    wins, the other copy is discarded."""
+    """Without locks (NFS) two nodes may build one cache: the first rename wins."""
     fcntl = pytest.importorskip("fcntl", reason="POSIX file locks")
 
     def refuse(file, flags):

@@ -112,8 +112,7 @@ def test_only_training_is_shuffled_by_seed_and_epoch_alone(image_root: Path) -> 
 
 
 def test_augmentation_depends_on_seed_epoch_and_place_not_on_workers(image_root: Path) -> None:
-    """Crops are drawn per draw from (seed, epoch, place in the epoch): the same with 0 or 2
-    workers (and so after a resume, whose workers start afresh), different every epoch."""
+    """Crops come from (seed, epoch, place): the same with 0 or 2 workers (or after a resume)."""
 
     def data(workers: int) -> ImageDataModule:
         dm = ImageDataModule(ClassFolders(image_root), 16, 4, num_workers=workers)
@@ -200,8 +199,7 @@ def test_mostly_small_training_images_are_named_at_setup(tmp_path: Path, capsys)
 
 
 def test_balanced_draws_classes_equally_by_seed_epoch_and_rank(tmp_path: Path) -> None:
-    """A resumed run (a new sampler, told its epoch) draws what the uninterrupted run drew; under
-    DDP each rank keeps every other draw of that one order."""
+    """A resumed run draws what the uninterrupted run drew; each DDP rank every other draw."""
     for name, count, colour in (("common", 40, (200, 0, 0)), ("rare", 4, (0, 200, 0))):
         for i in range(count):
             write_image(tmp_path / name / f"{i}.png", colour, size=(8, 8))
@@ -268,8 +266,7 @@ def test_unreadable_images_are_named_left_out_on_request_and_scanned(
 
 @pytest.mark.slow
 def test_spawn_workers(tmp_path: Path) -> None:
-    """What Windows, macOS and Python 3.14 do by default: the dataset is pickled to the worker
-    (one image four times over: only the random crop tells items apart)."""
+    """The default on Windows, macOS, Python 3.14: the dataset pickled (one image four times)."""
     write_image(tmp_path / "same" / "only" / "0.png", (128, 128, 128), size=(64, 64))
     dm = ImageDataModule(ClassFolders(tmp_path / "same", val_fraction=0), image_size=16)
     dm.setup("validate")

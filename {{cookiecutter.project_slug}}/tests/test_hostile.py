@@ -14,8 +14,7 @@ FORMATS = (".jpg", ".png", ".gif", ".bmp", ".webp", ".tif")
 
 
 def salt(root: Path, seed: int = 5) -> list[Path]:
-    """4 images per class and format, 3 of them damaged (truncated, bits flipped after the header,
-    a run of zeros): the damaged files."""
+    """4 images per class and format, 3 damaged (cut, bits flipped, zeroed): the damaged."""
     rng = random.Random(seed)
     damaged = []
     for label, name in enumerate(CLASSES):

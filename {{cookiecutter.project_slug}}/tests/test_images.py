@@ -43,8 +43,7 @@ def save_rgb(path: Path, **options) -> None:
     solid("RGB", RED).save(path, **({"quality": 100} if jpeg else {}), **options)
 
 
-def save_fill_bytes(path: Path) -> None:
-    """JPEG allows any number of 0xFF fill bytes before a marker."""
+def save_fill_bytes(path: Path) -> None:  # any number of 0xFF may come before a marker
     save_rgb(path)
     data = path.read_bytes()
     path.write_bytes(data[:2] + b"\xff" * 5 + data[2:])
@@ -92,7 +91,7 @@ def test_every_kind_reads_as_uint8_rgb(tmp_path: Path, name: str) -> None:
 
 
 def torchvision_decode(path: Path) -> torch.Tensor | None:
-    """torchvision's decoders (deprecated since 0.29) as a reference; None once they are gone."""
+    """torchvision's decoders (deprecated in 0.29) as a reference; None once gone."""
     try:
         from torchvision.io import ImageReadMode, decode_image
     except ImportError:  # pragma: no cover
@@ -158,8 +157,7 @@ def xmp(orientation: str) -> bytes:
 def test_pixels_and_turns_are_what_pil_and_torchvision_give(
     tmp_path: Path, name: str, save: dict, orientation: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Exact decodes equal theirs; JPEGs' approximate (libjpeg's fast path) and reduced ones are
-    close and turned alike."""
+    """Exact decodes equal theirs; JPEGs' approximate and reduced ones are close, turned alike."""
     path, jpeg = tmp_path / name, name.endswith(".jpg")
     if isinstance(save.get("exif"), dict):
         (exif := Image.Exif()).update(save["exif"])
@@ -200,8 +198,7 @@ def test_only_the_formats_of_img_extensions_are_decoded(tmp_path: Path, kind: st
 def test_tiff_stderr_is_restored_in_threads_and_libtiff_told_in_the_error(
     tmp_path: Path, capfd
 ) -> None:
-    """Each TIFF decode sends stderr to a file of its own and back: two at once must not leave
-    the process's stderr in the other's (deleted) file."""
+    """Each TIFF decode sends stderr to a file and back: two at once must not swap them."""
     path = tmp_path / "small.tif"
     solid("RGB", RED, (8, 8)).save(path)
     before = os.fstat(2)
@@ -226,8 +223,7 @@ def jpeg_bomb(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def png_bomb(path: Path) -> None:
-    """A valid 1x1 PNG whose header then claims 10 gigapixels (30 GB as RGB)."""
+def png_bomb(path: Path) -> None:  # a valid 1x1 PNG whose header claims 10 gigapixels
     Image.new("L", (1, 1)).save(path)
     png = bytearray(path.read_bytes())
     header = struct.pack(">II", 100_000, 100_000) + png[24:29]

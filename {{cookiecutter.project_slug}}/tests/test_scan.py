@@ -38,8 +38,7 @@ def dataset_of(root: Path) -> CrashingDataset:
 
 
 def test_a_crashing_decoder_is_named_and_the_scan_finishes(image_root: Path, tmp_path: Path):
-    """Two datasets numbered in turn, two processes: the files that kill their process, and a
-    damaged one beside them, are named."""
+    """Two datasets numbered in turn: the files that kill their process, and a damaged one."""
     other = tmp_path / "other"
     write_corrupt(other / "x" / "broken.jpg")
     write_image(other / "x" / "crash_1.png", (20, 200, 20), size=(12, 10))
@@ -76,8 +75,7 @@ def waiting_on_a_fifo(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="finds the worker through /proc")
 def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_path: Path) -> None:
-    """A named pipe among the images holds the loader worker that opens it; the test then kills
-    that worker with SIGSEGV, as a decoder crash would."""
+    """A named pipe among the images holds a loader worker, then killed as by a decoder crash."""
     stuck = image_root / "cat" / "cat_stuck.jpg"
     os.mkfifo(stuck)
     val_root = tmp_path / "val"
@@ -94,14 +92,12 @@ def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_pa
         start_new_session=True,  # its loader worker too is ended below, whatever the outcome
     )  # fmt: skip
     try:
-        # Killed once the worker is held and a step is logged: a crash before any step leaves
-        # nothing to save.
         metrics = tmp_path / "lightning_logs/version_0/metrics.csv"
         deadline = time.monotonic() + 120
         while not (
             (held := [p for p in children_of(fit.pid) if waiting_on_a_fifo(p)])
             and metrics.exists()
-            and "train_loss_step" in metrics.read_text()  # the header, once a step is logged
+            and "train_loss_step" in metrics.read_text()  # a step logged: something to save
         ):
             assert fit.poll() is None and time.monotonic() < deadline, fit.communicate()
             time.sleep(0.2)

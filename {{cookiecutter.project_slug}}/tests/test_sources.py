@@ -36,8 +36,7 @@ class SolidColours(Source):
         return _solid(2, data.image_size)
 
 
-def _solid(per_class: int, size: int) -> TensorDataset:
-    """The class's channel bright, the others dark."""
+def _solid(per_class: int, size: int) -> TensorDataset:  # the class's channel bright
     labels = torch.arange(len(COLOURS) * per_class) % len(COLOURS)
     images = torch.full((len(labels), 3, size, size), 20, dtype=torch.uint8)
     bright = (120 + torch.arange(len(labels)) % 100).to(torch.uint8)
@@ -85,9 +84,7 @@ def test_the_commands_that_read_image_files_refuse_another_source(
     assert list(tmp_path.iterdir()) == []  # refused before anything is written
 
 
-class EpochSteps(L.Callback):
-    """Notes the steps of an epoch as training starts."""
-
+class EpochSteps(L.Callback):  # notes the steps of an epoch as training starts
     steps = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -98,8 +95,7 @@ class EpochSteps(L.Callback):
 def test_the_scratch_preset_draws_about_1500_images_per_epoch(
     tmp_path: Path, run_main, per_class: int, draws: int
 ) -> None:
-    """42 images (33 training): 45 passes; 1,290 (1,032 training): one; in the preset's batches
-    of 8. One step trains: the epoch's length is set when it starts."""
+    """33 training images: 45 passes; 1,032: one; in batches of 8 (the length known at start)."""
     image = write_image(tmp_path / "one.png", (9, 9, 9), size=(8, 8)).read_bytes()
     for name in CLASSES:
         (tmp_path / "images" / name).mkdir(parents=True)

@@ -102,8 +102,7 @@ def test_a_run_or_cache_inside_a_dataset_is_refused_before_anything_is_written(
 def test_run_folder_names_are_classes_except_in_the_working_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A folder named as one `fit` writes (`lightning_logs`, ...) is a class, but in the working
-    folder only if it holds images itself; a warning names them either way."""
+    """A folder named as `fit` writes one is a class, in the working folder only with images."""
     root = write_classes(tmp_path / "images", count=4)
     write_image(root / "data" / "2019" / "a.png", (0, 0, 0))  # the user's class "data", nested
     write_image(root / "mlruns" / "2019" / "a.png", (0, 0, 0))  # the user's class "mlruns"
@@ -126,8 +125,7 @@ def test_run_folder_names_are_classes_except_in_the_working_folder(
 def test_fit_without_data_makes_the_demo_set_in_the_cache_folder_not_in_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_main
 ) -> None:
-    """`fit` with no data option makes the demo set (750 images) in the per-user cache folder and
-    trains on it: the user's ./data gets nothing."""
+    """`fit` with no data option makes the demo set in the per-user cache: ./data gets nothing."""
     monkeypatch.delenv(CACHE_ENV)
     for variable in ("XDG_CACHE_HOME", "LOCALAPPDATA"):  # the per-user cache folder's base
         monkeypatch.setenv(variable, str(tmp_path / "cache"))
