@@ -109,13 +109,19 @@ def test_a_csv_of_predictions_refuses_a_users_file_and_one_among_the_images_and_
 
 
 def run_folder(folder: Path) -> Path:
-    """A run folder as `fit` leaves it for `report`: a history.json of two epochs."""
+    """A run folder as `fit` leaves it for `report`: a history.json of two epochs, the second
+    starved, with one mistake whose image has moved away since."""
     epochs = [
         {"epoch": e, "step": 3 * (e + 1), "train_loss": 1.0 - e / 4, "val_loss": 1.0 - e / 5}
-        | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": None, "starved": False}
+        | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": 0.5, "starved": e == 1}
         for e in range(2)
     ]
-    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]], "wrong": []}
+    measured = dict(epoch=1, data_wait_fraction=0.5, images_per_s=10, step_images_per_s=40)
+    measured |= dict(steps=20, threshold=0.2, num_workers=0, suggested_workers=3, num_devices=1)
+    epochs[1]["starvation"] = measured | {"cache": "none", "package": "x"}
+    moved = {"index": 9, "path": str(folder / "moved.jpg"), "true": 1, "predicted": 2}
+    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]]}
+    validation["wrong"] = [moved | {"confidence": 0.9}]
     history = {"class_names": list(CLASSES), "epochs": epochs, "validation": validation}
     folder.mkdir(parents=True)
     (folder / "history.json").write_text(json.dumps(history))
@@ -139,6 +145,8 @@ def test_report_keeps_a_users_files_in_the_run_folder_and_replaces_its_own(
     assert result.returncode == 0, result.stderr
     page = mine.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and (run / "confusion_matrix.png").is_file()
+    assert "waited more than 20%" in page and "Raise --data.num_workers from 0 to 3" in page
+    assert f"<td>{run / 'moved.jpg'}</td>" in page and (run / "wrong_predictions.png").is_file()
     result = run_main("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite
     assert result.returncode == 0, result.stderr
     assert mine.read_text(encoding="utf-8") == page
