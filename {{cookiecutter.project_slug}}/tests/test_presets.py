@@ -28,7 +28,7 @@ SCRIPT = "scripts/recipe_bench.py"
 def short_run(root: Path, *extra: str) -> list[str]:
     return [
         *tiny_run_options(root),
-        "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "2",
+        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
         "--trainer.logger", "false", "--checkpoint.dirpath", "ckpts", *extra,
     ]  # fmt: skip
 
@@ -45,8 +45,8 @@ def readme_finetune_command() -> str:
 def test_readme_finetune_command_trains_from_a_hub_cache(
     image_root: Path, tmp_path: Path, run_main, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's command as shown, on a Hugging Face cache of random weights made here, cut to
-    2 epochs at 64 px: the frozen epoch, mixed, then one without MixUp/CutMix, with EMA."""
+    """The README's command on a hub cache of random weights, cut to 2 epochs at 64 px: the frozen
+    epoch mixed, then one without MixUp/CutMix, with EMA."""
     timm = pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
     import yaml
     from test_pretrained import hub_cache, hub_home
@@ -177,7 +177,7 @@ def test_ema_lives_on_the_training_device_and_is_checkpointed_exported_and_resum
     for key, value in exported.net.state_dict().items():
         torch.testing.assert_close(value, averaged[f"net.{key}"])
     # One more epoch of 2 steps: the average restored goes on (a fresh one would count 2).
-    more = short_run(image_root, *ema, "--trainer.max_epochs", "3", "--ckpt_path", "last")
+    more = short_run(image_root, *ema, "--trainer.max_epochs", "2", "--ckpt_path", "last")
     assert run_main("fit", *more, cwd=tmp_path).returncode == 0
     resumed = torch.load(last, map_location="cpu", weights_only=True)
     counted = [c["averaging_state"]["n_averaged"].item() for c in (checkpoint, resumed)]

@@ -62,8 +62,8 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def unreachable(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Path]:
-    """Empty caches, downloads on, the hub and torch's download site (through a proxy) at a local
-    address that refuses connections or never answers; the waits for an answer cut to a second."""
+    """Empty caches, downloads on, the hub and torch's site (a proxy) at a local address that
+    refuses connections or never answers; waits cut to a second."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
     closing = threading.Timer(10, listener.close)  # a hung download fails, if late, at the end
@@ -93,8 +93,8 @@ def unreachable(
 
 @pytest.mark.parametrize("network", [TIMM_MODEL, "resnet18"])
 def test_weights_out_of_reach_stop_at_once(unreachable: Path, network: str) -> None:
-    """One DataError naming the model, its file and the folder, within seconds (huggingface_hub's
-    own retries take minutes), and no partial download left."""
+    """One DataError naming the model, its file and the folder, within seconds (not
+    huggingface_hub's minutes of retries), and no partial download left."""
     started = time.monotonic()
     with pytest.raises(DataError, match=f"weights of {network} .*are not in ") as e:
         build_network(network, 3, 160 if network == TIMM_MODEL else 64, pretrained=True)
@@ -108,7 +108,9 @@ def test_weights_out_of_reach_stop_at_once(unreachable: Path, network: str) -> N
         assert str(folder) in said and (not folder.is_dir() or not list(folder.iterdir()))
 
 
-def test_timm_model_from_the_hub_cache_or_a_refusal_naming_it(offline_hub: Path) -> None:
+def test_published_weights_from_the_hub_caches_or_a_refusal_naming_the_folder(
+    offline_hub: Path,
+) -> None:
     with pytest.raises(DataError, match=f"weights of {TIMM_MODEL} are not in the Hugging") as e:
         build_network(TIMM_MODEL, 3, 160, pretrained=True)
     assert str(offline_hub / "hub") in str(e.value)
@@ -117,37 +119,13 @@ def test_timm_model_from_the_hub_cache_or_a_refusal_naming_it(offline_hub: Path)
         network = build_network(name, 3, 160, pretrained=True)
         torch.testing.assert_close(network.state_dict()[STEM], weights[STEM])
         assert classifier_of(network).out_features == 3  # the head re-made for three classes
-
-
-def test_torchvision_weights_from_the_torch_hub_folder(offline_hub: Path) -> None:
-    weights = torchvision.models.ResNet18_Weights.DEFAULT
-    saved = torchvision.models.resnet18().state_dict()
+    saved = torchvision.models.resnet18().state_dict()  # torchvision's, in torch's hub folder
     folder = offline_hub.parent / "torch" / "hub" / "checkpoints"
     folder.mkdir(parents=True)
-    torch.save(saved, folder / os.path.basename(weights.url))
+    torch.save(saved, folder / os.path.basename(torchvision.models.ResNet18_Weights.DEFAULT.url))
     network = build_network("resnet18", 3, 64, pretrained=True)
     torch.testing.assert_close(network.conv1.weight, saved["conv1.weight"])
     assert network.fc.out_features == 3
-
-
-@pytest.mark.parametrize(
-    ("name", "pretrained", "message"),
-    [
-        ("compact_resnet", True, "compact_resnet has no published weights"),
-        ("no_such_net", False, "'no_such_net' is neither compact_resnet, .* nor a timm model"),
-    ],
-)
-def test_an_architecture_without_weights_or_unknown_is_refused(
-    name: str, pretrained: bool, message: str
-) -> None:
-    with pytest.raises(DataError, match=message):
-        build_network(name, 3, 32, pretrained=pretrained)
-
-
-def test_without_timm_one_line_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
-    with pytest.raises(DataError, match=r'pip install "\.\[timm\]"'):
-        build_network(TIMM_MODEL, 3, 32)
 
 
 @pytest.mark.parametrize("kind", ["pt", "safetensors", "ckpt"])  # a state dict, a checkpoint
@@ -168,13 +146,22 @@ def test_weights_file_of_other_classes_starts_the_backbone(tmp_path: Path, kind:
     assert model.net.fc.out_features == 3
 
 
-def test_weights_of_another_architecture_are_refused_naming_layers(tmp_path: Path) -> None:
+def test_refusals_name_the_architecture_the_weights_file_or_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(DataError, match="compact_resnet has no published weights"):
+        build_network("compact_resnet", 3, 32, pretrained=True)
+    with pytest.raises(DataError, match="'no_such_net' is neither compact_resnet, .* nor a timm"):
+        build_network("no_such_net", 3, 32)
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
     with pytest.raises(DataError, match=f"does not fit {TIMM_MODEL}: .* e.g. "):
         build_network(TIMM_MODEL, 3, 32, weights=tmp_path / "resnet18.pth")
     (tmp_path / "notes.txt").write_text("not weights")
     with pytest.raises(DataError, match="notes.txt holds no weights"):
         build_network(TIMM_MODEL, 3, 32, weights=tmp_path / "notes.txt")
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
+    with pytest.raises(DataError, match=r'pip install "\.\[timm\]"'):
+        build_network(TIMM_MODEL, 3, 32)
 
 
 @pytest.mark.slow
