@@ -32,13 +32,9 @@ class Probe(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if batch_idx == 0 and trainer.current_epoch == 0:
             loader = trainer.train_dataloader
-            record = {
-                "pin_memory": bool(loader.pin_memory),
-                "device": batch[0].device.type,
-                "dtype": str(batch[0].dtype),
-                "mean": float(batch[0].float().mean()),
-                "loader": type(loader).__name__,
-            }
+            record = dict(pin_memory=bool(loader.pin_memory), loader=type(loader).__name__)
+            record |= dict(device=batch[0].device.type, dtype=str(batch[0].dtype))
+            record["mean"] = float(batch[0].float().mean())
             Path(os.environ["PROBE_FILE"]).write_text(json.dumps(record))
 
 
