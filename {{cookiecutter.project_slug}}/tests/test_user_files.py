@@ -15,9 +15,8 @@ import torch
 from conftest import CLASSES, CSV_LOGGER, one_error, write_classes, write_corrupt, write_image
 from test_cache import folder_dataset
 
-from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data import ImageDataModule, demo
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
-from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES
 from {{ cookiecutter.package_name }}.data.index import find_classes
 from {{ cookiecutter.package_name }}.data.scan import SKIPPED_FILE, drop_unreadable
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -127,6 +126,7 @@ def test_fit_without_data_makes_the_demo_set_in_the_cache_folder_not_in_data(
 ) -> None:
     """`fit` with no data option makes the demo set in the per-user cache: ./data gets nothing."""
     monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setattr(demo.ensure_demo_data, "__defaults__", (None, 10))  # 10 images a class
     for variable in ("XDG_CACHE_HOME", "LOCALAPPDATA"):  # the per-user cache folder's base
         monkeypatch.setenv(variable, str(tmp_path / "cache"))
     work = tmp_path / "work"
@@ -138,7 +138,7 @@ def test_fit_without_data_makes_the_demo_set_in_the_cache_folder_not_in_data(
     assert snapshot(theirs) == before
     assert (tmp_path / "cache" / "{{ cookiecutter.package_name }}" / "demo" / ".complete").is_file()
     split = (work / "lightning_logs" / "version_0" / "val_files.csv").read_text().splitlines()
-    assert {row.split(",")[1] for row in split[1:]} == set(DEMO_CLASSES)
+    assert {row.split(",")[1] for row in split[1:]} == set(demo.DEMO_CLASSES)
 
 
 def test_a_folder_of_yours_where_the_demo_set_goes_is_kept(
