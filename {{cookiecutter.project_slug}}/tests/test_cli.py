@@ -35,8 +35,8 @@ def run_to_file(*args: str, cwd: Path) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def logged_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """A two-epoch `fit` with the bake's logger and a progress line every step; more steps an
-    epoch (19) than Lightning's logging interval, which warns below it."""
+    """A two-epoch `fit` with the bake's logger and a progress line every step (19 steps an epoch:
+    over Lightning's logging interval, which warns below it)."""
     folder = tmp_path_factory.mktemp("console")
     write_classes(folder / "images", count=16)
     options = [*tiny_run_options(folder / "images", batch_size=2), "--trainer.max_epochs", "2"]
@@ -118,8 +118,7 @@ def test_missing_data_root_exits_2_with_one_line(tmp_path: Path, run_main) -> No
 
 @pytest.mark.parametrize("said", ["Connection closed by peer", "Connection reset by peer"])
 def test_a_process_whose_peer_failed_first_ends_in_one_line(said: str, monkeypatch, capsys):
-    """Under DDP the rank that fails says why; the others, their collective broken, say one line
-    (gloo words it either way, as the failed rank's socket is closed or reset)."""
+    """Under DDP the ranks whose peer failed first say one line (gloo words it either way)."""
     from {{ cookiecutter.package_name }}.commands import report
 
     def broken_collective(args: list[str]) -> None:

@@ -54,8 +54,8 @@ def test_resume_from_last_continues_at_the_saved_epoch_and_step(
 def test_resuming_with_more_epochs_rebuilds_the_schedule(
     image_root: Path, tmp_path: Path, monkeypatch, schedule: str
 ) -> None:
-    """The docs' `fit --ckpt_path last.ckpt --trainer.max_epochs N` with a larger N: left alone,
-    OneCycleLR stops past its old total and the cosine schedule jumps without a word."""
+    """`fit --ckpt_path last.ckpt` with a larger `--trainer.max_epochs`: left alone, OneCycleLR
+    stops past its old total and the cosine schedule jumps without a word."""
     monkeypatch.chdir(tmp_path)
     options = [*tiny_run_options(image_root), "--model.schedule", schedule, *QUIET, *CSV_LOGGER]
     main(["fit", *options, "--trainer.max_epochs", "2"])
@@ -78,8 +78,8 @@ def test_resuming_with_more_epochs_rebuilds_the_schedule(
 
 
 class SavedStep(L.Callback):
-    """After each batch, the step `last.ckpt` holds as the batch before left it (None: no file);
-    Lightning runs checkpoint callbacks after all others."""
+    """After each batch, the step in `last.ckpt` as the batch before left it (None: no file):
+    Lightning runs checkpoint callbacks last."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -120,8 +120,8 @@ class FailAfter(L.Callback):
 def test_a_fault_inside_a_gradient_accumulation_keeps_the_last_file_to_resume(
     image_root: Path, tmp_path: Path, capsys
 ) -> None:
-    """A fault after the 3rd batch of epoch 1, accumulating 2: a save there would lack batch 3's
-    gradients (and be refused on resume); the epoch-end last.ckpt is kept instead."""
+    """A fault after batch 3 of epoch 1, accumulating 2: a save would lack batch 3's gradients;
+    the epoch-end last.ckpt is kept instead."""
     data = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
     options = dict(max_epochs=2, accumulate_grad_batches=2, enable_checkpointing=True)
     callbacks = [LastCheckpoint(every_minutes=0), FailAfter(epoch=1, batches=3)]

@@ -50,11 +50,9 @@ def in_tmp(tmp_path: Path, monkeypatch) -> Path:
 def test_a_run_resumes_only_itself_and_keeps_its_options(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
-    """`--ckpt_path last` is the named run's own, not the newest; a finished run says so and exits
-    0; a fresh fit of it, or a resume that changes what it trains, is refused naming the options,
-    its last.ckpt untouched. Where the data is (staged on a node's disk) and how it is read may
-    change: an option given wins, even at its default value, and `fit` names it. Without `--run`,
-    `--ckpt_path last` starts a new run."""
+    """`--ckpt_path last` is the named run's own, not the newest; a finished run exits 0; a fresh
+    fit of it, or a resume changing what it trains, is refused, last.ckpt untouched; where the
+    data is and how it is read may change (named); without `--run`, it starts a new run."""
     reading = ["--data.source.skip_bad_images", "true", "--data.source.cache", "memmap"]
     fit(image_root, "--run", "a", "--trainer.max_epochs", "1", *reading)
     fit(image_root, "--run", "b", "--trainer.max_epochs", "2")  # newer, and further on
@@ -103,9 +101,7 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     assert (last_of("a").read_bytes(), last_of("b").read_bytes()) == (finished, before)
 
 
-class RecipeProbe(L.Callback):
-    """Notes the weights training starts from and the recipe in force."""
-
+class RecipeProbe(L.Callback):  # the weights training starts from, and the recipe in force
     seen: dict = {}
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -118,9 +114,8 @@ class RecipeProbe(L.Callback):
 
 
 def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path, capsys) -> None:
-    """`fit --run a --ckpt_path last` (the README's) after a run with EMA and gradient clipping:
-    training goes on from the raw weights (not the average in `state_dict`), with EMA and
-    clipping on; the run's config.yaml is left as the run began."""
+    """The README's `fit --run a --ckpt_path last` after a run with EMA and clipping: on from the
+    raw weights (not the average), EMA and clipping on, config.yaml as the run began."""
     recipe = ["--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights"]
     recipe += ["--trainer.callbacks.decay", "0.5", "--trainer.gradient_clip_val", "0.25"]
     recipe += ["--trainer.callbacks+=test_runs.RecipeProbe"]
@@ -144,9 +139,8 @@ def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path,
 def test_a_new_run_does_not_write_over_files_it_did_not_write(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
-    """Not over `validate`'s logs in lightning_logs/version_0 (`fit --run version_0`), nor over
-    the `last.ckpt` in `--checkpoint.dirpath`, the user's or another run's; resuming that run is
-    still one option away."""
+    """Not over `validate`'s logs (`fit --run version_0`), nor a `last.ckpt` in
+    `--checkpoint.dirpath`, the user's or another run's (resumable with --ckpt_path last)."""
     theirs = in_tmp / "lightning_logs" / "version_0"
     theirs.mkdir(parents=True)
     (theirs / "metrics.csv").write_text("epoch,val_acc\n0,0.5\n")
@@ -174,7 +168,7 @@ def test_a_run_being_trained_is_not_started_or_resumed_by_a_second_fit(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
     """A second `fit --run a`, fresh or resuming, is refused while the first trains; killed, the
-    first holds the run no longer."""
+    first lets it go."""
     first = subprocess.Popen(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit"]
         + [*tiny_run_options(image_root), *QUIET, *CSV_LOGGER, "--run", "a"]

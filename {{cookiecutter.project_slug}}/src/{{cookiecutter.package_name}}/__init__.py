@@ -9,9 +9,7 @@ import importlib
 __all__ = ["DataError", "ImageClassifier", "ImageDataModule"]
 __version__ = "0.1.0"
 
-
-# The public classes, imported on first use: `python -m {{ cookiecutter.package_name }} --help` and
-# reading images need neither Lightning nor the model.
+# The public classes, imported on first use: `--help` and reading images need no Lightning.
 _HOMES = {
     "ImageDataModule": "data.datamodule",
     "ImageClassifier": "model.classifier",

@@ -1,8 +1,5 @@
-"""`python -m {{ cookiecutter.package_name }} <command> [options]`: one entry point for every command.
-
-`fit`, `validate`, `test` and `predict` go to LightningCLI (`commands/cli.py`); the others to their
-own `main()` under `commands/`. Each command has its own `--help`.
-"""
+"""`python -m {{ cookiecutter.package_name }} <command> [options]`: `fit`, `validate`, `test`
+and `predict` run through LightningCLI (`commands/cli.py`), the others their own `main()`."""
 
 from __future__ import annotations
 
@@ -14,10 +11,7 @@ from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
 from {{ cookiecutter.package_name }}.errors import DataError
 
 USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]"
-
-
-# What gloo says on the other ranks when one rank of a DDP job exits: the one or the other, as
-# the exiting rank's socket happens to be closed or reset.
+# What gloo says on the other ranks when one rank of a DDP job exits (its socket closed or reset).
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
 
@@ -46,13 +40,16 @@ def main(args: list[str] | None = None) -> None:
     command = importlib.import_module(f"{{ cookiecutter.package_name }}.commands.{module}")
     try:
         code = command.main(argv if module == "cli" else argv[1:])
-    except DataError as err:  # bad input: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
+    except DataError as err:  # bad input: one line, without the traceback of a loader worker's
+        text = str(err)
+        if "DataLoader worker" in text and "DataError: " in text:
+            text = text.rsplit("DataError: ", 1)[1]
+        print(f"error: {text.strip()}", file=sys.stderr)
         sys.exit(2)
     except RuntimeError as err:
         if (message := worker_death_message(err)) is not None:
-            # a loader worker killed by a signal: most likely a damaged file. On a line of its
-            # own: PyTorch's handler in the worker printed a line with no newline.
+            # A loader worker killed by a signal (a damaged file?), on a line of its own: PyTorch's
+            # handler in the worker printed a line with no newline.
             print(f"\nerror: {message}", file=sys.stderr)
             sys.exit(2)
         if any(words in str(err) for words in _PEER_GONE):  # DDP: another process failed first

@@ -1,8 +1,4 @@
-"""The commands of `python -m {{ cookiecutter.package_name }} <command>`, each a thin `main()`.
-
-`COMMANDS` maps each name to the module that runs it and one line of help; `__main__` dispatches,
-after `short_spellings`.
-"""
+"""The commands of `python -m {{ cookiecutter.package_name }} <command>`, each a thin `main()`."""
 
 # name -> (module under commands/, one line for `--help`)
 COMMANDS = {
@@ -26,9 +22,8 @@ COMMANDS = {
     "report": ("report", "write a run's HTML report: curves, confusion matrix, mistakes"),
 }
 
-# The source's options also spelt flat, `--data.root DIR` for `--data.source.root DIR`: the common
-# case in one short option. jsonargparse has no aliases for a subclass's arguments, hence this
-# rewrite of the command line before it is parsed.
+# The source's options also spelt flat, `--data.root DIR` for `--data.source.root DIR`: rewritten
+# before parsing, as jsonargparse has no aliases for a subclass's arguments.
 SOURCE_OPTIONS = {
     "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv", "balance_classes",
     "epoch_repeats", "epoch_images", "skip_bad_images", "cache", "cache_key",
@@ -45,10 +40,9 @@ SOURCE_CHOOSING = {
 
 
 def short_spellings(argv: list[str]) -> list[str]:
-    """`argv` with each flat source option (`--data.root DIR`, `--data.labels_csv FILE`, also
-    with `=`) in its full spelling; a flat option that names a kind of source (as `labels_csv`
-    does) puts `--data.source KIND` before the first source option, which jsonargparse needs
-    first."""
+    """`argv` with each flat source option (`--data.root DIR`, also with `=`) spelt in full; one
+    that names a kind of source (`labels_csv`) puts `--data.source KIND` before the first source
+    option, as jsonargparse needs."""
     out: list[str] = []
     chosen, first = None, None
     for arg in argv:

@@ -80,8 +80,7 @@ class ImageCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         super().parse_arguments(parser, args)
-        # Checked here, before LightningCLI reads the file's hyperparameters into the config and
-        # long before the Trainer loads it: a bad file stops with one sentence, never a traceback.
+        # A bad --ckpt_path stops here in one sentence, before LightningCLI or the Trainer read it.
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -96,8 +95,8 @@ class ImageCLI(LightningCLI):
             self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
             saved = resume_base(self.ckpt_contents, typed)
             if subcommand == "fit" and saved and not isinstance(args, dict):
-                # The run's whole configuration (trainer options, callbacks: EMA, clipping) is
-                # the base, and what was typed now goes over it, as a second config file would.
+                # The run's whole configuration (callbacks: EMA, clipping) is the base, and what
+                # was typed now goes over it, as a second config file would.
                 argv = list(sys.argv[1:] if args is None else args)
                 at = argv.index(subcommand) + 1
                 self.config = parser.parse_args([*argv[:at], "--config", saved, *argv[at:]])
@@ -145,7 +144,7 @@ class ImageCLI(LightningCLI):
 {%- endif %}
 
     def instantiate_trainer(self, **kwargs):
-        """As LightningCLI's, with `console.callbacks`, and without the parser-level checkpoint
+        """As LightningCLI's, with `console.callbacks` and resuming's, and without the checkpoint
         callbacks under `enable_checkpointing false` (Lightning refuses them there)."""
         config = {**self.config_init[self.subcommand].trainer, **kwargs}
         # The parser-level callbacks (`--checkpoint.*`, ...), in the order they were added.
@@ -161,15 +160,12 @@ class ImageCLI(LightningCLI):
             callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
             if self.subcommand != "fit":  # no run folder: config.yaml would go to the working one
                 self.save_config_callback = None
-        # No options: parts of resuming, never turned off.
-        recipe = yaml.safe_dump(  # as config.yaml
-            yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
-        )
-        callbacks += [ResumeInEpoch(), RunLogMark(), RunMark(recipe)]
+        # Parts of resuming, never turned off; RunMark keeps the run's config.yaml.
+        recipe = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
+        callbacks += [ResumeInEpoch(), RunLogMark(), RunMark(yaml.safe_dump(recipe))]
         if self.subcommand == "fit" and self.ckpt_contents is not None:
             self.save_config_callback = None  # the run's config.yaml stays as the run began
-        # Private, as no public hook takes the callbacks: LightningCLI's own last step (its
-        # save-config callback and `trainer_defaults` callbacks added, the Trainer made).
+        # Private, as no public hook takes the callbacks: LightningCLI's own last step.
         trainer = self._instantiate_trainer(config, callbacks)
         if self.subcommand == "fit" and self.config.fit.get("run") is not None:
             trainer.run_folder = str(runs_folder(self.config.fit) / self.config.fit.run)
@@ -177,13 +173,18 @@ class ImageCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        # After LightningCLI put the checkpoint's model options over those given: the run
-        # options given now win (`FREE_ON_RESUME`: `--model.tta_flip true` with `--ckpt_path`).
+        # LightningCLI put the checkpoint's model options over those given: `FREE_ON_RESUME`
+        # given now win (`--model.tta_flip true` with `--ckpt_path`).
         given = self.typed.get("model") or Namespace()
         for name in FREE_ON_RESUME & set(given.keys()):
             config.model[name] = given[name]
         if self.ckpt_contents is not None:
-            _restore_data_options(config, self.typed, self.ckpt_contents, self.subcommand)
+            # The checkpoint's classes, image size and normalisation (linked on to the model):
+            # `predict --ckpt_path X` needs no training options. It holds the trained weights too.
+            saved = _saved_data_options(config, self.typed, self.ckpt_contents, self.subcommand)
+            for name, value in saved.items():
+                config.data[name] = value
+            config.model.weights, config.model.pretrained = None, False
 {%- if cookiecutter.logger in ("mlflow", "wandb") %}
             if self.subcommand == "fit":  # log on to the run the checkpoint came from
                 resume_run(config.trainer.logger, self.ckpt_contents)
@@ -211,8 +212,8 @@ class ImageCLI(LightningCLI):
 
 
 def _follow_pretrained_inputs(config, typed) -> None:
-    """`--model.pretrained` or `--model.weights` (a timm or torchvision model's weights, say):
-    the image size and normalisation of the model's published weights, where not given."""
+    """With `--model.pretrained` or `--model.weights`: the image size and normalisation of the
+    model's published weights, where not given."""
     given_by = next((name for name in ("pretrained", "weights") if config.model.get(name)), None)
     if given_by is None:
         return
@@ -230,10 +231,9 @@ def _follow_pretrained_inputs(config, typed) -> None:
 
 
 def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
-    """The options given on the command line or in config files, without the defaults: what a
-    resume must not quietly replace with the checkpoint's values. Where the parse without
-    defaults cannot stand alone (a logger class given without an argument it requires), the
-    options whose values differ from their defaults."""
+    """The options given on the command line or in config files, without defaults (what a resume
+    must not replace with the checkpoint's). Where that parse fails (a logger class given without
+    an argument it requires): the options whose values differ from their defaults."""
     exit_on_error, parser.exit_on_error = parser.exit_on_error, False
     try:
         try:
@@ -257,76 +257,58 @@ def _run_last(config, subcommand: str) -> str | None:
     """`--ckpt_path last`: this run's `last.ckpt` (`--run` or `--checkpoint.dirpath`), never
     another run's; for `fit`, None when the run has none yet (a SLURM job's first start)."""
     folder = run_checkpoints(config)
-    last = folder / "last.ckpt" if folder is not None else None
-    if last is not None and last.is_file():
-        if rank_zero_only.rank == 0:
-            verb = "resuming" if subcommand == "fit" else "using"
-            print(f"--ckpt_path last: {verb} run {config.run or folder} from {last}", flush=True)
-        return str(last)
-    if folder is None:
+    last, run, fit = folder and folder / "last.ckpt", config.run or folder, subcommand == "fit"
+    found = str(last) if last and last.is_file() else None
+    if found:
+        notice = f"{'resuming' if fit else 'using'} run {run} from {last}"
+    elif folder is None:
         runs = known_runs(config)
         named = f" (runs here: {', '.join(runs)})" if runs else ""
-        if subcommand != "fit":
-            raise DataError(f"--ckpt_path last: name the run with --run NAME{named}")
+        refusal = f"name the run with --run NAME{named}"
         notice = f"a new run has no last.ckpt; to resume one, name it with --run NAME{named}"
-    elif subcommand != "fit":
-        raise DataError(f"--ckpt_path last: run {config.run or folder} has no {last}")
     else:
-        notice = f"run {config.run or folder} has no {last} yet; starting it"
+        refusal, notice = f"run {run} has no {last}", f"run {run} has no {last} yet; starting it"
+    if not found and not fit:
+        raise DataError(f"--ckpt_path last: {refusal}")
     if rank_zero_only.rank == 0:
         print(f"--ckpt_path last: {notice}", flush=True)
-    return None
+    return found
 
 
-def _restore_data_options(config, typed, checkpoint: dict, subcommand: str) -> None:
-    """Give the DataModule the checkpoint's classes, image size and normalisation, which the
-    links pass on to the model: `predict --ckpt_path X` then needs no training options."""
-    for name, value in _saved_data_options(config.data, typed, checkpoint, subcommand).items():
-        config.data[name] = value
-    # The checkpoint holds the trained weights; the file that seeded them may be gone.
-    config.model.weights, config.model.pretrained = None, False
-
-
-def _saved_data_options(data, typed, checkpoint: dict, subcommand: str) -> dict:
-    """The data options `_restore_data_options` takes from the checkpoint, by name."""
+def _saved_data_options(config, typed, checkpoint: dict, subcommand: str) -> dict:
+    """The data options a command with `--ckpt_path` takes from the checkpoint, by name."""
     hparams = checkpoint["hyper_parameters"]
     options = {name: hparams[name] for name in LINKED if name in hparams}
-    # Resuming, validating or testing: data options not given take the saved ones, so that a
-    # checkpoint trained on your own data needs no --data.source (predict reads only
-    # --data.predict_root, and the training data may not be where the model is served).
+    # Resuming, validating or testing: data options not given take the saved ones (no need for
+    # --data.source). predict reads only --data.predict_root: the training data may be elsewhere.
     if subcommand in ("fit", "validate", "test"):
         given = typed.get("data") or Namespace()
         for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
             if name == "source":
-                options[name] = _saved_source(data.get("source"), given.get("source"), value)
-            elif name in data and name not in options and name not in given:
+                options[name] = _saved_source(config.data.get("source"), given.get("source"), value)
+            elif name in config.data and name not in options and name not in given:
                 options[name] = value
     return options
 
 
 def _saved_source(current, given, saved: dict) -> Namespace:
-    """The checkpoint's source, with the options given now (`given`, of the `current` source):
-    the same kind of source takes the saved values of the others; another kind, given with
-    options of its own, is kept as given."""
+    """The checkpoint's source with the options given now (`given`, of the `current` source); a
+    source of another kind, given with options of its own, is kept as given."""
     current = current.as_dict() if isinstance(current, Namespace) else dict(current)
-    class_path = current["class_path"]
     given_args = given.get("init_args") if isinstance(given, Namespace) else None
     names = given_args.keys() if isinstance(given_args, Namespace) else ()
     typed = {name: current["init_args"][name] for name in names}
-    if class_path != saved["class_path"]:
-        return _as_namespace(current if typed else saved)
-    return _as_namespace({"class_path": class_path, "init_args": {**saved["init_args"], **typed}})
-
-
-def _as_namespace(source: dict) -> Namespace:
+    source = current if typed else saved
+    if current["class_path"] == saved["class_path"]:
+        source = {"class_path": saved["class_path"], "init_args": {**saved["init_args"], **typed}}
     args = Namespace(**(source.get("init_args") or {}))
     return Namespace(class_path=source["class_path"], init_args=args)
 
 
 def _check_resumed_classes(config, typed, checkpoint: dict) -> None:
     """Refuse to resume `fit` on data without the checkpoint's classes, before anything else is
-    printed: read from a DataModule built with the options the resumed run will have."""
-    saved = _saved_data_options(config.data, typed, checkpoint, "fit")
+    printed, with the data options the resumed run will have."""
+    saved = _saved_data_options(config, typed, checkpoint, "fit")
     options = {**config.data.as_dict(), **saved}
     source = source_from_config(options.pop("source"))
     data = ImageDataModule(**{**options, "source": source, "class_names": None})
@@ -336,19 +318,9 @@ def _check_resumed_classes(config, typed, checkpoint: dict) -> None:
     check_classes_present(config.ckpt_path, saved, data.class_names, where)
 
 
-def _message(err: DataError) -> str:
-    """The error's own message, without the traceback PyTorch wraps around one from a worker."""
-    text = str(err)
-    if "DataLoader worker" in text and "DataError: " in text:
-        text = text.rsplit("DataError: ", 1)[1]
-    return text.strip()
-
-
 def main(args: list[str] | None = None) -> None:
     """Run LightningCLI on `args` (the subcommand first, as on the command line)."""
-    if args is not None and list(args) == sys.argv[1:]:
-        # The command line itself: LightningCLI reads it there, and warns on stderr when it is
-        # handed the same arguments too, as `python -m` does through `__main__`.
+    if args is not None and list(args) == sys.argv[1:]:  # LightningCLI warns if handed it too
         args = None
 {%- if cookiecutter.logger == "mlflow" %}
     # MLflow 3 sends usage telemetry unless told not to; training stays on this machine.
@@ -398,12 +370,7 @@ def main(args: list[str] | None = None) -> None:
 {%- if cookiecutter.logger == "wandb" %}
         finish_run()
 {%- endif %}
-    except DataError as err:
-        print(f"error: {_message(err)}", file=sys.stderr)
-        sys.exit(2)
-    except SIGTERMException as stop:
-        # 128 + the signal's number (143: SIGTERM, 130: Ctrl-C), as if killed: schedulers and
-        # shells see an unfinished run.
+    except SIGTERMException as stop:  # 128 + the signal (143: SIGTERM), as if killed: unfinished
         sys.exit(getattr(stop, "exit_status", 143))
     finally:
         release_runs()

@@ -1,9 +1,7 @@
 """The data side: image files on disk to normalised batches on the device (ARCHITECTURE.md)."""
 
 
-def __getattr__(name: str):
-    # `from <package>.data import ImageDataModule` keeps working; imported on first use only, so
-    # that reading an image (`data.images`) does not import Lightning.
+def __getattr__(name: str):  # on first use: reading an image (`data.images`) needs no Lightning
     if name == "ImageDataModule":
         from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule
 

@@ -19,12 +19,14 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from {{ cookiecutter.package_name }}.training.runs import slurm_job
+
 _DDP_CHECK_BATCHES = 16  # under DDP, how often the ranks agree on whether a timed save is due
 
 
 class BestCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, whose state only `fit` restores: in `validate`, `test` and
-    `predict` Lightning would warn that the run's best checkpoints lie in another folder."""
+    """A ModelCheckpoint whose state only `fit` restores: elsewhere Lightning would warn that the
+    run's best checkpoints lie in another folder."""
 
     fitting = False
 
@@ -38,13 +40,12 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(Checkpoint):
-    """Save `last.ckpt` every `every_minutes`, at the end of every training epoch, and when `fit`
-    is stopped by SIGTERM, Ctrl-C, SLURM's requeue signal (then `scontrol requeue`) or an error.
+    """Save `last.ckpt` every `every_minutes`, after every training epoch, and when `fit` is
+    stopped by SIGTERM, Ctrl-C, SLURM's requeue signal (then `scontrol requeue`) or an error.
 
-    Not ModelCheckpoint's `save_last`: since Lightning 2.6 it refreshes `last.ckpt` only in epochs
-    that save a new best. Signals are not left to Lightning or Python, whose handlers stop each
-    process where its signal found it (a hang inside a DDP collective): a signal sets a flag, and
-    after each batch ending a gradient accumulation the ranks agree on it and save and stop
+    Not ModelCheckpoint's `save_last`, which since Lightning 2.6 skips epochs without a new best.
+    A signal only sets a flag (Lightning's and Python's handlers stop each DDP rank where it is, a
+    hang in a collective): after each gradient accumulation the ranks agree on it, save and stop
     together. A second Ctrl-C ends at once, unsaved.
 
     Args:
@@ -97,9 +98,7 @@ class LastCheckpoint(Checkpoint):
         if trainer.world_size > 1 and (batch_idx + 1) % (_DDP_CHECK_BATCHES * accumulate):
             return
         due = time.monotonic() - self._saved_at >= 60 * self.every_minutes
-        if trainer.world_size > 1:
-            due = trainer.strategy.broadcast(due, src=0)
-        if due:
+        if trainer.strategy.broadcast(due, src=0):  # rank zero's clock
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -130,7 +129,7 @@ class LastCheckpoint(Checkpoint):
             print(f"{name}: saved {path}; resume with --ckpt_path {path}")
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
-        """Whether any rank was signalled (one small all-reduce); each takes the largest signal."""
+        """Whether any rank was signalled (one small all-reduce; each takes the largest signal)."""
         if trainer.world_size == 1:
             return self._signal is not None
         flag = torch.tensor([self._signal or 0], device=trainer.strategy.root_device)
@@ -156,8 +155,8 @@ class LastCheckpoint(Checkpoint):
         self._replaced = {}
 
     def save(self, trainer: L.Trainer) -> Path:
-        """Write `last.ckpt` whole or not at all, by a rename in its own folder: Lightning's writer
-        moves a file from the system's temporary folder, a copy when that is another disk."""
+        """Write `last.ckpt` whole or not at all, by a rename in its own folder (Lightning's writer
+        moves a file from the system's temporary folder: a copy, on another disk)."""
         path = self._path(trainer)
         staging = path.with_name(f".{path.name}.partial")
         trainer.save_checkpoint(staging, weights_only=False)  # every rank; rank zero writes
@@ -167,8 +166,7 @@ class LastCheckpoint(Checkpoint):
         return path
 
     @staticmethod
-    def _path(trainer: L.Trainer) -> Path:
-        """Beside the checkpoints of the `checkpoint` callback."""
+    def _path(trainer: L.Trainer) -> Path:  # beside the `checkpoint` callback's
         kept = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
         folder = kept[0].dirpath if kept else None
         return Path(folder or trainer.default_root_dir) / "last.ckpt"
@@ -198,9 +196,7 @@ def _stop_signals(trainer: L.Trainer) -> list[int]:
 
 def _requeue() -> None:
     """`scontrol requeue` this SLURM job (or array task): it starts again, and resumes."""
-    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else None
-    job = job or os.environ["SLURM_JOB_ID"]
+    job = slurm_job()
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     except FileNotFoundError:

@@ -1,5 +1,4 @@
-"""EMAWeights: an exponential moving average of the weights whose decay warms up, on Lightning's
-weight averaging."""
+"""EMAWeights: an exponential moving average of the weights whose decay warms up."""
 
 from __future__ import annotations
 
@@ -14,13 +13,10 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 
 class EMAWeights(WeightAveraging):
-    """The average of the weights and BatchNorm statistics, on Lightning's `WeightAveraging`
-    (validated, checkpointed and exported; resumed with the raw weights).
-
-    Not Lightning's `EMAWeightAveraging`, whose decay does not warm up: a run shorter than its
-    window averages in the random start (docs/training.md). Here the n-th update uses
-    min(decay, (1 + n) / (10 + n)), as timm's EMA.
-    """
+    """The average of the weights and BatchNorm statistics on Lightning's `WeightAveraging`
+    (validated, checkpointed, exported; resumed with the raw weights). Not `EMAWeightAveraging`,
+    whose decay does not warm up (docs/training.md): the n-th update uses
+    min(decay, (1 + n) / (10 + n)), as timm's EMA."""
 
     def __init__(self, decay: float = 0.999) -> None:
         if not 0.0 <= decay < 1.0:
@@ -43,14 +39,12 @@ class EMAWeights(WeightAveraging):
         self._validating = False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
-        """A failure inside validation: the raw weights back before `LastCheckpoint` saves."""
-        if self._validating:
+        if self._validating:  # the raw weights back before `LastCheckpoint` saves
             self.on_validation_epoch_end(trainer, pl_module)
 
 
 @torch.no_grad()
 def warmed_up_ema(decay: float, average: Tensor, current: Tensor, num_averaged: Tensor) -> Tensor:
     """The n-th update of the average (n = `num_averaged`, from 1), at the warmed-up decay."""
-    n = float(num_averaged)
-    rate = min(decay, (1 + n) / (10 + n))
+    rate = min(decay, (1 + float(num_averaged)) / (10 + float(num_averaged)))
     return rate * average + (1 - rate) * current

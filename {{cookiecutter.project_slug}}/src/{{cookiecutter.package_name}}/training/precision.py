@@ -8,16 +8,14 @@ import torch
 
 
 def default_precision(accelerator: object) -> str | None:
-    """`bf16-mixed` where every CUDA GPU computes in bf16 natively (capability 8.0+), `16-mixed`
-    on other CUDA GPUs, None (fp32) elsewhere. Asked of NVML, not of the CUDA runtime, which must
-    not start in the launching process before DDP forks its workers."""
+    """`bf16-mixed` where every CUDA GPU has native bf16 (8.0+), `16-mixed` on other CUDA GPUs,
+    None (fp32) elsewhere. Asked of NVML: CUDA must not start before DDP forks its workers."""
     if accelerator not in ("auto", "gpu", "cuda") or not torch.cuda.is_available():
         return None
     return precision_for(_compute_capabilities())
 
 
-def precision_for(capabilities: list[tuple[int, int]] | None) -> str:
-    """The mixed precision for CUDA GPUs of these compute capabilities (None: unknown)."""
+def precision_for(capabilities: list[tuple[int, int]] | None) -> str:  # None: unknown
     native_bf16 = bool(capabilities) and all(major >= 8 for major, _ in capabilities)
     return "bf16-mixed" if native_bf16 else "16-mixed"
 
@@ -37,12 +35,10 @@ def _compute_capabilities() -> list[tuple[int, int]] | None:
         capabilities = []
         for index in range(count.value):
             handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
-            if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
-                return None
-            found = nvml.nvmlDeviceGetCudaComputeCapability(
-                handle, ctypes.byref(major), ctypes.byref(minor)
+            failed = nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) or (
+                nvml.nvmlDeviceGetCudaComputeCapability(handle, *map(ctypes.byref, (major, minor)))
             )
-            if found != 0:
+            if failed:
                 return None
             capabilities.append((major.value, minor.value))
         return capabilities

@@ -16,13 +16,10 @@ _PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 
 def end_with_starter() -> None:
-    """In a DDP rank that this command started as a copy of itself, end when the starter ends.
-
-    Lightning does not end ranks 1.. when rank zero fails before they meet: they wait 30 minutes
-    inside the connection (holding Python's lock, so no thread can watch). The command names
-    itself in its copies' environment; a copy asks Linux to kill it with its parent
-    (PR_SET_PDEATHSIG), or ends at once if the parent is gone (docs/distributed.md).
-    """
+    """In a DDP rank this command started as a copy of itself, end when the starter ends: Lightning
+    leaves ranks 1.. waiting 30 minutes to connect when rank zero fails first, holding Python's
+    lock (no thread can watch). Linux kills a copy with its parent (PR_SET_PDEATHSIG); a copy
+    whose parent is already gone ends at once (docs/distributed.md)."""
     starter = os.environ.pop(STARTED_BY, None)
     if starter is not None and os.environ.get("LOCAL_RANK", "0") != "0":
         if sys.platform.startswith("linux"):
@@ -33,9 +30,8 @@ def end_with_starter() -> None:
 
 
 def close_process_group() -> None:
-    """Tear down torch.distributed before the interpreter does, as PyTorch's DDP guide asks:
-    Lightning does it for NCCL only, and a gloo group left to shutdown once aborted a finished
-    run (exit code -6). Local, not collective."""
+    """Tear down torch.distributed before the interpreter does, as PyTorch's DDP guide asks (not
+    collective): Lightning does it for NCCL only, and a gloo group left once aborted a run (-6)."""
     os.environ.pop(STARTED_BY, None)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

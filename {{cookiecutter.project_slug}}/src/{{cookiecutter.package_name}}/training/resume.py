@@ -1,5 +1,5 @@
-"""Resuming a run: its whole configuration as the base, the options a resume may change, and the
-loader continuing part-way through an epoch with the images not yet trained on."""
+"""Resuming a run (docs/training.md): its whole configuration as the base, the options a resume
+may change, and the loader going on mid-epoch with exactly the images not yet trained on."""
 
 from __future__ import annotations
 
@@ -32,8 +32,7 @@ MOVABLE = frozenset(
 
 
 class RunMark(Callback):
-    """Keep the run's whole configuration (its `config.yaml`) in every checkpoint: a resume takes
-    it as its base, so it trains on with the same recipe and limits whatever was typed."""
+    """Keep the run's `config.yaml` in every checkpoint: a resume's base, so it keeps its recipe."""
 
     def __init__(self, config: str) -> None:
         self.config = config
@@ -43,13 +42,12 @@ class RunMark(Callback):
 
 
 def run_config(checkpoint: dict) -> str | None:
-    """The configuration `RunMark` kept in `checkpoint`, if any."""
     return (checkpoint.get(RUN_KEY) or {}).get("config")
 
 
 def resume_base(checkpoint: dict, typed) -> str | None:
-    """The run's configuration, as the base of a resume. Callbacks given now replace the run's:
-    a requeued job runs its first command again, and EMA given twice would average twice."""
+    """The run's configuration, as a resume's base. Callbacks given now replace the run's (a
+    requeued job gives its first command again: EMA twice would average twice)."""
     saved = run_config(checkpoint)
     if saved is None or typed.get("trainer.callbacks") is None:
         return saved
@@ -59,19 +57,14 @@ def resume_base(checkpoint: dict, typed) -> str | None:
 
 
 class ResumeInEpoch(Callback):
-    """Continue an interrupted epoch with exactly the images it had not trained on, in order, in
-    one process or under DDP.
+    """Continue an interrupted epoch with exactly the images it had not trained on, in order.
 
-    Lightning restores the counters but restarts the epoch's loader at its first batch. Our
-    samplers (`EpochShuffle`) draw a fixed order from (seed, epoch): after the restore this sets
-    the epoch and skips the batches trained. What else the order depends on is saved, and a
-    mid-epoch resume that changes it is refused. Not torchdata's `StatefulDataLoader`: Lightning
-    2.6 drops its restored state when the schedule asks for `estimated_stepping_batches` (#20550).
-{%- if cookiecutter.shards == "yes" %}
-
-    From shards, LitData's `StreamingDataLoader` keeps the position itself; Lightning saves its
-    state in every checkpoint, and this callback restores it for the same reason.
-{%- endif %}
+    Lightning restores the counters but restarts the loader at its first batch: our samplers
+    (`EpochShuffle`) draw a fixed order from (seed, epoch), so this sets the epoch and skips the
+    batches trained, and refuses a mid-epoch resume that changed what the order depends on. Not
+    torchdata's `StatefulDataLoader`: Lightning 2.6 drops its restored state when the schedule
+    asks for `estimated_stepping_batches` (#20550).{% if cookiecutter.shards == "yes" %} From
+    shards, LitData's loader state (in every checkpoint) is restored here for the same reason.{% endif %}
     """
 
     def __init__(self) -> None:
@@ -162,11 +155,15 @@ def _order_inputs(trainer: L.Trainer, sampler: EpochShuffle) -> dict:
     return dict(processes=trainer.world_size, batch_size=size, images=images, sampler=kind.__name__)
 
 
+_NAMES = {"batch_size": "batch size", "images": "training images"}
+_NAMES["sampler"] = "sampler (--data.source.balance_classes)"
+
+
 def _changed(trainer: L.Trainer, done: int, saved: dict, now: dict) -> str:
-    names = {"processes": "processes", "batch_size": "batch size", "images": "training images"}
-    names["sampler"] = "sampler (--data.source.balance_classes)"
     changes = ", ".join(
-        f"{names[key]} {saved.get(key)} -> {now[key]}" for key in now if saved.get(key) != now[key]
+        f"{_NAMES.get(key, key)} {saved.get(key)} -> {value}"
+        for key, value in now.items()
+        if saved.get(key) != value
     )
     return (
         f"{trainer.ckpt_path} stopped {done} batches into epoch {trainer.current_epoch}, and "
@@ -180,46 +177,43 @@ def check_resume(config, typed, checkpoint: dict) -> None:
     """Refuse typed `--model.*`/`--data.*` values that differ from the run's, say which typed
     options apply, and end a run with nothing left to train (one line, exit status 0)."""
     run = config.run or config.ckpt_path
-    changes = changed_options(typed, checkpoint)
-    if changes:
+    refused, applied = changed_options(typed, checkpoint)
+    if refused:
         raise DataError(
             f"--ckpt_path {config.ckpt_path}: resuming run {run} keeps its options, and these "
-            f"differ: {', '.join(changes)}; drop them, or start a new run (without --ckpt_path, "
+            f"differ: {', '.join(refused)}; drop them, or start a new run (without --ckpt_path, "
             "or with another --run)"
         )
-    applied = changed_options(typed, checkpoint, applied=True)
     applied += changed_trainer_options(typed, checkpoint)
     done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
-    if rank_zero_only.rank == 0 and applied and not done:
-        print(f"resuming run {run} with {', '.join(applied)}", flush=True)
+    said = f"resuming run {run} with {', '.join(applied)}" if applied else None
     if done:
-        if rank_zero_only.rank == 0:
-            print(
-                f"run {run} already finished {done}: nothing to train (to train on, resume with "
-                "a larger --trainer.max_epochs)",
-                flush=True,
-            )
+        said = f"run {run} already finished {done}: nothing to train (to train on, resume with "
+        said += "a larger --trainer.max_epochs)"
+    if said and rank_zero_only.rank == 0:
+        print(said, flush=True)
+    if done:
         sys.exit(0)
 
 
-def changed_options(typed, checkpoint: dict, applied: bool = False) -> list[str]:
-    """`--model.*`/`--data.*` options given that differ from the run's, as
-    `--model.lr 0.5 (the run's: 0.003)`: with `applied` those a resume applies, else the others."""
+def changed_options(typed, checkpoint: dict) -> tuple[list[str], list[str]]:
+    """`--model.*`/`--data.*` options given that differ from the run's, as `--model.lr 0.5 (the
+    run's: 0.003)`: those a resume refuses, and those it applies (how or where data is read)."""
     hparams = checkpoint.get("hyper_parameters", {})
-    data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
-    changes = []
+    data_hparams = _flat(checkpoint.get("datamodule_hyper_parameters", {}))
+    refused, applied = [], []
     for group in ("model", "data"):
-        given = typed.get(group)
-        given = _flat(given.as_dict()) if given is not None else {}
-        saved_group = _flat(data_hparams) if group == "data" else {}
-        for key, value in given.items():
+        given, saved_group = typed.get(group), data_hparams if group == "data" else {}
+        for key, value in _flat(given.as_dict() if given is not None else {}).items():
             # The linked options (classes, image size, normalisation) are the model's first.
             saved = hparams.get(key, saved_group.get(key, _MISSING))
             if key in ("weights", "pretrained") or saved is _MISSING or _same(value, saved):
                 continue
-            if (key in FREE_ON_RESUME or (group == "data" and key in MOVABLE)) == applied:
-                changes.append(f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})")
-    return changes
+            free = key in FREE_ON_RESUME or (group == "data" and key in MOVABLE)
+            (applied if free else refused).append(
+                f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})"
+            )
+    return refused, applied
 
 
 def changed_trainer_options(typed, checkpoint: dict) -> list[str]:
@@ -275,11 +269,9 @@ def _flat(options: dict) -> dict:
 
 def _same(given: object, saved: object) -> bool:
     given, saved = _plain(given), _plain(saved)
-    if given == saved:
-        return True
-    if not (isinstance(given, str) and isinstance(saved, str)):
-        return False
-    return os.path.exists(given) and os.path.exists(saved) and os.path.samefile(given, saved)
+    paths = isinstance(given, str) and isinstance(saved, str)
+    paths = paths and os.path.exists(given) and os.path.exists(saved)
+    return given == saved or (paths and os.path.samefile(given, saved))
 
 
 def _plain(value: object) -> object:

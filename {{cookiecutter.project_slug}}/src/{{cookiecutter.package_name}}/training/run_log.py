@@ -18,11 +18,9 @@ METRICS = "metrics.csv"
 
 
 class RunLogMark(Callback):
-    """Note in every checkpoint the CSV or TensorBoard logger's folder and, for CSV, how many rows
-    `metrics.csv` has: a resumed `fit` logs on there keeping just those rows, so no step is logged
-    twice or missing (Lightning alone starts a new `version_N`, or deletes `metrics.csv`).{% if cookiecutter.logger in ("mlflow", "wandb") %}
-    MLflow and W&B runs continue through `training/tracking.py` instead.{% endif %}
-    """
+    """Note in every checkpoint the CSV or TensorBoard logger's folder and how many rows
+    `metrics.csv` has: a resume logs on there keeping just those rows (Lightning alone starts a
+    new `version_N`, or deletes `metrics.csv`).{% if cookiecutter.logger in ("mlflow", "wandb") %} MLflow and W&B: `training/tracking.py`.{% endif %}"""
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         logger = trainer.logger
@@ -37,7 +35,10 @@ class RunLogMark(Callback):
         }
         if isinstance(logger, CSVLogger):
             logger.save()
-            rows = _count_rows(Path(logger.log_dir) / METRICS)
+            path, rows = Path(logger.log_dir) / METRICS, 0
+            if path.is_file():
+                with open(path, newline="") as file:
+                    rows = max(sum(1 for _ in csv.reader(file)) - 1, 0)
             # Saved after the epoch's last batch: its training means, logged next, count too.
             epoch_ended = trainer.fit_loop.epoch_loop.batch_progress.current.completed
             mark["rows"] = rows + int(epoch_ended >= trainer.num_training_batches)
@@ -58,8 +59,8 @@ def resumed_version(logger, checkpoint: dict) -> None:
 
 
 def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
-    """Before a resumed `fit` starts, on global rank zero: keep the rows of `metrics.csv` the
-    checkpoint counted, and let Lightning's writer append to them."""
+    """Before a resumed `fit`, on global rank zero: keep the rows of `metrics.csv` the checkpoint
+    counted, and let Lightning's writer append to them."""
     mark = checkpoint.get(_KEY) or {}
     logger = trainer.logger
     if "rows" not in mark or not isinstance(logger, CSVLogger) or len(trainer.loggers) != 1:
@@ -68,7 +69,7 @@ def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
         return
     if os.path.abspath(logger.root_dir) != mark["root_dir"]:
         return
-    if _folder(logger.version) != _folder(mark["version"]):  # `--run version_0` is version 0's
+    if version_folder(logger.version) != version_folder(mark["version"]):  # version_0 is 0
         return
     path = Path(logger.log_dir) / METRICS
     if not path.is_file():
@@ -89,13 +90,6 @@ def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
     experiment.metrics_keys = list(header)  # so that its rows append under the same columns
 
 
-def _folder(version: int | str) -> str:
+def version_folder(version: int | str) -> str:
     """A logger version's folder name, as Lightning's loggers name it."""
     return version if isinstance(version, str) else f"version_{version}"
-
-
-def _count_rows(path: Path) -> int:
-    if not path.is_file():
-        return 0
-    with open(path, newline="") as file:
-        return max(sum(1 for _ in csv.reader(file)) - 1, 0)

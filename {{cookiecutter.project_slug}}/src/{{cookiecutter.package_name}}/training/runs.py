@@ -8,7 +8,9 @@ import socket
 from pathlib import Path
 
 import lightning as L
+{%- if cookiecutter.logger in ("mlflow", "wandb") %}
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+{%- endif %}
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -20,6 +22,9 @@ except ImportError:  # Windows: named runs go unguarded against a second fit at 
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
+{%- if cookiecutter.logger in ("mlflow", "wandb") %}
+from {{ cookiecutter.package_name }}.training.run_log import version_folder
+{%- endif %}
 
 # A no-logger fit's name, for the DDP processes that Lightning starts.
 _RUN_VARIABLE = "{{ cookiecutter.package_name.upper() }}_RUN"
@@ -27,31 +32,33 @@ _RUN_VARIABLE = "{{ cookiecutter.package_name.upper() }}_RUN"
 _VERSIONED = {"CSVLogger": "version", "TensorBoardLogger": "version", "WandbLogger": "id"}
 
 
-def slurm_run_name() -> str | None:
-    """`slurm_<job id>` (`slurm_<array job>_<task>`) in a SLURM batch job (as Lightning detects
-    one: not an interactive allocation), else None."""
-    if not SLURMEnvironment.detect():
-        return None
+def slurm_job() -> str | None:
+    """The SLURM job's id (`<array job>_<task>` for an array task), or None outside SLURM."""
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     if array_job:
-        return f"slurm_{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
-    job = os.environ.get("SLURM_JOB_ID")
+        return f"{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def slurm_run_name() -> str | None:
+    """`slurm_<job>` in a SLURM batch job (as Lightning detects one: not interactive), else None."""
+    job = slurm_job() if SLURMEnvironment.detect() else None
     return f"slurm_{job}" if job else None
 
 
-def name_run(config, typed, subcommand: str) -> str | None:
-    """Settle the run's name and folder in `config` (the subcommand's); return the name.
+def name_run(config, typed, subcommand: str) -> None:
+    """Settle the run's name and folder in `config` (the subcommand's).
 
-    An unnamed `fit` without a logger is `version_N`, as loggers name theirs. Other commands use
-    `--run` to find a checkpoint only, and log to a new folder. The logger's folder (and MLflow's
-    local store) goes under `--trainer.default_root_dir` unless given, as Lightning's default
-    logger does. `typed` is what the command line and config files gave.
-    """
+    An unnamed `fit` without a logger is `version_N`, as loggers name theirs; other commands use
+    `--run` to find a checkpoint only. The logger's folder{% if cookiecutter.logger == "mlflow" %} (and MLflow's local store){% endif %} goes under
+    `--trainer.default_root_dir` unless given, as Lightning's default logger does. `typed` is what
+    the command line and config files gave."""
     root = config.trainer.default_root_dir
     kind, init_args = _logger(config)
     given = typed.get("trainer.logger.init_args.save_dir") is not None
     if root and init_args is not None and "save_dir" in init_args and not given:
         init_args.save_dir = root
+{%- if cookiecutter.logger == "mlflow" %}
     store = _mlflow_store(kind, init_args)
     named = typed.get("trainer.logger.init_args.tracking_uri")
     uri = os.environ.get("MLFLOW_TRACKING_URI") or named
@@ -59,6 +66,7 @@ def name_run(config, typed, subcommand: str) -> str | None:
         init_args.tracking_uri = f"sqlite:///{os.path.abspath(Path(root, store))}"
         artifacts = init_args.artifact_location or os.path.abspath(Path(root, "mlruns"))
         init_args.artifact_location = artifacts
+{%- endif %}
     if config.get("run") is None:
         config.run = slurm_run_name()
     if config.run is None and subcommand == "fit" and config.trainer.logger in (False, []):
@@ -67,12 +75,10 @@ def name_run(config, typed, subcommand: str) -> str | None:
         config.run = inherited or _next_version(runs_folder(config))
         os.environ[_RUN_VARIABLE] = config.run
     run = config.run
-    if run is None:
-        return None
-    if not run or run in (".", "..") or "/" in run or os.sep in run:
+    if run is not None and (not run or run in (".", "..") or "/" in run or os.sep in run):
         raise DataError(f"--run {run!r}: a run's name is a folder name, without '/'")
-    if subcommand != "fit":
-        return run
+    if run is None or subcommand != "fit":
+        return
     if kind in _VERSIONED:
         key = _VERSIONED[kind]
         asked = init_args.get(key)
@@ -84,13 +90,14 @@ def name_run(config, typed, subcommand: str) -> str | None:
         init_args[key] = run
     elif not config.checkpoint.dirpath:  # MLflow names folders by run id; no logger, none
         config.checkpoint.dirpath = str(runs_folder(config) / run / "checkpoints")
+{%- if cookiecutter.logger == "mlflow" %}
         if kind == "MLFlowLogger" and not init_args.get("run_name"):
             init_args.run_name = run
-    return run
+{%- endif %}
 
 
 def refuse_run_among(config) -> None:
-    """Refuse a run whose folders (root, logger's, checkpoints', MLflow's store) are or lie inside
+    """Refuse a run whose folders (root, logger's, checkpoints'{{ ", MLflow's store" if cookiecutter.logger == "mlflow" else "" }}) are or lie inside
     a dataset it reads: its files would land among the user's."""
     inputs = source_from_config(config.data.source).inputs()
     inputs.append(("--data.predict_root", config.data.predict_root))
@@ -104,24 +111,28 @@ def refuse_run_among(config) -> None:
         folders.append(("--trainer.logger.init_args.save_dir", init_args.save_dir, elsewhere))
     if config.checkpoint.dirpath:
         folders.append(("--checkpoint.dirpath", config.checkpoint.dirpath, elsewhere))
+{%- if cookiecutter.logger == "mlflow" %}
     store = _mlflow_store(kind, init_args)
     if store is not None:
         way_out = "point MLFLOW_TRACKING_URI or --trainer.logger.init_args.tracking_uri elsewhere"
         folders.append(("MLflow's store", store.parent, way_out))
+{%- endif %}
     among = "the run's logs and checkpoints would land among the images"
     for option, folder, way_out in folders:
         refuse_overlap(folder, option, inputs, way_out=f"{among}; {way_out}")
 
 
 def runs_folder(config) -> Path:
-    """The folder that holds one folder per run, as `--ckpt_path last` and `--run` see it."""
+    """The folder that holds one folder per run."""
     kind, init_args = _logger(config)
     if kind in _VERSIONED:
         name = init_args.get("project" if kind == "WandbLogger" else "name") or ""
         return Path(init_args.get("save_dir") or ".", name)
     root = Path(config.trainer.default_root_dir or ".")
+{%- if cookiecutter.logger == "mlflow" %}
     if kind == "MLFlowLogger":
         return root / (init_args.get("experiment_name") or "lightning_logs")
+{%- endif %}
     return root / "lightning_logs"
 
 
@@ -131,9 +142,8 @@ def _next_version(folder: Path) -> str:
 
 
 class RunTrainer(L.Trainer):
-    """Lightning's Trainer, whose `log_dir` is the run's own folder whatever the logger:
-    Lightning's is a shared folder for W&B, MLflow and no logger, where every run's files would
-    land over the last run's and the user's. `run_folder` is set by the CLI for a named `fit`."""
+    """A Trainer whose `log_dir` is the run's own folder (the CLI sets `run_folder` for a named
+    `fit`): Lightning's, for {% if cookiecutter.logger in ("mlflow", "wandb") %}W&B, MLflow and {% endif %}no logger, is shared by every run."""
 
     run_folder: str | None = None
 
@@ -141,20 +151,22 @@ class RunTrainer(L.Trainer):
     def log_dir(self) -> str | None:
         if self.run_folder is not None:
             return self.run_folder
+{%- if cookiecutter.logger in ("mlflow", "wandb") %}
         logger = self.logger
         if logger is None or isinstance(logger, CSVLogger | TensorBoardLogger):
             return super().log_dir
         folder = None
         if self.is_global_zero:  # the version is rank zero's
-            version = logger.version
-            version = version if isinstance(version, str) else f"version_{version}"
             save_dir = logger.save_dir or self.default_root_dir
-            folder = os.path.join(save_dir, str(logger.name), version)
+            folder = os.path.join(save_dir, str(logger.name), version_folder(logger.version))
         return self.strategy.broadcast(folder)
+{%- else %}
+        return super().log_dir
+{%- endif %}
 
 
 def run_checkpoints(config) -> Path | None:
-    """The run's checkpoint folder; None for a new, unnamed run."""
+    """The run's checkpoint folder (None: a new, unnamed run)."""
     if config.checkpoint.dirpath:
         return Path(config.checkpoint.dirpath)
     if config.get("run") is None:
@@ -185,15 +197,13 @@ _HELD: list = []  # the lock files of the runs this process trains, until `relea
 
 
 def hold_run(config) -> None:
-    """Refuse a named run that another `fit` trains now. Rank zero holds `flock` on `.<run>.lock`
-    beside the run's folder until it ends (a kill releases it) or `release_runs`; unguarded
-    where the file system has no locks."""
+    """Refuse a named run that another `fit` trains now: rank zero holds `flock` on `.<run>.lock`
+    until it ends (a kill releases it) or `release_runs` (no guard where locks are missing)."""
     if fcntl is None or config.get("run") is None or rank_zero_only.rank != 0:
         return
     path = runs_folder(config) / f".{config.run}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Held open past this function, closed by release_runs (or the process's end).
-    lock = open(path, "a+")  # noqa: SIM115
+    lock = open(path, "a+")  # noqa: SIM115 (held open until release_runs)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -213,28 +223,28 @@ def hold_run(config) -> None:
     _HELD.append(lock)
 
 
-def release_runs() -> None:
-    """Let go of the runs `hold_run` holds (for commands run in-process)."""
+def release_runs() -> None:  # for commands run in-process
     while _HELD:
         _HELD.pop().close()
 
 
-def known_runs(config) -> list[str]:
-    """The runs beside this one that have a `last.ckpt`, by name."""
+def known_runs(config) -> list[str]:  # the runs beside this one with a `last.ckpt`
     found = runs_folder(config).glob("*/checkpoints/last.ckpt")
     return sorted(path.parent.parent.name for path in found)
 
 
 def _logger(config) -> tuple[str | None, object]:
-    """The configured logger's class name and its `init_args` (None, None: none, or several)."""
+    """The logger's class name and `init_args` (None, None: none, or several)."""
     logger = config.trainer.get("logger")
     class_path = getattr(logger, "class_path", None)
     if class_path is None:
         return None, None
     return str(class_path).rsplit(".", 1)[-1], logger.init_args
 
+{%- if cookiecutter.logger == "mlflow" %}
 
-def _mlflow_store(kind: str | None, init_args) -> Path | None:
-    """The file of an MLflow logger's local SQLite store (`sqlite:///PATH`), else None."""
+
+def _mlflow_store(kind: str | None, init_args) -> Path | None:  # MLflow's local `sqlite:///PATH`
     uri = str(init_args.get("tracking_uri") or "") if kind == "MLFlowLogger" else ""
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+{%- endif %}
