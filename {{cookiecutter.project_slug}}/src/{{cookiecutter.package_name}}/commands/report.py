@@ -1,12 +1,6 @@
 """Write a run's report again, from the `history.json` that `fit` keeps in its run folder.
 
-    python -m {{ cookiecutter.package_name }} report lightning_logs/version_0
-
-writes `report.html` (one self-contained page: learning curves, waiting for data, the confusion
-matrix, per-class precision and recall, the most confident mistakes) and its PNGs into the run
-folder. `fit` writes the same at its end; this command redraws it, e.g. for an interrupted run.
-It replaces an earlier report there; a file of those names that no report wrote stays, unless
-`--overwrite`.
+`fit` writes the same at its end (docs/report.md); this redraws it, e.g. for an interrupted run.
 """
 
 from __future__ import annotations
@@ -17,12 +11,10 @@ import time
 
 from {{ cookiecutter.package_name }}.training.report import NothingToReport, write_report
 
-PROG = "python -m {{ cookiecutter.package_name }} report"
-
 
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=PROG,
+        prog="python -m {{ cookiecutter.package_name }} report",
         description=__doc__.splitlines()[0],
         epilog="Exits with code 1 when the run stopped before its first epoch ended (nothing to "
         "report yet); 2, saying why, when the folder is not a fit's or its history is unreadable.",

@@ -15,12 +15,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.report import HISTORY_FILE, write_report
 
+NO_VALIDATION = {"val_loss": None, "val_acc": None}
+
 
 class RunHistory(Callback):
-    """Record each epoch's losses, accuracy, learning rate and data wait in `history.json` (the run
-    folder's, rewritten each epoch, whatever the logger; saved in checkpoints too); with the latest
-    validation's confusion matrix and most confidently wrong images, gathered over DDP ranks from
-    the logits validation computes anyway. Writes the report at the end (docs/report.md).
+    """Each epoch's losses, accuracy, learning rate and data wait, and the latest validation's
+    confusion matrix and most confident mistakes (over all DDP ranks), rewritten into the run
+    folder's `history.json` each epoch and kept in checkpoints; the report at the end of `fit`.
 
     Args:
         report: write `report.html` and its PNGs into the run folder at the end of `fit`.
@@ -33,7 +34,7 @@ class RunHistory(Callback):
         self.epochs: list[dict] = []
         self.validation: dict | None = None  # of the latest validation epoch
         self.folder: Path | None = None
-        self._pending: dict = {}  # this epoch's validation numbers, until the epoch ends
+        self._pending = NO_VALIDATION  # this epoch's validation numbers, until the epoch ends
         self._batches: list[tuple[torch.Tensor, ...]] = []
         self._lr: float | None = None
 
@@ -49,7 +50,7 @@ class RunHistory(Callback):
         self.folder = Path(trainer.log_dir or trainer.default_root_dir)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._pending = {}
+        self._pending = NO_VALIDATION
         optimizers = trainer.optimizers
         self._lr = float(optimizers[0].param_groups[0]["lr"]) if optimizers else None
 
@@ -70,8 +71,7 @@ class RunHistory(Callback):
             return
         wrong = self._most_confident_mistakes(trainer)  # collective under DDP: every rank
         metrics = trainer.callback_metrics  # computing synced metrics is collective too
-        self._pending = {"val_loss": _number(metrics.get("val_loss"))}
-        self._pending["val_acc"] = _number(metrics.get("val_acc"))
+        self._pending = {key: _number(metrics.get(key)) for key in NO_VALIDATION}
         confusion = getattr(pl_module, "confusion", None)
         self.validation = {
             "epoch": trainer.current_epoch,
@@ -91,17 +91,22 @@ class RunHistory(Callback):
             "epoch": trainer.current_epoch,
             "step": trainer.global_step,
             "train_loss": train_loss,
-            "val_loss": self._pending.get("val_loss"),
-            "val_acc": self._pending.get("val_acc"),
+            **self._pending,
             "lr": self._lr,
             "data_wait_fraction": measured["data_wait_fraction"] if measured else None,
             "starved": bool(measured and monitor.judged(measured)),
             "starvation": measured,
         }
         self.epochs = [e for e in self.epochs if e["epoch"] < row["epoch"]] + [row]
-        self._pending = {}
-        if trainer.is_global_zero:
-            self.write(pl_module)
+        self._pending = NO_VALIDATION
+        if trainer.is_global_zero:  # written whole: into a file beside it, then renamed
+            history = {"class_names": list(getattr(pl_module, "class_names", []))}
+            history |= {"epochs": self.epochs, "validation": self.validation}
+            path = self.folder / HISTORY_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging = path.with_name(f".{path.name}.partial")
+            staging.write_text(json.dumps(history, indent=1))
+            os.replace(staging, path)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not (self.report and trainer.is_global_zero and self.epochs) or trainer.fast_dev_run:
@@ -109,20 +114,6 @@ class RunHistory(Callback):
         started = time.perf_counter()
         path = write_report(self.folder)
         print(f"report: {path} (written in {time.perf_counter() - started:.1f} s)")
-
-    def write(self, pl_module: L.LightningModule) -> Path:
-        """Write `history.json` whole: into a temporary file beside it, then renamed."""
-        path = self.folder / HISTORY_FILE
-        history = {
-            "class_names": list(getattr(pl_module, "class_names", [])),
-            "epochs": self.epochs,
-            "validation": self.validation,
-        }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f".{path.name}.partial")
-        staging.write_text(json.dumps(history, indent=1))
-        os.replace(staging, path)
-        return path
 
     def _most_confident_mistakes(self, trainer: L.Trainer) -> list[dict]:
         """This epoch's misclassified images, most confident first, over all processes."""
@@ -145,15 +136,9 @@ class RunHistory(Callback):
             for position in top.tolist():
                 index = position if order is None else int(order[position])
                 path = dataset.path(index) if hasattr(dataset, "path") else None
-                rows.append(
-                    {
-                        "index": index,
-                        "path": os.path.abspath(path) if path is not None else None,
-                        "true": int(targets[position]),
-                        "predicted": int(predicted[position]),
-                        "confidence": float(confidence[position]),
-                    }
-                )
+                row = {"index": index, "path": os.path.abspath(path) if path is not None else None}
+                row |= {"true": int(targets[position]), "predicted": int(predicted[position])}
+                rows.append(row | {"confidence": float(confidence[position])})
         self._batches = []
         if trainer.world_size > 1:
             shards: list = [None] * trainer.world_size
