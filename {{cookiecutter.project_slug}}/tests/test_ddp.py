@@ -21,7 +21,6 @@ from conftest import (
     one_error,
     run_group,
     running,
-    running_in_group,
     tiny_run_options,
     write_corrupt,
     write_image,
@@ -165,29 +164,6 @@ def test_a_rank_started_by_the_command_ends_with_it() -> None:
     env.pop(STARTED_BY, None)
     done = subprocess.run([*python, COPY, "0"], env=env, **quick)
     assert (done.returncode, done.stdout) == (0, "running\n")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG: Linux")
-def test_a_job_whose_first_process_is_killed_leaves_no_process_behind(
-    image_root: Path, tmp_path: Path
-) -> None:
-    """SIGKILL (the OOM killer's) to the command's process of a 2-process fit: rank 1 and every
-    loader worker (and fork server) end too."""
-    fit = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *DDP, *CSV_LOGGER]
-    fit += [*tiny_run_options(image_root), "--data.num_workers", "1", "--trainer.max_epochs", "99"]
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    with subprocess.Popen(fit, cwd=tmp_path, start_new_session=True, **quiet) as job:
-        try:
-            deadline = time.monotonic() + 120
-            while len(running_in_group(job.pid, grace=0)) < 6:  # 2 ranks, a worker per loader
-                assert job.poll() is None and time.monotonic() < deadline, "no training began"
-                time.sleep(0.5)
-            os.kill(job.pid, signal.SIGKILL)
-            assert running_in_group(job.pid, grace=30) == []
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(job.pid, signal.SIGKILL)
 
 
 ONCE_SCRIPT = """

@@ -201,10 +201,11 @@ def stopped_and_resumed(
         said = resuming if (cwd / last).exists() else starting
         done = fit(root, cwd, *options, term_batch=2, env={**(env or {}), **stop})
         signum = signal.Signals[stop.get("TERM_SIGNAL", "SIGTERM")]
-        assert done.returncode == 128 + signum, done.stderr[-3000:]
+        killed = signum == signal.SIGKILL  # nothing saved; the other ranks' last batch: a race
+        assert done.returncode == (-signum if killed else 128 + signum), done.stderr[-3000:]
         assert said in done.stdout
-        assert done.stdout.count(f"{signum.name}: saved {last}") == 1
-        for rank in range(ranks):
+        assert done.stdout.count(f"{signum.name}: saved {last}") == (not killed)
+        for rank in range(1 if killed else ranks):
             assert len(recorded(cwd, rank)[int(stop.get("TERM_EPOCH", 1))]) == batches * 2
         done.signalled_at = float((cwd / "signalled_at").read_text())
         stopped.append(done)
@@ -217,16 +218,6 @@ def stopped_and_resumed(
     stopped_in += tuple(stop.get("TERM_EPOCH", "1") for stop in stops)
     assert_same_run(cwd, whole, ranks, run=run, stopped_in=stopped_in)
     return stopped
-
-
-def interrupted_and_resumed(
-    root: Path, tmp_path: Path, options: list[str], ranks: int, stop: dict | None = None
-) -> Run:
-    """`stopped_and_resumed` in `tmp_path/parts`, against a whole run in `tmp_path/whole` with
-    the same options (the shard tests')."""
-    whole, parts = whole_run(root, tmp_path / "whole", options), tmp_path / "parts"
-    parts.mkdir()
-    return stopped_and_resumed(root, parts, whole, options, [stop or {}], ranks)[0]
 
 
 class KillWhileSaving(L.Callback):
@@ -313,22 +304,26 @@ def test_a_slurm_job_killed_twice_then_requeued_resumes_its_own_run_exactly(
     assert f"3 epochs, {history['epochs'][-1]['step']} steps" in (own / "report.html").read_text()
 
 
-def test_under_ddp_a_ctrl_c_to_one_rank_then_a_group_sigterm_resume_exactly(
+def test_under_ddp_a_ctrl_c_a_sigkill_and_a_group_sigterm_resume_exactly(
     colours: Path, whole_ddp: Path, tmp_path: Path
 ) -> None:
     """Each rank trains a disjoint half of the images every epoch, in a new order each epoch.
     Ctrl-C to rank 1 alone in epoch 0: both ranks save once and end within 30 s (exit 130).
-    Resumed, SIGTERM to every process of the group (both ranks, their workers) in epoch 1.
-    Resumed again, the run ends as `whole_ddp`."""
+    Resumed, SIGKILL (the OOM killer's) to rank zero, the command's process, in epoch 1: rank 1
+    and every loader worker and fork server end within 30 s. Resumed, SIGTERM to every process of
+    the group (both ranks, their workers) in epoch 1. Resumed again, it ends as `whole_ddp`."""
     shares = [recorded(whole_ddp, rank) for rank in (0, 1)]
     for epoch in range(2):
         first, second = (share[epoch] for share in shares)
         assert len(first) == len(second) and not set(first) & set(second)
     assert shares[0][0] != shares[0][1]
-    stops = [{"TERM_SIGNAL": "SIGINT", "TERM_RANK": "1", "TERM_EPOCH": "0"}, {"TERM_GROUP": "1"}]
-    ctrl_c, group = stopped_and_resumed(colours, tmp_path, whole_ddp, DDP_OPTIONS, stops, ranks=2)
-    assert ctrl_c.ended_at - ctrl_c.signalled_at < 30
-    assert ctrl_c.lingering == []  # rank 1 ended too, not only rank 0
+    stops = [{"TERM_SIGNAL": "SIGINT", "TERM_RANK": "1", "TERM_EPOCH": "0"}]
+    stops += [{"TERM_SIGNAL": "SIGKILL"}, {"TERM_GROUP": "1"}]
+    ctrl_c, killed, group = stopped_and_resumed(
+        colours, tmp_path, whole_ddp, DDP_OPTIONS, stops, ranks=2
+    )
+    for stopped in (ctrl_c, killed):  # both ranks ended, not only the one signalled
+        assert stopped.ended_at - stopped.signalled_at < 30 and stopped.lingering == []
     assert "Traceback" not in ctrl_c.stderr
     assert quiet(group.stderr)
     assert written_by_the_runs(tmp_path) == {"lightning_logs/version_0"}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import one_error, write_image
-from test_mid_epoch import colour_images, interrupted_and_resumed, recorded
+from test_mid_epoch import colour_images, recorded, stopped_and_resumed, whole_run
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import shard_output
@@ -56,16 +56,23 @@ def colours(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def shards(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The colours' shards, with the temporary folder holding another job's LitData staging files
-    (`<tmp>/chunks`, `<tmp>/data`), which must survive."""
+    """The colours' shards and 5 unlabelled images' (`<its folder>/unlabelled`), with the temporary
+    folder holding another job's LitData staging files (`<tmp>/chunks`, `<tmp>/data`), which must
+    survive."""
     folder = tmp_path_factory.mktemp("shards")
     for name in ("chunks", "data"):
         (folder / "tmp" / name).mkdir(parents=True)
         (folder / "tmp" / name / "other-job.bin").write_bytes(b"another job's chunk")
+    for i in range(5):
+        write_image(folder / "unlabelled" / f"u{i}.png", (50 * i, 100, 150))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tempfile, "tempdir", str(folder / "tmp"))  # LitData's workers fork
-        main(["shard", "--data.source.root", str(colours), "--output", str(folder / "out")])
+        main(["shard", "--data.source.root", str(colours), *unlabelled(folder)])
     return folder / "out"
+
+
+def unlabelled(folder: Path) -> list[str]:  # `shard`'s options for the fixture's shards
+    return ["--data.predict_root", str(folder / "unlabelled"), "--output", str(folder / "out")]
 
 
 @needs_litdata
@@ -80,28 +87,18 @@ def test_shard_writes_shuffled_shards_once_and_asks_before_replacing(
     assert len(others) == 2 and {p.read_bytes() for p in others} == {b"another job's chunk"}
     meta = json.loads((shards / "dataset.json").read_text())
     assert meta["class_names"] == ["ant", "bee", "cat"]
-    assert meta["images"] == {"train": 24, "val": 6}  # the seeded 20% split, per class
+    assert meta["images"] == {"train": 24, "val": 6, "predict": 5}  # a seeded 20% split
     stored = litdata.StreamingDataset(str(shards / "train"))
     labels = [int(stored[i]["label"]) for i in range(len(stored))]
     assert Counter(labels) == {0: 8, 1: 8, 2: 8}
     assert np.any(np.diff(labels) < 0) and labels != sorted(labels), labels
 
-    again = shard(run_main, colours, shards, cwd=tmp_path)
+    options = ["--data.source.root", colours, *unlabelled(shards.parent)]
+    again = run_main("shard", *options, cwd=tmp_path)
     assert again.returncode == 0 and "already there" in again.stdout, again.stderr[-3000:]
     smaller = shard(run_main, colours, shards, "--resize", "8", cwd=tmp_path)
     assert "--overwrite" in one_error(smaller.returncode, smaller.stderr)
     assert json.loads((shards / "dataset.json").read_text()) == meta  # left as it was
-
-
-@needs_litdata
-def test_a_run_from_local_shards_resumes_mid_epoch_exactly(
-    colours: Path, shards: Path, tmp_path: Path
-) -> None:
-    """Stopped in epoch 1 by SIGTERM to every process of the job (its loader workers too) and
-    resumed with `--ckpt_path last`, as the uninterrupted run: each epoch the same images in the
-    same order (LitData's loader state, restored), the same crops and the same final weights."""
-    options = [*from_shards(shards), "--data.num_workers", "2", *NO_SANITY]
-    interrupted_and_resumed(colours, tmp_path, options, ranks=1, stop={"TERM_GROUP": "1"})
 
 
 @needs_litdata
@@ -185,34 +182,29 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
 
 
 @needs_litdata
-def test_shards_on_s3_train_two_processes_and_resume(
-    colours: Path, tmp_path: Path, s3, run_main
+def test_shards_train_two_processes_from_a_folder_and_from_s3_and_resume(
+    colours: Path, shards: Path, tmp_path: Path, s3, run_main
 ) -> None:
-    """Shard to s3://, then 2-process DDP from there, stopped in epoch 1 and resumed with
-    `--ckpt_path last`: each rank trains its own images and ends as the uninterrupted run did;
-    then `predict` from the same shards (each image once)."""
-    unlabelled = tmp_path / "unlabelled"
-    for i in range(5):
-        write_image(unlabelled / f"u{i}.png", (50 * i, 100, 150))
-    predict = ["--data.predict_root", str(unlabelled)]
-    done = shard(run_main, colours, "s3://shards/colours", *predict, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    stored = {item["Key"] for item in s3.list_objects_v2(Bucket="shards")["Contents"]}
-    assert {"colours/dataset.json", "colours/train/index.json"} <= stored
-
+    """2-process DDP from the local shards: each rank trains its own images. The same shards on
+    S3: stopped in epoch 1 by SIGTERM to every process of the job (LitData's loader workers too)
+    and resumed with `--ckpt_path last`, it ends as the run from the folder (the same images in the
+    same order, crops, weights and metrics). Then `predict` from S3 (each image once)."""
+    for path in (path for path in shards.rglob("*") if path.is_file()):
+        s3.upload_file(str(path), "shards", f"colours/{path.relative_to(shards).as_posix()}")
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    options = [*ddp, *from_shards("s3://shards/colours"), "--data.num_workers", "1"]
-    options += ["--trainer.max_epochs", "2", *NO_SANITY]
-    interrupted_and_resumed(colours, tmp_path, options, ranks=2)
-    shares = [recorded(tmp_path / "whole", rank) for rank in (0, 1)]
+    options = [*ddp, "--data.num_workers", "1", "--trainer.max_epochs", "2", *NO_SANITY]
+    whole = whole_run(colours, tmp_path / "whole", [*options, *from_shards(shards)])
+    shares = [recorded(whole, rank) for rank in (0, 1)]
     for first, second in zip(shares[0].values(), shares[1].values(), strict=True):
         assert len(first) == len(second) and not set(first) & set(second)  # no image on both
+    (parts := tmp_path / "parts").mkdir()
+    options += from_shards("s3://shards/colours")
+    stopped_and_resumed(colours, parts, whole, options, [{"TERM_GROUP": "1"}], ranks=2)
 
     last = ["--run", "version_0", "--ckpt_path", "last", *from_shards("s3://shards/colours")]
-    output = ["--predictions.output", "s3.csv"]
-    predicted = run_main("predict", *last, *output, cwd=tmp_path / "parts")
+    predicted = run_main("predict", *last, "--predictions.output", "s3.csv", cwd=parts)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
-    with open(tmp_path / "parts" / "s3.csv", newline="") as file:
+    with open(parts / "s3.csv", newline="") as file:
         paths = [row[0] for row in list(csv.reader(file))[1:]]
     assert sorted(paths) == [f"u{i}.png" for i in range(5)]  # each image once
 
