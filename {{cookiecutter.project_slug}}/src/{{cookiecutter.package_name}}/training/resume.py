@@ -94,19 +94,28 @@ class ResumeInEpoch(Callback):
         done = loop.batch_progress.current.completed + int(loop.restarted_on_train_batch_end)
         if done >= trainer.num_training_batches:
             done = 0  # saved after the last batch: the next epoch starts from its beginning
+        stopped = f"{trainer.ckpt_path} stopped {done} batches into epoch {trainer.current_epoch}"
+        or_else = "or from a checkpoint saved at the end of an epoch"
         accumulate = trainer.accumulate_grad_batches
         if done % accumulate:  # the gradients of the batches since the last step are not saved
             raise DataError(
-                f"{trainer.ckpt_path} stopped {done} batches into epoch {trainer.current_epoch}, "
-                f"inside an accumulation of --trainer.accumulate_grad_batches {accumulate}: "
-                "resume with the value it was trained with, or from a checkpoint saved at the "
-                "end of an epoch"
+                f"{stopped}, inside an accumulation of --trainer.accumulate_grad_batches "
+                f"{accumulate}: resume with the value it was trained with, {or_else}"
             )
         sampler, loader = _sampler(trainer), trainer.train_dataloader
         if sampler is not None:
-            now = _order_inputs(trainer, sampler)
-            if done and self._saved is not None and self._saved != now:
-                raise DataError(_changed(trainer, done, self._saved, now))
+            now, saved = _order_inputs(trainer, sampler), self._saved
+            if done and saved is not None and saved != now:
+                changes = ", ".join(
+                    f"{_NAMES.get(key, key)} {saved.get(key)} -> {value}"
+                    for key, value in now.items()
+                    if saved.get(key) != value
+                )
+                raise DataError(
+                    f"{stopped}, and the rest of that epoch depends on what changed since "
+                    f"({changes}). Resume with the same --trainer.devices/--trainer.num_nodes, "
+                    f"--data.batch_size and data to finish the epoch exactly, {or_else}"
+                )
             sampler.set_epoch(trainer.current_epoch)
             sampler.resume_at(done * loader.batch_size)
 {%- if cookiecutter.shards == "yes" %}
@@ -159,23 +168,9 @@ _NAMES = {"batch_size": "batch size", "images": "training images"}
 _NAMES["sampler"] = "sampler (--data.source.balance_classes)"
 
 
-def _changed(trainer: L.Trainer, done: int, saved: dict, now: dict) -> str:
-    changes = ", ".join(
-        f"{_NAMES.get(key, key)} {saved.get(key)} -> {value}"
-        for key, value in now.items()
-        if saved.get(key) != value
-    )
-    return (
-        f"{trainer.ckpt_path} stopped {done} batches into epoch {trainer.current_epoch}, and "
-        f"the rest of that epoch depends on what changed since ({changes}). Resume with the "
-        "same --trainer.devices/--trainer.num_nodes, --data.batch_size and data to finish the "
-        "epoch exactly, or from a checkpoint saved at the end of an epoch"
-    )
-
-
 def check_resume(config, typed, checkpoint: dict) -> None:
-    """Refuse typed `--model.*`/`--data.*` values that differ from the run's, say which typed
-    options apply, and end a run with nothing left to train (one line, exit status 0)."""
+    """Refuse typed `--model.*`/`--data.*` values that differ from the run's, name the typed
+    options applied, and end a run with nothing left to train (one line, exit status 0)."""
     run = config.run or config.ckpt_path
     refused, applied = changed_options(typed, checkpoint)
     if refused:
@@ -184,7 +179,6 @@ def check_resume(config, typed, checkpoint: dict) -> None:
             f"differ: {', '.join(refused)}; drop them, or start a new run (without --ckpt_path, "
             "or with another --run)"
         )
-    applied += changed_trainer_options(typed, checkpoint)
     done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
     said = f"resuming run {run} with {', '.join(applied)}" if applied else None
     if done:
@@ -197,41 +191,36 @@ def check_resume(config, typed, checkpoint: dict) -> None:
 
 
 def changed_options(typed, checkpoint: dict) -> tuple[list[str], list[str]]:
-    """`--model.*`/`--data.*` options given that differ from the run's, as `--model.lr 0.5 (the
-    run's: 0.003)`: those a resume refuses, and those it applies (how or where data is read)."""
+    """Options given that differ from the run's, as `--model.lr 0.5 (the run's: 0.003)`: those a
+    resume refuses, and those it applies (how or where data is read; `--trainer.*`, where
+    `ResumeInEpoch` refuses one that breaks an exact mid-epoch resume)."""
     hparams = checkpoint.get("hyper_parameters", {})
-    data_hparams = _flat(checkpoint.get("datamodule_hyper_parameters", {}))
+    trainer = (yaml.safe_load(run_config(checkpoint) or "{}") or {}).get("trainer") or {}
+    data = _flat(checkpoint.get("datamodule_hyper_parameters", {}))
+    # The linked options (classes, image size, normalisation) are the model's first.
+    runs = {"model": hparams, "data": {**data, **hparams}, "trainer": trainer}
     refused, applied = [], []
-    for group in ("model", "data"):
-        given, saved_group = typed.get(group), data_hparams if group == "data" else {}
-        for key, value in _flat(given.as_dict() if given is not None else {}).items():
-            # The linked options (classes, image size, normalisation) are the model's first.
-            saved = hparams.get(key, saved_group.get(key, _MISSING))
+    for group, run in runs.items():
+        given = typed.get(group)
+        given = given.as_dict() if given is not None else {}
+        if group != "trainer":
+            given = _flat(given)
+        else:  # not the logger's options; callbacks by class, as `--trainer.callbacks+=` names them
+            given = {key: value for key, value in given.items() if not isinstance(value, dict)}
+            if "callbacks" in given:
+                given["callbacks"], run["callbacks"] = (
+                    [c["class_path"].rpartition(".")[2] for c in callbacks or []]
+                    for callbacks in (given["callbacks"], run.get("callbacks"))
+                )
+        for key, value in given.items():
+            saved = run.get(key, _MISSING)
             if key in ("weights", "pretrained") or saved is _MISSING or _same(value, saved):
                 continue
             free = key in FREE_ON_RESUME or (group == "data" and key in MOVABLE)
-            (applied if free else refused).append(
+            (applied if free or group == "trainer" else refused).append(
                 f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})"
             )
     return refused, applied
-
-
-def changed_trainer_options(typed, checkpoint: dict) -> list[str]:
-    """`--trainer.*` values given that differ from the run's: a resume applies them (one that
-    breaks an exact mid-epoch resume is refused by `ResumeInEpoch`)."""
-    saved = (yaml.safe_load(run_config(checkpoint) or "{}") or {}).get("trainer") or {}
-    given = typed.get("trainer")
-    given = given.as_dict() if given is not None else {}
-    if "callbacks" in given:  # by class, as `--trainer.callbacks+=` names them
-        given["callbacks"], saved["callbacks"] = (
-            [c["class_path"].rpartition(".")[2] for c in callbacks or []]
-            for callbacks in (given["callbacks"], saved.get("callbacks"))
-        )
-    return [
-        f"--trainer.{name} {_shown(value)} (the run's: {_shown(saved[name])})"
-        for name, value in given.items()
-        if name in saved and not isinstance(value, dict) and not _same(value, saved[name])
-    ]
 
 
 def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | None:
