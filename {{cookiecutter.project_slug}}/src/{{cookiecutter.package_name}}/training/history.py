@@ -83,10 +83,10 @@ class RunHistory(Callback):
         if trainer.fast_dev_run:
             return
         train_loss = _number(trainer.callback_metrics.get("train_loss_epoch"))  # every rank
-        monitor = next((c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor)), None)
-        measured = monitor.measurement if monitor is not None else None
-        if measured is not None and measured["epoch"] != trainer.current_epoch:
-            measured = None  # the monitor runs after this callback: no stale numbers
+        monitors = [c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor)]
+        # This epoch's numbers, not stale ones (were the monitor to run after this callback).
+        measured = next((c.measurement for c in monitors if c.measurement), None)
+        measured = measured if measured and measured["epoch"] == trainer.current_epoch else None
         row = {
             "epoch": trainer.current_epoch,
             "step": trainer.global_step,
@@ -94,7 +94,7 @@ class RunHistory(Callback):
             **self._pending,
             "lr": self._lr,
             "data_wait_fraction": measured["data_wait_fraction"] if measured else None,
-            "starved": bool(measured and monitor.judged(measured)),
+            "starved": bool(measured and measured["starved"]),
             "starvation": measured,
         }
         self.epochs = [e for e in self.epochs if e["epoch"] < row["epoch"]] + [row]

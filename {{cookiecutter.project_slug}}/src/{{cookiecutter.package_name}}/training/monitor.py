@@ -12,11 +12,9 @@ from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 
 class DataStarvationMonitor(L.Callback):
     """Logs `data_wait_fraction` and `train_images_per_s` each training epoch; warns once, with
-    advice, when the wait is high.
-
-    The wait is the host time from the end of one training step to the start of the next (fetch,
-    copy, `on_after_batch_transfer`), without validation and each epoch's first batch (warm-up);
-    no CUDA synchronisation is added (docs/performance.md).
+    advice, when the wait is high. The wait is the host time from the end of one training step to
+    the start of the next (fetch, copy, `on_after_batch_transfer`), without validation and each
+    epoch's first batch (warm-up); no CUDA synchronisation is added (docs/performance.md).
 
     Args:
         threshold: warn when the fraction of the epoch spent waiting exceeds this.
@@ -24,25 +22,16 @@ class DataStarvationMonitor(L.Callback):
     """
 
     def __init__(self, threshold: float = 0.2, min_steps: int = 10) -> None:
-        self.threshold = threshold
-        self.min_steps = min_steps
+        self.threshold, self.min_steps = threshold, min_steps
         self.warned = False
         self.fraction: float | None = None  # of the last finished epoch
         self.measurement: dict | None = None  # of the epoch that just ended; None: not measured
-        self._reset()
+        self.on_train_epoch_start()
 
-    def _reset(self) -> None:
-        self._wait = 0.0
-        self._step = 0.0
-        self._images = 0
-        self._steps = 0
+    def on_train_epoch_start(self, trainer=None, pl_module=None) -> None:
+        self._wait = self._step = self._step_start = self._paused = self._validation_start = 0.0
+        self._images = self._steps = 0
         self._mark: float | None = None  # end of the last step; None before the first
-        self._step_start = 0.0
-        self._paused = 0.0
-        self._validation_start = 0.0
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._reset()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         now = time.perf_counter()
@@ -56,7 +45,8 @@ class DataStarvationMonitor(L.Callback):
         if self._mark is not None:  # the first step of the epoch is warm-up: not counted
             self._step += now - self._step_start
             self._steps += 1
-            self._images += _batch_size(batch)
+            images = batch[0] if isinstance(batch, (list, tuple)) else batch
+            self._images += len(images) if hasattr(images, "__len__") else 0
         self._mark = now
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -67,30 +57,17 @@ class DataStarvationMonitor(L.Callback):
             self._paused += time.perf_counter() - self._validation_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.measurement = None
+        """Log the epoch's numbers; keep them with the loader's setup in `measurement`, plain
+        values that the run history keeps, so that `report` gives the same advice later."""
         total = self._wait + self._step
+        self.measurement = None
         if self._steps == 0 or total <= 0:
             return
         self.fraction = self._wait / total
-        self.measurement = self.measure(trainer)
-        pl_module.log("data_wait_fraction", self.fraction, rank_zero_only=True)
-        pl_module.log("train_images_per_s", self._images / total, rank_zero_only=True)
-        if self.judged(self.measurement) and not self.warned:
-            self.warned = True
-            rank_zero_warn(starvation_advice(self.measurement))
-
-    def epoch_so_far(self) -> tuple[int, float, float]:
-        """This epoch's timed steps so far: images, seconds, and seconds of those spent waiting."""
-        return self._images, self._wait + self._step, self._wait
-
-    def measure(self, trainer: L.Trainer) -> dict:
-        """This epoch's numbers and the loader's setup, as plain values: what `starvation_advice`
-        reads, kept by the run history so that `report` gives the same advice later."""
-        total = self._wait + self._step
-        return {
+        self.measurement = measured = {
             "epoch": trainer.current_epoch,
             "data_wait_fraction": self.fraction,
-            "images_per_s": self._images / total if total else 0.0,
+            "images_per_s": self._images / total,
             "step_images_per_s": self._images / self._step if self._step else None,
             "steps": self._steps,
             "threshold": self.threshold,
@@ -99,12 +76,17 @@ class DataStarvationMonitor(L.Callback):
             "num_devices": trainer.num_devices,
             "cache": getattr(trainer.datamodule, "cache", None),
             "package": __name__.split(".")[0],
+            "starved": self.fraction > self.threshold and self._steps >= self.min_steps,
         }
+        pl_module.log("data_wait_fraction", self.fraction, rank_zero_only=True)
+        pl_module.log("train_images_per_s", measured["images_per_s"], rank_zero_only=True)
+        if measured["starved"] and not self.warned:
+            self.warned = True
+            rank_zero_warn(starvation_advice(measured))
 
-    def judged(self, measurement: dict) -> bool:
-        """Whether an epoch's measurement calls for advice: starved, over enough steps."""
-        starved = measurement["data_wait_fraction"] > self.threshold
-        return starved and measurement["steps"] >= self.min_steps
+    def epoch_so_far(self) -> tuple[int, float, float]:
+        """This epoch's timed steps so far: images, seconds, and seconds of those spent waiting."""
+        return self._images, self._wait + self._step, self._wait
 
 
 def starvation_advice(measurement: dict) -> str:
@@ -132,8 +114,3 @@ def starvation_advice(measurement: dict) -> str:
         f"`python -m {m['package']} bench` and the same --data options."
     )
     return "\n".join(lines)
-
-
-def _batch_size(batch) -> int:
-    images = batch[0] if isinstance(batch, (list, tuple)) else batch
-    return len(images) if hasattr(images, "__len__") else 0
