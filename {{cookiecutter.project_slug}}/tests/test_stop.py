@@ -1,4 +1,5 @@
-"""Ctrl-C: loader workers ignore it (training acts on it); a second one ends the run at once."""
+"""Ctrl-C: loader workers ignore it (training acts on it: test_mid_epoch); a second one ends the
+run at once."""
 
 from __future__ import annotations
 
@@ -13,41 +14,11 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import CSV_LOGGER, default_ctrl_c, tiny_run_options
 from test_mid_epoch import colours as colours  # the fixture, shared
 from test_mid_epoch import fit, recorded
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-
-
-class _CtrlCState(torch.utils.data.Dataset):
-    """Each item: whether the process reading it ignores Ctrl-C."""
-
-    def __len__(self) -> int:
-        return 2
-
-    def __getitem__(self, index: int) -> bool:
-        return signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-
-
-@pytest.mark.slow
-def test_loader_workers_ignore_ctrl_c_and_end_with_their_process() -> None:
-    """In a process of Python's own Ctrl-C handling (this suite's may be a background shell's),
-    a worker ignores Ctrl-C and training's handler stays. On exit multiprocessing ends the
-    persistent workers with SIGTERM (the job's SIGTERM they ignore): the process still exits."""
-    script = (
-        "import signal, torch, test_stop\n"
-        "from {{ cookiecutter.package_name }}.data.loaders import make_loader\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "loader = make_loader(test_stop._CtrlCState(), 2, num_workers=1, pin_memory=False)\n"
-        "print(next(iter(loader)).tolist())\n"
-        "assert signal.getsignal(signal.SIGINT) == signal.default_int_handler\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
-    command = [sys.executable, "-c", script]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "[True, True]", done.stderr[-3000:]
 
 
 def _children(pid: int) -> list[int]:
