@@ -57,7 +57,11 @@ def refuse_overlap(
         if given is None or "://" in str(given):
             continue
         source = Path(given).expanduser().resolve()
-        if out == source or _same_file(out, source):
+        try:  # a hard link to the input is the input
+            same = out == source or os.path.samefile(out, source)
+        except OSError:  # one of them does not exist
+            same = False
+        if same:
             relation = "is"
         elif source in out.parents:
             relation = "lies inside"
@@ -85,10 +89,3 @@ def _head(path: Path, size: int) -> bytes:
             return file.read(size)
     except OSError:
         return b""
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)  # a hard link to the input is the input
-    except OSError:  # one of them does not exist
-        return False

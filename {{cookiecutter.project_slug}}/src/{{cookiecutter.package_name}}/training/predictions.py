@@ -51,23 +51,14 @@ class PredictionWriter(BasePredictionWriter):
         self._sharded = trainer.world_size > 1
         self._check(trainer, path, MARK)
         if self._sharded:
-            path = self._shard(path, trainer.global_rank)
+            path = path.with_suffix(f".rank{trainer.global_rank}.csv")
             self._check(trainer, path, PART_MARK)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end)
         self._writer = csv.writer(self._file)
         self._writer.writerow(["index", *HEADER] if self._sharded else HEADER)
 
-    def write_on_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        prediction: dict[str, Any],
-        batch_indices: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any], *_) -> None:
         dataset = trainer.predict_dataloaders.dataset
         names = pl_module.class_names
         k = min(self.top_k, len(names))
@@ -111,15 +102,11 @@ class PredictionWriter(BasePredictionWriter):
             inputs=[*inputs, ("--ckpt_path", trainer.ckpt_path)],
         )
 
-    @staticmethod
-    def _shard(path: Path, rank: int) -> Path:
-        return path.with_suffix(f".rank{rank}.csv")
-
     def _merge(self, world_size: int) -> None:
         """Rank zero: the ranks' files as one CSV, in the images' order; the parts removed."""
         rows = []
         for rank in range(world_size):
-            part = self._shard(self.path, rank)
+            part = self.path.with_suffix(f".rank{rank}.csv")
             with open(part, newline="") as file:
                 rows += [(int(row[0]), row[1:]) for row in list(csv.reader(file))[1:]]
             part.unlink()
