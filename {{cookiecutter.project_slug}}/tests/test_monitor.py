@@ -18,8 +18,7 @@ from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonit
 class Clock:
     """The monitor's `time` in a test: it moves only when the test's data or step says so."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    now = 0.0
 
     def perf_counter(self) -> float:
         return self.now
@@ -51,8 +50,7 @@ class TinyModel(L.LightningModule):
         self.step_delay, self.copy_delay, self.clock = step_delay, copy_delay, clock
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        if self.trainer.training:
-            self.clock.sleep(self.copy_delay)
+        self.clock.sleep(self.copy_delay)
         return batch
 
     def training_step(self, batch, batch_idx):

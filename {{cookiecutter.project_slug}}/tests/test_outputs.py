@@ -5,6 +5,7 @@ overwrite), left byte for byte; their own earlier output is replaced without ask
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,6 +97,8 @@ def test_a_csv_of_predictions_refuses_a_users_file_and_one_among_the_images_and_
     refused(result, inside, f"lies inside {among}")
     if command == "infer":
         refused(run_main(*args, csv, model, *overwrite, cwd=tmp_path), model, "is --model")
+        os.link(model, link := tmp_path / "link.csv")  # a hard link to the model is the model
+        refused(run_main(*args, csv, link, *overwrite, cwd=tmp_path), link, "is --model")
     assert mine.read_bytes() == USERS and not inside.exists()
 
     result = run_main(*args, csv, mine, *overwrite, cwd=tmp_path)  # the user's file replaced

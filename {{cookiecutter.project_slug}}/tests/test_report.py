@@ -92,8 +92,8 @@ def test_fit_writes_a_self_contained_report_and_report_writes_it_again(
 def test_the_tables_and_the_grid_show_every_validation_image_once(
     run: str, shown: int, request: pytest.FixtureRequest
 ) -> None:
-    """Confusion matrix, per-class table, accuracy and the `shown` most confidently wrong images
-    are those of `last.ckpt` on the 15 validation images, of both DDP ranks."""
+    """Confusion matrix, per-class table, accuracy and mistakes are last.ckpt's on the 15
+    validation images (over both DDP ranks)."""
     run_dir = request.getfixturevalue(run)
     matrix, paths, predicted, confidence = recomputed(run_dir)
     history = json.loads((run_dir / "history.json").read_text())
