@@ -9,8 +9,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 
 def per_class_table(matrix: np.ndarray, class_names: list[str]) -> str:
-    """A text table: for each class (row `i` of `matrix[true, predicted]`), its validation
-    images, the correct ones and the accuracy."""
+    """A text table of each class's validation images, correct ones and accuracy."""
     width = max(len("class"), *(len(name) for name in class_names))
     lines = [f"{'class':<{width}}  {'images':>7}  {'correct':>7}  {'accuracy':>8}"]
     for i, name in enumerate(class_names):
@@ -21,8 +20,7 @@ def per_class_table(matrix: np.ndarray, class_names: list[str]) -> str:
 
 
 def precision_recall(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class precision (of column `j`, the share that is `j`) and recall (of row `i`, the share
-    predicted `i`) from `matrix[true, predicted]`; NaN where undefined."""
+    """Per-class precision and recall from `matrix[true, predicted]`; NaN where undefined."""
     matrix = np.asarray(matrix, dtype=float)
     correct = np.diag(matrix)
     return tuple(

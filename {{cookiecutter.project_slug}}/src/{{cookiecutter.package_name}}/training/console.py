@@ -43,9 +43,9 @@ class RunRichProgressBar(_RunName, RichProgressBar):
 
 
 class ProgressLines(_RunName):
-    """Progress as plain lines for a log file (nohup, SLURM, CI), where a bar is unreadable: the
-    run's length, then every `every_n_seconds` (or `every_n_steps` steps) the step, images/s, data
-    wait, time left and training metrics; each validation's metrics. Rank zero prints."""
+    """Progress as plain lines for a log (nohup, SLURM, CI): the run's length, then every
+    `every_n_seconds` (or `every_n_steps`) the step, images/s, data wait, time left and training
+    metrics; each validation's metrics. Rank zero prints."""
 
     def __init__(self, every_n_seconds: float = 30.0, every_n_steps: int | None = None) -> None:
         super().__init__()
@@ -60,8 +60,8 @@ class ProgressLines(_RunName):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = self._last = (time.monotonic(), trainer.global_step)
-        callbacks = trainer.callbacks
-        self._monitor = next((c for c in callbacks if isinstance(c, DataStarvationMonitor)), None)
+        monitors = [c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor)]
+        self._monitor = monitors[0] if monitors else None
         batch = getattr(trainer.train_dataloader, "batch_size", None) or 0
         step_images = batch * trainer.accumulate_grad_batches * trainer.world_size
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
@@ -117,9 +117,8 @@ class ProgressLines(_RunName):
 
 
 class ModelSummaryNoFlops(ModelSummary):
-    """Lightning's model summary without FLOPs when they count 0 (Lightning counts them only with
-    an `example_input_array`, a forward pass this project does not make); `quiet_lightning`
-    drops the table's "0 Total Flops" line."""
+    """Lightning's model summary without a FLOPs column of zeros (counted only with an
+    `example_input_array`); `quiet_lightning` drops the "0 Total Flops" line."""
 
     @staticmethod
     def summarize(summary_data: list, *totals, total_flops: int, **kwargs) -> None:
