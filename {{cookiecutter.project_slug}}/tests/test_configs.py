@@ -65,9 +65,8 @@ def test_flat_source_options_are_short_for_the_full_ones(short, full, capsys) ->
 
 
 def test_every_source_option_has_its_short_spelling() -> None:
-    options = set()
-    for source in (ClassFolders, LabelsCsv{{ ", Shards" if cookiecutter.shards == "yes" else "" }}):
-        options |= set(inspect.signature(source).parameters)
+    sources = (ClassFolders, LabelsCsv{{ ", Shards" if cookiecutter.shards == "yes" else "" }})
+    options = set().union(*(inspect.signature(source).parameters for source in sources))
     assert SOURCE_OPTIONS | {name for _, name in SOURCE_CHOOSING.values()} == options
 
 
@@ -77,7 +76,6 @@ def test_fit_has_at_most_12_flat_data_options_and_offers_the_sources(capsys) -> 
     out = capsys.readouterr().out
     offered = set(re.findall(r"{{ cookiecutter.package_name }}\.data\.sources\.(\w+)", out))
     assert offered == {"ClassFolders", "LabelsCsv"{{ ', "Shards"' if cookiecutter.shards == "yes" else "" }}}
-    listed = re.findall(r"^ +--data\.(\w+)\b(?![.\w])", out, re.MULTILINE)
-    flat = set(listed)
+    flat = set(re.findall(r"^ +--data\.(\w+)\b(?![.\w])", out, re.MULTILINE))
     assert "source" in flat and "batch_size" in flat and "root" not in flat
     assert len(flat) <= 12, sorted(flat)
