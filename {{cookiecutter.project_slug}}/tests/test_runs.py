@@ -227,22 +227,12 @@ def test_default_root_dir_holds_the_logs_checkpoints_history_and_report(
     assert progress(in_tmp / "lightning_logs" / "a" / "checkpoints" / "last.ckpt") == (0, 4)
 
 
-@pytest.mark.parametrize(
-    ("capabilities", "expected"),
-    [
-        ([(9, 0)], "bf16-mixed"),
-        ([(8, 0), (8, 6)], "bf16-mixed"),
-        ([(7, 5)], "16-mixed"),  # T4: bf16 only emulated
-        ([(8, 0), (7, 0)], "16-mixed"),  # every GPU must do it
-        (None, "16-mixed"),  # NVML could not say
-    ],
-)
-def test_the_default_precision_is_bf16_only_where_native(capabilities, expected) -> None:
-    assert precision_for(capabilities) == expected
-
-
-def test_the_default_precision_on_cpu_is_lightnings(monkeypatch) -> None:
-    assert default_precision("cpu") is None
+def test_the_default_precision_is_bf16_only_where_native(monkeypatch) -> None:
+    assert precision_for([(9, 0)]) == precision_for([(8, 0), (8, 6)]) == "bf16-mixed"
+    # A T4 (7.5) only emulates bf16; every GPU must have it; None: NVML could not say.
+    for capabilities in ([(7, 5)], [(8, 0), (7, 0)], None):
+        assert precision_for(capabilities) == "16-mixed", capabilities
+    assert default_precision("cpu") is None  # Lightning's
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_precision("auto") is None
 

@@ -121,14 +121,9 @@ class ImageCLI(LightningCLI):
         for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(BestCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val_acc",
-                "checkpoint.mode": "max",
-                "checkpoint.filename": "best",
-                "checkpoint.save_last": False,  # LastCheckpoint writes last.ckpt
-            }
-        )
+        parser.set_defaults({"checkpoint.monitor": "val_acc", "checkpoint.mode": "max"})
+        # LastCheckpoint writes last.ckpt.
+        parser.set_defaults({"checkpoint.filename": "best", "checkpoint.save_last": False})
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         # Always-on callbacks are added here rather than as `trainer.callbacks` defaults: those
         # print as `callbacks: null` in --print_config, and reloading that file would drop them.
