@@ -15,7 +15,7 @@ Transfer: a network trained on digits 0-4 (every image of theirs but the validat
 few-shot split) starts a model for digits 5-9 with `--per-class` images each, through
 `--model.weights` (its classifier re-made), against the same recipe from random weights.
 
-    pip install scikit-learn
+    pip install scikit-learn   # not in `dev`: its scipy adds 0.8 s to each Lightning import
     python scripts/recipe_bench.py --seeds 0 1 2 --epochs 30    # docs/training.md's tables
 """
 
@@ -72,8 +72,21 @@ RUNS = {
 }
 
 
+def load_scans(path: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """The 8x8 scans (0-16) and their digits: scikit-learn's, or a CSV in its digits.csv.gz
+    layout (64 pixel values, then the digit, per row)."""
+    if path is None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        return digits.images, digits.target
+    rows = np.loadtxt(path, delimiter=",", ndmin=2)
+    return rows[:, :64].reshape(-1, 8, 8), rows[:, 64].astype(int)
+
+
 def write_digits(
     root: Path,
+    scans: tuple[np.ndarray, np.ndarray],
     per_class: int,
     seed: int,
     classes: range,
@@ -81,14 +94,12 @@ def write_digits(
     first: bool = False,
 ) -> tuple[Path, Path]:
     """`root/train/digit_K/*.png` (`per_class` images of each class, drawn with `seed`, or with
-    `first` the first ones in scikit-learn's order) and `root/val/...` (the rest), the 8x8 scans
+    `first` the first ones in the scans' order) and `root/val/...` (the rest), the 8x8 scans
     enlarged to 32x32."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
+    images, targets = scans
     rng = np.random.default_rng(seed)
     for label in classes:
-        (index,) = np.nonzero(digits.target == label)
+        (index,) = np.nonzero(targets == label)
         if not first:
             rng.shuffle(index)
         val = index[per_class:][:val_per_class]  # all the others, or the first `val_per_class`
@@ -96,7 +107,7 @@ def write_digits(
             folder = root / part / f"digit_{label}"
             folder.mkdir(parents=True, exist_ok=True)
             for i in chosen:
-                pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)
+                pixels = (images[i] * (255 / 16)).astype(np.uint8)
                 image = Image.fromarray(pixels).resize((32, 32), Image.BILINEAR)
                 image.convert("RGB").save(folder / f"{i:04d}.png")
     return root / "train", root / "val"
@@ -193,19 +204,22 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only", nargs="*", choices=list(RUNS), metavar="ROW", help="run only these rows"
     )
+    parser.add_argument("--scans", type=Path, help="digits in a CSV (`load_scans`), not sklearn's")
     return parser.parse_args(argv)
 
 
 def main() -> None:
     args = arguments()
+    scans = load_scans(args.scans)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = {
             s: write_digits(
-                work / f"digits-{s}", args.per_class, s, range(10), args.val_per_class, args.first
+                work / f"digits-{s}", scans, args.per_class, s, range(10), args.val_per_class,
+                args.first,
             )
             for s in args.seeds
-        }
+        }  # fmt: skip
         drawn = "the first of each class" if args.first else "drawn"
         print(f"digits, {args.per_class} training images per class ({drawn}), {args.epochs} "
               f"epochs, seeds {args.seeds}; val_acc mean ± stdev, time per run\n")  # fmt: skip
@@ -216,12 +230,12 @@ def main() -> None:
         if args.only:
             return
         # Transfer: digits 0-4 (all but 10 per class kept aside) start a model for digits 5-9.
-        source = write_digits(work / "source", 10, 0, range(5))
+        source = write_digits(work / "source", scans, 10, 0, range(5))
         base = work / "base"
         base.mkdir()
         fit(source[1], source[0], [], base, args.epochs, 0)  # train on the large side
         weights = str(base / "checkpoints" / "last.ckpt")
-        few = {s: write_digits(work / f"target-{s}", args.per_class, s, range(5, 10))
+        few = {s: write_digits(work / f"target-{s}", scans, args.per_class, s, range(5, 10))
                for s in args.seeds}  # fmt: skip
         print("\ntransfer: digits 5-9, weights from a network trained on digits 0-4\n")
         print("| recipe | val_acc | time |\n|---|---|---|")

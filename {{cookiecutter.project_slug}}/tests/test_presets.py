@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_run_options, write_corrupt, write_image
@@ -119,13 +120,17 @@ def test_the_docs_bench_commands_parse() -> None:
 
 
 @pytest.mark.slow
-def test_the_recipe_benchmark_runs(tmp_path: Path) -> None:
+def test_the_recipe_benchmark_runs(tmp_path: Path, tmp_path_factory) -> None:
     """scripts/recipe_bench.py with tiny numbers, so that it cannot rot: a `fit` row with a preset
     (its passes set over the preset's) and the timm script's."""
     script = Path(__file__).parents[1] / SCRIPT
     only = ["scratch.yaml, three passes per epoch", "a thirty-line timm script"]
+    # Random scans in scikit-learn's layout: scikit-learn is no dependency of the project.
+    rng = np.random.default_rng(0)
+    scans = tmp_path_factory.mktemp("scans") / "digits.csv"
+    np.savetxt(scans, np.c_[rng.integers(0, 17, (50, 64)), np.arange(50) % 10], delimiter=",")
     options = ["--seeds", "0", "--epochs", "1", "--per-class", "2", "--val-per-class", "3"]
-    command = [sys.executable, str(script), *options, "--only", *only]
+    command = [sys.executable, str(script), *options, "--scans", str(scans), "--only", *only]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in only:
