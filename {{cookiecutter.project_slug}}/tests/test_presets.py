@@ -3,8 +3,8 @@ the ones validated, checkpointed and exported; run options given with `--ckpt_pa
 
 from __future__ import annotations
 
-import importlib.util
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -106,17 +106,14 @@ def test_tta_flip_given_with_a_checkpoint_applies(
 def test_the_docs_bench_commands_parse() -> None:
     """docs/training.md's `recipe_bench.py` commands are accepted: every row they name exists."""
     project = Path(__file__).parents[1]
-    spec = importlib.util.spec_from_file_location("recipe_bench", project / SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    arguments = runpy.run_path(str(project / SCRIPT))["arguments"]
     text = (project / "docs" / "training.md").read_text(encoding="utf-8").replace("\\\n", " ")
-    lines = text.splitlines()
-    commands = [shlex.split(line) for line in lines if line.startswith(f"python {SCRIPT}")]
+    commands = [shlex.split(s) for s in text.splitlines() if s.startswith(f"python {SCRIPT}")]
     assert len(commands) == 4
-    named = [bench.arguments(words[2:]).only for words in commands]
+    named = [arguments(words[2:]).only for words in commands]
     assert named[0] and "scratch.yaml" in named[0] and named[3] is None  # 10 epochs; ...; all
     with pytest.raises(SystemExit):
-        bench.arguments(["--only", "no such row"])
+        arguments(["--only", "no such row"])
 
 
 @pytest.mark.slow
@@ -125,10 +122,8 @@ def test_the_recipe_benchmark_runs(tmp_path: Path, tmp_path_factory) -> None:
     (its passes set over the preset's) and the timm script's."""
     script = Path(__file__).parents[1] / SCRIPT
     only = ["scratch.yaml, three passes per epoch", "a thirty-line timm script"]
-    # Random scans in scikit-learn's layout: scikit-learn is no dependency of the project.
-    rng = np.random.default_rng(0)
-    scans = tmp_path_factory.mktemp("scans") / "digits.csv"
-    np.savetxt(scans, np.c_[rng.integers(0, 17, (50, 64)), np.arange(50) % 10], delimiter=",")
+    scans = tmp_path_factory.mktemp("scans") / "digits.csv"  # scikit-learn's layout, random
+    np.savetxt(scans, np.c_[np.random.randint(0, 17, (50, 64)), np.arange(50) % 10], delimiter=",")
     options = ["--seeds", "0", "--epochs", "1", "--per-class", "2", "--val-per-class", "3"]
     command = [sys.executable, str(script), *options, "--scans", str(scans), "--only", *only]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
