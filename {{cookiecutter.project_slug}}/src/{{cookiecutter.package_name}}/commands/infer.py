@@ -142,14 +142,6 @@ def classify(
             batch, images = [], []
 
 
-def top_classes(probabilities: Tensor, class_names: list[str]) -> list[tuple[str, float]]:
-    """The `TOP_K` likeliest classes and their probabilities, the likeliest first."""
-    top_probs, top_labels = probabilities.topk(min(TOP_K, len(class_names)))
-    return [
-        (class_names[c], p) for c, p in zip(top_labels.tolist(), top_probs.tolist(), strict=True)
-    ]
-
-
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} infer",
@@ -182,10 +174,8 @@ def main(args: list[str] | None = None) -> int:
         problems.append(line)
         print(line, file=sys.stderr)
 
-    rows = (
-        [path, *_columns(top_classes(probs, model.class_names))]
-        for path, probs in classify(model, paths, options.batch_size, report)
-    )
+    classified = classify(model, paths, options.batch_size, report)
+    rows = (_row(path, probs, model.class_names) for path, probs in classified)
     if options.csv is None:
         try:
             for row in rows:
@@ -202,6 +192,8 @@ def main(args: list[str] | None = None) -> int:
     return 1 if problems else 0
 
 
-def _columns(top: list[tuple[str, float]]) -> list[str]:
-    """`label, probability, top_k`, formatted as predict's CSV writer does."""
-    return [top[0][0], f"{top[0][1]:.4f}", " ".join(f"{c}:{p:.4f}" for c, p in top)]
+def _row(path: str, probabilities: Tensor, class_names: list[str]) -> list[str]:
+    """`path, label, probability, top_k` (the `TOP_K` likeliest), formatted as predict's CSV."""
+    probs, labels = probabilities.topk(min(TOP_K, len(class_names)))
+    top = [(class_names[c], p) for c, p in zip(labels.tolist(), probs.tolist(), strict=True)]
+    return [path, top[0][0], f"{top[0][1]:.4f}", " ".join(f"{c}:{p:.4f}" for c, p in top)]

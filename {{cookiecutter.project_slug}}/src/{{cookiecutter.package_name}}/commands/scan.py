@@ -1,11 +1,7 @@
 """Decode every image of a dataset once, in parallel, and list those that cannot be read.
 
-    python -m {{ cookiecutter.package_name }} scan --data.source.root DIR ...
-
-takes the same `--data.*` options as training (also from the `data:` section of a `--config FILE`),
-prints each unreadable file with the reason, one per line, and exits with code 1 if there is any
-(0 if all are readable, 2 for an error in the options or the data).
-"""
+`--data.*` options as for fit (or a `--config FILE`'s `data:` section); exit code 1 if any is
+unreadable, 2 for an error in the options or the data (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -57,10 +53,8 @@ def main(args: list[str] | None = None) -> int:
 
 
 def _with_config_defaults(parser: ArgumentParser, args: list[str]) -> list[str]:
-    """Take the `data:` section of a `--config FILE` (a training config) as defaults.
-
-    Only that section: the `trainer:` and `model:` sections of the same file mean nothing here.
-    """
+    """The `data:` section of a `--config FILE` as defaults (its `trainer:`, `model:` mean nothing
+    here)."""
     for i, arg in enumerate(args):
         if arg == "--config" and i + 1 < len(args):
             config_file, rest = args[i + 1], args[:i] + args[i + 2 :]
