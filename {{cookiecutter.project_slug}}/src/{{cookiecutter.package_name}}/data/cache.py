@@ -1,11 +1,6 @@
-"""The pixel cache (`--data.source.cache memmap`): each image decoded once, to uint8, memory-mapped.
-
-One cache per dataset folder: every file of the index stored (H, W, 3) at the short side the crop
-needs (never enlarged) in `pixels.u8`; `index.npy` holds offset, height and width in sorted-name
-order. The folder's name hashes the size and each file's name, size, mtime, ctime and inode
-(`key="stat"`: only a same-size rewrite within a clock tick goes unseen; "mtime" leaves out what a
-copy to scratch renews). One process builds it, the others wait (`build`).
-"""
+"""The pixel cache (`--data.source.cache memmap`, docs/performance.md): each image of a dataset
+folder decoded once to uint8 (H, W, 3) in `pixels.u8`, `index.npy` its (offset, height, width).
+Keyed by the files' stat (`key="stat"`: only a same-size rewrite in one clock tick goes unseen)."""
 
 from __future__ import annotations
 

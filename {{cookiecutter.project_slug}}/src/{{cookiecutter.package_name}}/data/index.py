@@ -211,11 +211,7 @@ def preview(names: list[str], limit: int = 10) -> str:
     return ", ".join(names[:limit]) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def check_dir(path: Path, option: str, kind: str = "a directory", ok=Path.is_dir) -> None:
-    if not ok(path):
+def check_dir(path: Path, option: str, kind: str = "a directory") -> None:
+    if not (path.is_file() if kind == "a file" else path.is_dir()):
         fault = f"is not {kind}" if path.exists() else "does not exist"
         raise DataError(f"--{option} {path} {fault}")
-
-
-def check_file(path: Path, option: str) -> None:
-    check_dir(path, option, "a file", Path.is_file)

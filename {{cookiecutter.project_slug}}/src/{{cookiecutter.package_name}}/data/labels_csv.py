@@ -15,7 +15,6 @@ from {{ cookiecutter.package_name }}.data.index import (
     FolderLabels,
     ImageIndex,
     check_dir,
-    check_file,
     list_files,
     preview,
     refuse_repeats,
@@ -71,7 +70,7 @@ def find_csv(path: str | Path | None, root: Path | None, option: str) -> Path | 
     path = Path(path)
     if not path.exists() and root is not None and not path.is_absolute() and (root / path).exists():
         path = root / path
-    check_file(path, option)
+    check_dir(path, option, "a file")
     return path
 
 
@@ -100,7 +99,7 @@ def read_labels_csv(
 ) -> LabelsTable:
     """A labels CSV with a header row (UTF-8, BOM or not, CRLF or LF, spaces stripped, blank lines
     skipped), streamed; no rows, an empty name or label, or a file named twice is refused."""
-    check_file(csv_file, "data.source.csv")
+    check_dir(csv_file, "data.source.csv", "a file")
     with open(csv_file, encoding="utf-8-sig", newline="") as text:
         reader = csv.reader(text, strict=True)
         try:

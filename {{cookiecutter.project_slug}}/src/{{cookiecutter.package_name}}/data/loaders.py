@@ -35,16 +35,9 @@ def make_loader(
     seed: int = 0,
     repeats: int = 1,
 ) -> DataLoader:
-    """A loader of uint8 batches: shuffled (or class-balanced) with `train`, in order without.
-
-    Args:
-        balance_classes: (targets, number of classes, seed) for a `BalancedSampler`.
-        shard: (rank, world size) under DDP: evaluation reads each image once over all processes;
-            training keeps this process's share of one common order.
-        seed: with the epoch (Lightning's `set_epoch`), fixes the training order, so a resumed run
-            draws what an uninterrupted one would have.
-        repeats: passes over the training images in one epoch, each drawn anew.
-    """
+    """A loader of uint8 batches: with `train`, shuffled (or balanced by `balance_classes`: targets,
+    classes, seed) in an order fixed by `seed` and the epoch (a resumed run draws the same), in
+    `repeats` passes; without, in order. Under DDP, shard is (rank, world size) of this process."""
     sampler, place = None, shard or (0, 1)
     if train and balance_classes is not None:
         targets, num_classes, seed = balance_classes
@@ -72,16 +65,14 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
-        **worker_options(num_workers, *(shard or (0, 1)), preload=__name__),
+        **worker_options(num_workers, *place, preload=__name__),
     )
 
 
 def worker_options(num_workers: int, rank: int, ranks: int, preload: str) -> dict:
-    """A loader's workers: `_worker_init`, and where they fork, started with SIGTERM blocked. Under
-    DDP, on a Python whose fork can hang (`FORK_CAN_HANG`), forked by a server that imported
-    `preload`: DDP's threads call into Python, and a fork that meets one doing so (gloo's did)
-    leaves the new worker waiting forever; the server has no threads. Its workers get the loader's
-    environment (the server has its own) and a copy of the dataset each (docs/performance.md)."""
+    """A loader's workers: `_worker_init`, started with SIGTERM blocked where they fork. Under DDP,
+    where a fork can hang (`FORK_CAN_HANG`: on a thread DDP runs), forked by a thread-free server
+    that imported `preload`, in the loader's environment (docs/performance.md)."""
     init = partial(_worker_init, rank=rank, owner=os.getpid())
     if not (num_workers and _forks()):
         return {"worker_init_fn": init}
@@ -224,8 +215,7 @@ class EpochShuffle(DistributedSampler):
         return (Draw(i, base | (self.rank + j * self.num_replicas)) for j, i in order)
 
     def epoch_order(self) -> Iterator[int]:
-        """This rank's share of the epoch: pass r of epoch e is torch's shuffle for epoch
-        `e * repeats + r`."""
+        """This rank's share: pass r of epoch e is torch's shuffle for epoch `e * repeats + r`."""
         epoch, passes = self.epoch, []
         for repeat in range(self.repeats):
             self.epoch = epoch * self.repeats + repeat

@@ -1,8 +1,5 @@
-"""Sources: `--data.source`, where a run's images come from, each with only the options it uses.
-
-A source gives the DataModule its class names, datasets and DataLoaders, so the DataModule has no
-branch per source. To add one, subclass `Source` (ARCHITECTURE.md, "Adding a source").
-"""
+"""Sources: `--data.source`, where a run's images come from, each with only the options it uses:
+its class names, datasets and DataLoaders. To add one: ARCHITECTURE.md, "Adding a source"."""
 
 from __future__ import annotations
 
@@ -180,17 +177,13 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         index = once(data.trainer, partial(source.index, data.class_names))
         return readable(data, eval_dataset(data, index))
 
-    def passes(self, images: int) -> int:
-        """Passes per epoch over `images` training images: `epoch_repeats`, or by `epoch_images`."""
-        if self.epoch_images is None:
-            return self.epoch_repeats
-        return max(1, round(self.epoch_images / max(images, 1)))
-
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
-        balance = (dataset.targets, data.num_classes, data.seed) if self.balance_classes else None
         if not train:
             return super().loader(data, dataset, train)
-        repeats = self.passes(len(dataset))
+        balance = (dataset.targets, data.num_classes, data.seed) if self.balance_classes else None
+        repeats = self.epoch_repeats  # passes per epoch: given, or by `epoch_images`
+        if self.epoch_images is not None:
+            repeats = max(1, round(self.epoch_images / max(len(dataset), 1)))
         return super().loader(data, dataset, train, balance_classes=balance, repeats=repeats)
 
 
@@ -258,8 +251,7 @@ class LabelsCsv(_ImageFiles):
         if csv is None and root is not None:
             raise DataError(f"--data.source.root {root} needs --data.source.csv (the labels CSV)")
         self.csv = find_csv(csv, _path(root), "data.source.csv")
-        self.filename_column = filename_column
-        self.label_column = label_column
+        self.filename_column, self.label_column = filename_column, label_column
         self.label_kind = label_kind
         shared = (val_root, val_csv, val_fraction, test_root, test_csv, balance_classes)
         shared += (epoch_repeats, epoch_images, skip_bad_images, cache, cache_key)
@@ -329,19 +321,14 @@ def source_from_config(value, files_for: str | None = None) -> Source:
     """A source from `class_path`/`init_args` (dict or Namespace); with `files_for`, files only."""
     if not isinstance(value, Source):
         value = value.as_dict() if hasattr(value, "as_dict") else value
-        value = source_class(value["class_path"])(**(value.get("init_args") or {}))
+        module, _, name = (class_path := value["class_path"]).rpartition(".")
+        kind = getattr(import_module(module), name, None) if module else globals().get(name)
+        if not (isinstance(kind, type) and issubclass(kind, Source)):
+            raise DataError(f"--data.source {class_path} is not a source")
+        value = kind(**(value.get("init_args") or {}))
     if files_for is not None and not isinstance(value, _ImageFiles):
         raise DataError(f"{files_for} reads image files: --data.source ClassFolders or LabelsCsv")
     return value
-
-
-def source_class(class_path: str) -> type[Source]:
-    """The source class a `class_path` names (a short name: one of this module's)."""
-    module, _, name = class_path.rpartition(".")
-    kind = getattr(import_module(module), name, None) if module else globals().get(name)
-    if not (isinstance(kind, type) and issubclass(kind, Source)):
-        raise DataError(f"--data.source {class_path} is not a source")
-    return kind
 
 
 def _path(value: str | Path | None) -> Path | None:
