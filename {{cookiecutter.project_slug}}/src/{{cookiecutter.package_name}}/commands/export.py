@@ -57,9 +57,7 @@ def preprocessing_rule(size: int) -> dict:
 
 def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedClassifier, dict]:
     """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata."""
-    model = load_classifier(ckpt_path)  # refuses a bad checkpoint
-    # Checked above; read again (as data only, mapped) for what the model does not keep.
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    checkpoint, model = load_classifier(ckpt_path)  # refuses a bad checkpoint
     hp = model.hparams
 
     def options(key: str) -> dict:  # without LightningCLI's `_instantiator`, not a choice

@@ -29,9 +29,9 @@ def read_checkpoint(path: str | Path, resume: bool = False, option: str = "--ckp
     return _read(path, resume, option)[0]
 
 
-def load_classifier(path: str | Path, option: str = "--ckpt_path") -> ImageClassifier:
-    """The classifier the checkpoint describes, with its trained weights, on the CPU."""
-    return _read(path, False, option)[1]
+def load_classifier(path: str | Path, option: str = "--ckpt_path") -> tuple[dict, ImageClassifier]:
+    """The checkpoint and the classifier it describes, with its trained weights, on the CPU."""
+    return _read(path, False, option)
 
 
 def check_classes_present(
@@ -123,28 +123,19 @@ def _check_contents(checkpoint: object, where: str, resume: bool) -> dict:
     for part in ("hyper_parameters", "datamodule_hyper_parameters"):
         section = checkpoint.get(part)
         instantiator = section.get("_instantiator") if isinstance(section, dict) else None
-        if instantiator is not None and not (
-            isinstance(instantiator, str) and instantiator == _CLI_INSTANTIATOR
-        ):
+        if instantiator not in (None, _CLI_INSTANTIATOR):
             raise DataError(
                 f"{where} names {one_line(repr(instantiator), 80)} in its {part} as the function "
                 f"to build with, not LightningCLI's: refused, as loading would call it"
             )
     hparams = {key: value for key, value in hparams.items() if key != "_instantiator"}
-    parameters = inspect.signature(ImageClassifier).parameters
-    unknown = sorted(set(map(str, hparams)) - set(parameters))
+    unknown = sorted(set(map(str, hparams)) - set(inspect.signature(ImageClassifier).parameters))
     if unknown:
         raise DataError(
             f"{where} has hyper_parameters ImageClassifier does not take ({_preview(unknown)}): "
             f"written by another project or version"
         )
-    lacking = [n for n, p in parameters.items() if p.default is p.empty and n not in hparams]
-    if lacking:
-        raise DataError(
-            f"{where} has no {', '.join(lacking)} in its hyper_parameters: not a checkpoint of "
-            f"this project's classifier"
-        )
-    # Typed as LightningCLI will parse them, so that a wrong type is refused here in one line.
+    # Typed (and complete) as LightningCLI will parse them: refused here in one line otherwise.
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(ImageClassifier)
     try:
