@@ -51,16 +51,11 @@ class ImageClassifier(L.LightningModule):
         warmup_fraction: share of all training steps spent warming up.
         compile: run the network through `torch.compile` when fitting.
         channels_last: NHWC memory layout; unset: on CUDA only.
-        freeze_backbone_epochs: train only the classifier for this many first epochs (the
-            backbone frozen, its BatchNorm layers in eval mode), then everything.
-        backbone_lr_scale: the backbone's learning rate relative to the classifier's; unset: 0.1
-            after a frozen phase, else 1.0.
-        layer_decay: timm models only: each layer group's rate this times the next one's
-            (timm's `param_groups_layer_decay`; 0.65 to 0.85 are usual).
-        lr_reference_batch: the global batch (batch size x processes x accumulation) `lr` is
-            meant for; the peak rate scales with the actual one. Unset: `lr` as it is.
-        tta_flip: validate, test and predict on each image and its mirror, averaging their
-            class probabilities.
+        freeze_backbone_epochs: train only the classifier for this many first epochs.
+        backbone_lr_scale: the backbone's rate relative to the classifier's (unset: 0.1 if frozen).
+        layer_decay: timm models only: each layer group's rate this times the next one's.
+        lr_reference_batch: the global batch `lr` is meant for; unset: `lr` as it is.
+        tta_flip: validate, test and predict on each image and its mirror, averaged.
         mixup_alpha: MixUp of training batches, weight from Beta(alpha, alpha) (0.2 is common).
         cutmix_alpha: CutMix likewise (1.0 is common); with both on, one of the two per batch.
         mix_off_epochs: no MixUp or CutMix in the last this many of `--trainer.max_epochs`.
@@ -200,8 +195,7 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.state.fn == TrainerFn.VALIDATING and self.trainer.is_global_zero:
             print(per_class_table(matrix, self.class_names))
 
-    def on_fit_end(self) -> None:
-        """Print the per-class accuracy of the last validation and save its confusion matrix."""
+    def on_fit_end(self) -> None:  # the last validation's per-class table and confusion PNG
         if self.confusion is None:
             return
         # `trainer.log_dir` broadcasts from rank zero under DDP: every rank must ask for it.
@@ -225,8 +219,7 @@ class ImageClassifier(L.LightningModule):
         if self.hparams.freeze_backbone_epochs:
             freeze_backbone(self.net, False)  # the model leaves `fit` whole and trainable
 
-    def _scores(self, images: Tensor) -> Tensor:
-        """The logits of `images`; with `tta_flip`, their `flip_average`."""
+    def _scores(self, images: Tensor) -> Tensor:  # with `tta_flip`, their `flip_average`
         return flip_average(self, images) if self.hparams.tta_flip else self(images)
 
     def on_fit_start(self) -> None:
@@ -307,8 +300,7 @@ class ImageClassifier(L.LightningModule):
 
 def flip_average(net: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
     """The log of the mean class probabilities of each image and its mirror (`tta_flip`, also in
-    exported models): probabilities average across views, whose logits differ in scale, and
-    their log is a logit vector the loss, the metrics and a softmax take unchanged."""
+    exports): a logit vector the loss, the metrics and a softmax take unchanged."""
     logits = net(torch.cat([images, images.flip(-1)])).float()
     views = logits.log_softmax(dim=1).unflatten(0, (2, -1))  # -1: a batch of any size exports
     return views.logsumexp(dim=0) - math.log(2)

@@ -19,8 +19,6 @@ class BatchMixer:
             mixers.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
         if cutmix_alpha > 0:
             mixers.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
-        if not mixers:
-            raise ValueError("BatchMixer needs mixup_alpha or cutmix_alpha above 0")
         self.transform = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
 
     def __call__(self, images: Tensor, targets: Tensor, key: tuple[int, ...]) -> tuple:

@@ -121,8 +121,6 @@ def build_network(
 def classifier_of(network: nn.Module) -> nn.Module:
     """The layer that gives the class scores, re-made for new classes and trained first over a
     frozen backbone: timm's `get_classifier()`, else the last `nn.Linear` (or convolution)."""
-    if isinstance(network, CompactResNet):
-        return network.head[-1]
     if hasattr(network, "get_classifier"):  # timm
         return network.get_classifier()
     return _last_layer(network)[1]
