@@ -55,12 +55,10 @@ def timm_network(
                 f"--model.architecture {architecture}: timm does not build it as a classifier "
                 f"({one_line(err)}); use another architecture"
             ) from err
-    cached = _hub_cached(timm, name)
-    # From the cache file itself: no network call at all when the weights are already here.
-    cfg = {"file": cached, "source": ""} if cached else None
     try:
-        if not cached:
-            _reach_hub(timm, name)
+        cached = _cached_or_reachable(timm, name)
+        # From the cache file itself: no network call at all when the weights are already here.
+        cfg = {"file": cached, "source": ""} if cached else None
         with _download_timeout():
             return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=cfg, **options)
     except (OSError, RuntimeError, ValueError) as err:  # offline, or no such weights
@@ -74,22 +72,31 @@ def timm_network(
         ) from err
 
 
-def _reach_hub(timm, name: str) -> None:
-    """Raise OSError if the Hugging Face hub cannot be reached, asked once by a metadata request
-    (no retries, `HF_HUB_ETAG_TIMEOUT`): an uncached download retries for 45 s offline."""
-    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+def _cached_or_reachable(timm, name: str) -> str | None:
+    """The weights file of timm's `name` in the Hugging Face cache, if there; else OSError if the
+    hub cannot be reached, asked once by a metadata request (no retries, `HF_HUB_ETAG_TIMEOUT`):
+    an uncached download retries for 45 s offline."""
+    import huggingface_hub as hub
+    from huggingface_hub import constants
     from huggingface_hub.utils import HfHubHTTPError
 
     config = timm.get_pretrained_cfg(name)
-    if constants.HF_HUB_OFFLINE or config is None or not config.hf_hub_id:
-        return  # offline mode fails at once by itself; URL weights go through torch's hub
-    url = hf_hub_url(config.hf_hub_id, config.hf_hub_filename or "model.safetensors")
+    if config is None or not config.hf_hub_id:
+        return None  # URL weights go through torch's hub
+    for filename in ("model.safetensors", "pytorch_model.bin"):
+        found = hub.try_to_load_from_cache(config.hf_hub_id, filename)
+        if isinstance(found, str):
+            return found
+    if constants.HF_HUB_OFFLINE:
+        return None  # offline mode fails at once by itself
+    url = hub.hf_hub_url(config.hf_hub_id, config.hf_hub_filename or "model.safetensors")
     try:
-        get_hf_file_metadata(url, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        hub.get_hf_file_metadata(url, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     except HfHubHTTPError:
-        return  # the hub answered (a file timm then looks past, say): it can be reached
+        return None  # the hub answered (a file timm then looks past, say): it can be reached
     except Exception as err:  # httpx's (or requests') connection errors, timeouts, proxies
         raise OSError(f"{constants.ENDPOINT} cannot be reached: {one_line(err)}") from err
+    return None
 
 
 @contextlib.contextmanager
@@ -102,20 +109,6 @@ def _download_timeout() -> Iterator[None]:
         yield
     finally:
         socket.setdefaulttimeout(before)
-
-
-def _hub_cached(timm, name: str) -> str | None:
-    """The weights file of timm's `name` in the Hugging Face cache, if it is there."""
-    from huggingface_hub import try_to_load_from_cache
-
-    config = timm.get_pretrained_cfg(name)
-    if config is None or not config.hf_hub_id:
-        return None
-    for filename in ("model.safetensors", "pytorch_model.bin"):
-        found = try_to_load_from_cache(config.hf_hub_id, filename)
-        if isinstance(found, str):
-            return found
-    return None
 
 
 def torchvision_pretrained(architecture: str) -> nn.Module:
