@@ -62,9 +62,8 @@ def cgroup_cpu_limit() -> float | None:
             base, v2 = CGROUP_ROOT / controllers, False
         else:
             continue
-        folders, folder = [base], base / path.lstrip("/")  # its folder, then each parent
-        while folder != base and base in folder.parents:
-            folders, folder = [*folders, folder], folder.parent
+        folder = base / path.lstrip("/")  # its folder, then each parent up to `base`
+        folders = [base, *(f for f in (folder, *folder.parents) if base in f.parents)]
         limits += [q for folder in folders if (q := _quota(folder, v2)) is not None]
     return min(limits, default=None)
 

@@ -72,8 +72,7 @@ def _draw(name: str, rng: np.random.Generator) -> Image.Image:
     image = Image.fromarray(coarse).resize(_SIZE, Image.BICUBIC).filter(ImageFilter.GaussianBlur(8))
     width, height = _SIZE
     if name == "stripes":
-        period = rng.uniform(14, 28)
-        angle = rng.uniform(0, np.pi)
+        period, angle = rng.uniform(14, 28), rng.uniform(0, np.pi)
         yy, xx = np.mgrid[0:height, 0:width]
         pattern = np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * 2 * np.pi / period) > 0
         pixels = np.asarray(image).copy()

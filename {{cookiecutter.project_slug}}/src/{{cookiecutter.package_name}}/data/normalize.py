@@ -10,8 +10,7 @@ class BatchNormalizer:
     images travel as uint8 (4x fewer bytes) and become float only here."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
-        self.mean = tuple(mean)
-        self.std = tuple(std)
+        self.mean, self.std = tuple(mean), tuple(std)
         self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:

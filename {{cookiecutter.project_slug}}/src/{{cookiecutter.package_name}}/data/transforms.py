@@ -105,14 +105,9 @@ class RandomResizedCropFlip:
                 # One uniform draw per offset (not `randint`): the same crop on its cached copy
                 top = int(random.random() * (height - h + 1))
                 return top, int(random.random() * (width - w + 1)), h, w
-        # As torchvision: the whole image, clamped to the allowed aspect ratios.
-        aspect = width / height
-        if aspect < self.ratio[0]:
-            w, h = width, round(width / self.ratio[0])
-        elif aspect > self.ratio[1]:
-            h, w = height, round(height * self.ratio[1])
-        else:
-            w, h = width, height
+        # As torchvision: the whole image, clamped to the allowed aspect ratios, centred.
+        w = min(width, round(height * self.ratio[1]))
+        h = min(height, round(w / self.ratio[0]))
         return (height - h) // 2, (width - w) // 2, h, w
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
