@@ -142,6 +142,14 @@ def classify(
             batch, images = [], []
 
 
+def top_classes(probabilities: Tensor, class_names: list[str]) -> list[tuple[str, float]]:
+    """The `TOP_K` likeliest classes and their probabilities, the likeliest first (also serve's)."""
+    top_probs, top_labels = probabilities.topk(min(TOP_K, len(class_names)))
+    return [
+        (class_names[c], p) for c, p in zip(top_labels.tolist(), top_probs.tolist(), strict=True)
+    ]
+
+
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} infer",
@@ -193,7 +201,6 @@ def main(args: list[str] | None = None) -> int:
 
 
 def _row(path: str, probabilities: Tensor, class_names: list[str]) -> list[str]:
-    """`path, label, probability, top_k` (the `TOP_K` likeliest), formatted as predict's CSV."""
-    probs, labels = probabilities.topk(min(TOP_K, len(class_names)))
-    top = [(class_names[c], p) for c, p in zip(labels.tolist(), probs.tolist(), strict=True)]
+    """`path, label, probability, top_k`, formatted as predict's CSV writer does."""
+    top = top_classes(probabilities, class_names)
     return [path, top[0][0], f"{top[0][1]:.4f}", " ".join(f"{c}:{p:.4f}" for c, p in top)]
