@@ -28,9 +28,6 @@ class FilesInHand:
         spawning = multiprocessing.context.get_spawning_popen() is not None
         return {"_memory": self._memory if spawning else None}
 
-    def __setstate__(self, state: dict) -> None:
-        self._memory = state["_memory"]
-
     def enter(self, path: str) -> None:
         if (slot := self._slot()) is not None:
             entry = f"{os.getpid()}\0{path}".encode(errors="replace")[: _WIDTH - 1] + b"\0"

@@ -191,8 +191,7 @@ class ClassFolders(_ImageFiles):
     """Images in class folders, `root/<class>/<image>`; unset `root`: the generated demo set.
 
     Args:
-        root: folder with one sub-folder of images per class; unset: the demo set, generated in
-            `demo/` of the per-user cache folder (`data/demo.py`).
+        root: folder with one sub-folder of images per class; unset: the generated demo set.
         val_root: validation images in class folders (or the image folder of `val_csv`).
         val_csv: validation images named by a CSV, relative to `val_root` when set, else `root`.
         val_fraction: share of each class held out for validation, drawn with `--data.seed`
@@ -200,8 +199,7 @@ class ClassFolders(_ImageFiles):
         test_root: `test` images in class folders (or the image folder of `test_csv`).
         test_csv: test images named by a CSV, relative to `test_root` when set, else `root`.
         balance_classes: draw training images with a weighted sampler, each class equally often.
-        epoch_repeats: passes over the training images per epoch, each in an order of its own:
-            on a few hundred images, enough optimizer steps in a run of the usual epochs.
+        epoch_repeats: passes over the training images per epoch, each in an order of its own.
         epoch_images: draw about this many images per epoch: passes = max(1, round(epoch_images
             / training images)), so that a preset keeps its steps per epoch on more data.
         skip_bad_images: decode every image at setup and leave out, with a warning, those that
