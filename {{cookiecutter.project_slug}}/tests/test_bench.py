@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.commands.bench import main, recommend
+from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.commands.bench import recommend
 
 
 def test_bench_reports_baseline_loader_and_cache(image_root: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "results.json"
     options = ["--data.image_size=16", "--data.batch_size=4", "--data.source.cache=memmap"]
     options += [f"--data.cache_dir={tmp_path / 'cache'}", "--workers=[0, 1]", "--epochs=2"]
-    main([f"--data.source.root={image_root}", *options, f"--json={out}"])
+    main(["bench", f"--data.source.root={image_root}", *options, f"--json={out}"])
     report = capsys.readouterr().out
     assert all(f"| {pipeline}" in report for pipeline in ("naive", "decode", "memmap"))
     assert "recommended: --data.num_workers " in report
@@ -32,7 +33,7 @@ def test_recommendation_is_the_fewest_workers_near_the_best() -> None:
 
 def test_bench_refuses_a_missing_root(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as done:
-        main([f"--data.source.root={tmp_path / 'nowhere'}", "--workers=[0]"])
+        main(["bench", f"--data.source.root={tmp_path / 'nowhere'}", "--workers=[0]"])
     assert done.value.code == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -42,8 +43,9 @@ def test_bench_reads_at_most_max_images(image_root: Path, tmp_path: Path, capsys
     a second run writes over the --json that the first wrote (its own) without --overwrite."""
     out = tmp_path / "results.json"
     options = ["--data.image_size=16", "--data.batch_size=4", "--workers=[0]", "--epochs=1"]
+    options += ["--max_images=8", f"--json={out}"]
     for _ in range(2):
-        main([f"--data.source.root={image_root}", *options, "--max_images=8", f"--json={out}"])
+        main(["bench", f"--data.source.root={image_root}", *options])
         assert "bench: 8 of 18 training images (--max_images 8), 2 runs of --epochs 1" in (
             capsys.readouterr().err
         )

@@ -131,23 +131,19 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path | None, help="also write results here")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace a user's --json")
     cfg = parser.parse_args(args)
-    try:
-        if cfg.json is not None:  # refused before the minutes of measuring, not after
-            check_output(
-                cfg.json,
-                "--json",
-                ours=lambda path: holds(path, MARK, within=len(MARK)),
-                what="results that bench wrote",
-                overwrite=cfg.overwrite,
-                way_out="pass --overwrite true",
-                inputs=source_from_config(cfg.data.source).inputs(),
-            )
-        if cfg.max_images is not None and cfg.max_images < 1:
-            raise DataError(f"--max_images must be at least 1 (null: all), got {cfg.max_images}")
-        results = run(cfg)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    if cfg.json is not None:  # refused before the minutes of measuring, not after
+        check_output(
+            cfg.json,
+            "--json",
+            ours=lambda path: holds(path, MARK, within=len(MARK)),
+            what="results that bench wrote",
+            overwrite=cfg.overwrite,
+            way_out="pass --overwrite true",
+            inputs=source_from_config(cfg.data.source).inputs(),
+        )
+    if cfg.max_images is not None and cfg.max_images < 1:
+        raise DataError(f"--max_images must be at least 1 (null: all), got {cfg.max_images}")
+    results = run(cfg)  # a DataError: one `error:` line and exit 2, from __main__
     pipeline = "memmap" if "memmap" in {r["pipeline"] for r in results} else "decode"
     best = recommend(results, pipeline)
     print(f"\nrecommended: --data.num_workers {best} (fewest within 5% of the best {pipeline})")

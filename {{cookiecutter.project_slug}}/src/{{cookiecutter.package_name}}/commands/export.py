@@ -43,8 +43,11 @@ class ExportedClassifier(nn.Module):
         return flip_average(self.net, images) if self.tta_flip else self.net(images)
 
 
-def preprocessing_rule(size: int) -> dict:
-    """How validation (`eval_transform`) turns a file into the model's input, for a server."""
+def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedClassifier, dict]:
+    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata."""
+    checkpoint, model = load_classifier(ckpt_path)  # refuses a bad checkpoint
+    hp, size = model.hparams, int(model.hparams.image_size)
+    # How validation (`eval_transform`) turns a file into the model's input, for a server.
     rule = (
         f"decode to 8-bit RGB (alpha dropped, Exif orientation applied; a JPEG whose short side "
         f"is at least {2 * size} may be decoded by libjpeg at 1/2, 1/4 or 1/8 scale, short side "
@@ -52,13 +55,6 @@ def preprocessing_rule(size: int) -> dict:
         f"aspect ratio kept); centre-crop {size}x{size}; pass as uint8 (N, 3, {size}, {size})"
     )
     values = {"interpolation": "bilinear", "antialias": True, "center_crop": [size, size]}
-    return {"rule": rule, "resize_short_side": size, **values}
-
-
-def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedClassifier, dict]:
-    """The checkpoint's network wrapped for uint8 input, in eval mode, and its metadata."""
-    checkpoint, model = load_classifier(ckpt_path)  # refuses a bad checkpoint
-    hp = model.hparams
 
     def options(key: str) -> dict:  # without LightningCLI's `_instantiator`, not a choice
         return {k: v for k, v in (checkpoint.get(key) or {}).items() if k != "_instantiator"}
@@ -66,12 +62,12 @@ def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedCl
     metadata = {
         "format": FORMATS[fmt][0],
         "class_names": list(hp.class_names),
-        "image_size": int(hp.image_size),
+        "image_size": size,
         "mean": list(hp.mean),
         "std": list(hp.std),
         "input": "uint8 RGB tensor (N, 3, image_size, image_size), any N",
         "output": "logits (N, len(class_names)); their softmax gives the class probabilities",
-        "preprocessing": preprocessing_rule(int(hp.image_size)),
+        "preprocessing": {"rule": rule, "resize_short_side": size, **values},
         "training": {
             "checkpoint": Path(ckpt_path).name,
             "epoch": checkpoint.get("epoch"),
@@ -177,7 +173,5 @@ def main(args: list[str] | None = None) -> None:
             f"not the name ({suffix} is the usual suffix)",
             file=sys.stderr,
         )
-    for path in export_checkpoint(
-        options.ckpt_path, options.output, options.format, options.overwrite
-    ):
-        print(f"wrote {path}")
+    paths = export_checkpoint(options.ckpt_path, options.output, options.format, options.overwrite)
+    print("\n".join(f"wrote {path}" for path in paths))

@@ -28,22 +28,17 @@ def main(args: list[str] | None = None) -> int:
     args = sys.argv[1:] if args is None else list(args)
     try:
         args = _with_config_defaults(parser, args)
-    except (OSError, yaml.YAMLError) as err:
-        print(f"error: --config: {err}", file=sys.stderr)
-        return 2
+    except (OSError, yaml.YAMLError) as err:  # as any DataError: one `error:` line, exit 2
+        raise DataError(f"--config: {err}") from err
     config = parser.parse_args(args)
-    try:
-        source = source_from_config(config.data.source, files_for="scan")
-        source.skip_bad_images = False  # what scan is for: every unreadable file listed
-        datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
-        datamodule.setup("fit")
-        datasets = [datamodule.train_dataset, datamodule.val_dataset]
-        if datamodule.predict_root is not None:
-            datamodule.setup("predict")
-            datasets.append(datamodule.predict_dataset)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    source = source_from_config(config.data.source, files_for="scan")
+    source.skip_bad_images = False  # what scan is for: every unreadable file listed
+    datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
+    datamodule.setup("fit")
+    datasets = [datamodule.train_dataset, datamodule.val_dataset]
+    if datamodule.predict_root is not None:
+        datamodule.setup("predict")
+        datasets.append(datamodule.predict_dataset)
     bad = find_unreadable(datasets, datamodule.resolve_num_workers(), progress=True)
     for _, message in bad:
         print(message)
