@@ -177,13 +177,10 @@ def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
         build = partial(_torchvision_network, architecture, num_classes)
     else:
         build = partial(timm_network, architecture, num_classes, 0.0, False)
-    network = None  # the network, its weights on the meta device
-    try:
+    try:  # the network, its weights on the meta device
         with _EmptyOnMeta():
             network = build().to("meta")
     except RuntimeError:
-        pass
-    if network is None:
         # Some run a part of themselves while being built (timm's hybrid ViTs, their CNN stem on
         # a blank image, to learn its output size): that image must be on the meta device too.
         try:
