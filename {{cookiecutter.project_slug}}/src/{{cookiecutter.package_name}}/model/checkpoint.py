@@ -158,8 +158,7 @@ def _refused(err: pickle.UnpicklingError) -> str:
     found = re.search(r"GLOBAL ([\w.]+)", text)
     if found:
         return f"it calls {found.group(1)}"
-    reason = text.rsplit("WeightsUnpickler error:", 1)[-1] if "WeightsUnpickler" in text else text
-    return one_line(reason)
+    return one_line(text.rsplit("WeightsUnpickler error:", 1)[-1])
 
 
 def _describe(head: bytes) -> str:
@@ -167,9 +166,9 @@ def _describe(head: bytes) -> str:
         text = codecs.getincrementaldecoder("utf-8")().decode(head)
     except UnicodeDecodeError:
         return "is binary data of another kind"
-    first_line = text.strip().splitlines()[0] if text.strip() else ""
-    if first_line and first_line.isprintable():
-        return f"is text beginning {first_line[:40]!r}"
+    lines = text.strip().splitlines()
+    if lines and lines[0].isprintable():
+        return f"is text beginning {lines[0][:40]!r}"
     return "is of another kind"
 
 
