@@ -38,10 +38,8 @@ class ImageClassifier(L.LightningModule):
     Args:
         architecture: "compact_resnet" (sized by `width` and `depths`), a torchvision model
             ("resnet18") or, with the timm extra, a timm model ("convnext_nano.in12k").
-        pretrained: start from the architecture's published weights (local cache first); the
-            data's image size and normalisation then follow them unless given.
-        weights: start from a local file: a state dict, `.safetensors` or a checkpoint of this
-            project (a classifier for other classes is re-made).
+        pretrained: start from the architecture's published weights (docs/training.md).
+        weights: start from a local file: a state dict, `.safetensors` or a checkpoint.
         width: channels of the first stage; each later stage doubles them.
         depths: residual blocks per stage.
         lr: peak learning rate of AdamW.

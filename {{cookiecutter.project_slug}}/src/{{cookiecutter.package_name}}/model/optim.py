@@ -20,10 +20,9 @@ def param_groups(
     backbone_lr_scale: float = 1.0,
     layer_decay: float | None = None,
 ) -> list[dict]:
-    """AdamW's groups over every parameter, frozen or not (a resumed optimizer never meets a new
-    group), weight decay by timm's rule (`param_groups_weight_decay`: not on 1-D parameters,
-    biases and a model's `no_weight_decay()`). With a backbone scale or `layer_decay`, the
-    classifier's groups come first (the history logs the first group's rate), all named."""
+    """AdamW's groups over every parameter, frozen or not, weight decay by timm's rule (not on 1-D
+    parameters, biases, `no_weight_decay()`); with a backbone scale or `layer_decay`, named, the
+    classifier's first (the history logs the first group's rate)."""
     skip = getattr(network, "no_weight_decay", set)()
     decays = {
         id(p): not (p.ndim <= 1 or name.endswith(".bias") or any(fnmatch(name, s) for s in skip))
@@ -78,8 +77,7 @@ _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm
 
 def freeze_backbone(network: nn.Module, frozen: bool) -> None:
     """Train only the classifier (`classifier_of`), or everything again. Frozen, the backbone's
-    BatchNorm layers run in eval mode: the pretrained running statistics are used, not pulled
-    (Lightning's `BaseFinetuning` turns `track_running_stats` off: batch statistics instead)."""
+    BatchNorm layers run in eval mode: the pretrained running statistics used, not pulled."""
     head = classifier_of(network)
     in_head = {id(p) for p in head.parameters()} | {id(m) for m in head.modules()}
     for param in network.parameters():
