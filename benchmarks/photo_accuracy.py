@@ -20,7 +20,8 @@ machine may be shared:
 - `plain_cnn` below, about 25 lines of PyTorch as a user would write them, trained until its own
   CPU time (start-up included) reaches the preset's run of the same seed, or `--cnn-cpu`.
 Scores are the validation accuracy at the end. Then the bake's `scripts/recipe_bench.py` runs the
-preset on scikit-learn's digits, 10 training images per class, at the default 128 px.
+preset on scikit-learn's digits, 10 training images per class, at the default 128 px, for
+the preset's epochs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import csv
 import importlib.util
 import io
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -268,8 +270,10 @@ def main() -> None:
                 print(summary(label, results[name]))
         if not args.no_digits:
             seeds = [str(s) for s in args.seeds]
+            preset = (project / "configs" / "recipes" / "scratch.yaml").read_text()
+            epochs = re.search(r"max_epochs: (\d+)", preset).group(1)  # the preset's own
             bench = [sys.executable, str(project / "scripts" / "recipe_bench.py"), "--seeds",
-                     *seeds, "--epochs", "10", "--only", "scratch.yaml"]  # fmt: skip
+                     *seeds, "--epochs", epochs, "--only", "scratch.yaml"]  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
             print(subprocess.run(bench, env=env, capture_output=True, text=True, check=True).stdout)
 

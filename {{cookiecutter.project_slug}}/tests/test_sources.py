@@ -95,7 +95,7 @@ class EpochSteps(L.Callback):  # notes the steps of an epoch as training starts
 def test_the_scratch_preset_draws_about_1500_images_per_epoch(
     tmp_path: Path, run_main, per_class: int, draws: int
 ) -> None:
-    """33 training images: 45 passes; 1,032: one; in batches of 8 (the length known at start)."""
+    """33 training images: 45 passes; 1,032: one; in batches of 32 (the length known at start)."""
     image = write_image(tmp_path / "one.png", (9, 9, 9), size=(8, 8)).read_bytes()
     for name in CLASSES:
         (tmp_path / "images" / name).mkdir(parents=True)
@@ -106,7 +106,7 @@ def test_the_scratch_preset_draws_about_1500_images_per_epoch(
     options += f" --checkpoint.dirpath ckpts --trainer.callbacks+={__name__}.EpochSteps"
     done = run_main("fit", "--config", PRESET, *options.split(), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert EpochSteps.steps == draws // 8
+    assert EpochSteps.steps == draws // 32
 
 
 def test_epoch_images_and_epoch_repeats_are_refused_together(tmp_path: Path, run_main) -> None:
