@@ -31,7 +31,6 @@ import csv
 import importlib.util
 import io
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 from PIL import Image, ImageEnhance
 
 # class -> photos (skimage/data/..., or sklearn's sample images)
@@ -270,8 +270,8 @@ def main() -> None:
                 print(summary(label, results[name]))
         if not args.no_digits:
             seeds = [str(s) for s in args.seeds]
-            preset = (project / "configs" / "recipes" / "scratch.yaml").read_text()
-            epochs = re.search(r"max_epochs: (\d+)", preset).group(1)  # the preset's own
+            preset = yaml.safe_load((project / "configs/recipes/scratch.yaml").read_text())
+            epochs = str(preset["trainer"]["max_epochs"])  # the preset's own
             bench = [sys.executable, str(project / "scripts" / "recipe_bench.py"), "--seeds",
                      *seeds, "--epochs", epochs, "--only", "scratch.yaml"]  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}

@@ -128,24 +128,16 @@ def new_venv(folder: Path, cwd: Path, beside: Path | None = None) -> Path:
     return python
 
 
-def venv_pip(python: str, *args: str, cwd: Path) -> None:
-    """This environment's pip installing into the venv of `python` (pip's `--python`): a venv
-    made with its own pip took 3 s more, and 10 s of wall time on a loaded machine."""
-    run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", *args, cwd=cwd)
+def venv_pip(python: str, command: str, *args: str, cwd: Path) -> None:
+    """This environment's pip running `command` (install, uninstall) in the venv of `python`
+    (pip's `--python`): a venv made with its own pip took 3 s more, 10 s of wall time loaded."""
+    run(sys.executable, "-m", "pip", "--python", python, command, "--quiet", *args, cwd=cwd)
 
 
 def pip_install(project: Path) -> None:
     """Install a baked project into this environment (its dependencies are already here)."""
-    run(
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--no-build-isolation",
-        "-e",
-        f"{project}[dev]",
-        cwd=project,
+    venv_pip(
+        sys.executable, "install", "--no-build-isolation", "-e", f"{project}[dev]", cwd=project
     )
 
 

@@ -82,9 +82,8 @@ def dependencies(cookies_session, tmp_path_factory: pytest.TempPathFactory) -> P
             folder.mkdir()
             project = bake(cookies_session, project_name="Base Bake")
             python = str(new_venv(folder / "venv", folder, beside=Path(sys.prefix)))
-            venv_pip(python, "-e", f"{project}[dev]", cwd=folder)  # built as pip builds it alone
-            pip = [sys.executable, "-m", "pip", "--python", python]
-            run(*pip, "uninstall", "--quiet", "--yes", "base-bake", cwd=folder)
+            venv_pip(python, "install", "-e", f"{project}[dev]", cwd=folder)  # built isolated
+            venv_pip(python, "uninstall", "--yes", "base-bake", cwd=folder)
             shared = (
                 "from importlib.util import find_spec as f; assert f('torch') and f('lightning')"
             )
@@ -97,7 +96,7 @@ def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str
     """The bake and its extras in a venv beside `dependencies`, built by the setuptools found
     there (`dependencies` built the default bake isolated, as pip does alone): 5 s less a bake."""
     python = str(new_venv(folder, project, beside=dependencies))
-    venv_pip(python, "--no-build-isolation", "-e", f"{project}[{extras}]", cwd=project)
+    venv_pip(python, "install", "--no-build-isolation", "-e", f"{project}[{extras}]", cwd=project)
     return python
 
 
