@@ -66,70 +66,42 @@ def test_cgroup_cpu_limit(cgroups, membership: str | None, files: dict, limit) -
     assert cpus.cgroup_cpu_limit() == limit
 
 
-@pytest.fixture
-def sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:  # a 16-CPU machine's affinity
-    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-
-
 @pytest.mark.parametrize(
-    ("quota", "usable", "workers"),
-    [
-        ("max 100000", 16, {1: 15, 2: 7, 4: 3, 16: 1}),
-        ("450000 100000", 5, {1: 4, 2: 1, 8: 1}),  # 4.5 CPUs of time: rounded up
-        ("50000 100000", 1, {1: 1}),  # at least one worker
+    ("quota", "per_task", "processes", "workers", "threads"),
+    [  # on 16 CPUs of a 32-CPU machine; torch's default 8 threads (8 cores of 2 threads each)
+        ("max 100000", None, 1, 15, 8),  # alone: torch's default threads, not all 16 CPUs
+        ("max 100000", None, 2, 7, 8),
+        ("max 100000", None, 4, 3, 4),  # 16 CPUs among 4 processes
+        ("max 100000", None, 16, 1, 1),  # at least one worker
+        ("max 100000", "16", 4, 15, 8),  # srun bound this task to its own 16: not divided again
+        ("max 100000", "8", 4, 3, 4),  # SLURM_CPUS_PER_TASK not this binding: shared anyway
+        ("450000 100000", None, 1, 4, 5),  # 4.5 CPUs of time: rounded up
+        ("450000 100000", None, 2, 1, 2),
+        ("50000 100000", None, 1, 1, 1),
     ],
 )
-def test_auto_workers_share_the_quota_among_local_processes(
-    cgroups, sixteen_cpus, quota: str, usable: int, workers: dict, image_root: Path
+def test_workers_and_threads_share_the_usable_cpus_among_local_processes(
+    cgroups, monkeypatch, image_root: Path, quota, per_task, processes, workers, threads
 ) -> None:
+    """Issue 41: each local process gets its share; OMP_NUM_THREADS set, its count stays."""
     cgroups("0::/", v2({"": quota}))
-    assert cpus.usable_cpus() == usable
-    assert {n: cpus.auto_num_workers(n) for n in workers} == workers
-    dm = ImageDataModule(ClassFolders(image_root), num_workers="auto", batch_size=4)
-    assert dm.train_dataloader().num_workers == workers[1]  # one CPU left for the main process
-
-
-@pytest.mark.parametrize(
-    ("per_task", "workers"),
-    [
-        ("8", 7),  # srun bound this task to its own 8 CPUs: not divided again by the 4 GPUs
-        (None, 1),  # 8 CPUs shared by the node's 4 processes: 2 each, one for the process itself
-        ("16", 1),  # the variable does not describe this binding: shared, as without it
-    ],
-)
-def test_auto_workers_under_a_per_task_cpu_binding(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_task: str | None, workers: int
-) -> None:
-    monkeypatch.setattr(cpus, "PROC_CGROUP", tmp_path / "missing")  # no quota
-    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setattr(cpus.os, "cpu_count", lambda: 32)
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     if per_task:
         monkeypatch.setenv("SLURM_CPUS_PER_TASK", per_task)
-    assert cpus.auto_num_workers(4) == workers
-
-
-@pytest.mark.parametrize(
-    ("user", "quota", "processes", "threads"),
-    [
-        (False, "max 100000", 1, 8),  # alone: torch's default (physical cores), not all 16 CPUs
-        (False, "max 100000", 4, 4),  # 16 CPUs among 4 processes
-        (False, "400000 100000", 1, 4),  # a 4-CPU quota
-        (False, "400000 100000", 2, 2),
-        (True, "400000 100000", 2, 5),  # OMP_NUM_THREADS set: the count it gave stays
-    ],
-)
-def test_threads_are_the_cpu_share_unless_the_user_chose(
-    cgroups, sixteen_cpus, monkeypatch, user: bool, quota: str, processes: int, threads: int
-) -> None:
-    cgroups("0::/", v2({"": quota}))
-    monkeypatch.setattr(cpus, "TORCH_THREADS", 8)  # torch's default on 8 cores of 2 threads each
-    monkeypatch.setattr(cpus, "USER_THREADS", user)
+    assert cpus.auto_num_workers(processes) == workers
+    if processes == 1:  # the DataModule without a Trainer: one process
+        dm = ImageDataModule(ClassFolders(image_root), num_workers="auto", batch_size=4)
+        assert dm.train_dataloader().num_workers == workers
+    monkeypatch.setattr(cpus, "TORCH_THREADS", 8)
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(5)
-        cpus.share_threads(processes)
-        assert torch.get_num_threads() == threads
+        for user, expected in ((False, threads), (True, 5)):
+            monkeypatch.setattr(cpus, "USER_THREADS", user)
+            torch.set_num_threads(5)
+            cpus.share_threads(processes)
+            assert torch.get_num_threads() == expected
     finally:
         torch.set_num_threads(before)
 
