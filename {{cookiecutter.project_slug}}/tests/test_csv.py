@@ -1,5 +1,5 @@
-"""The labels-CSV source: spreadsheet quirks, what labels mean (class indices only when exactly
-0..K-1, else names), and an error naming the file and line for each kind of bad row."""
+"""The labels-CSV source: what labels mean (class indices only when exactly 0..K-1, else names),
+and an error naming the file and line of a bad row (the CSV reader's own: test_index.py)."""
 
 from __future__ import annotations
 
@@ -87,58 +87,61 @@ def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
 
 
 def test_missing_files_are_refused_with_line_and_value(flat_root: Path, tmp_path: Path) -> None:
-    """Through the source, as `fit` reads it (each kind of bad row: tests/test_index.py)."""
-    csv_file = tmp_path / "labels.csv"
-    csv_file.write_text("filename,label\nimg_1.png,ant\nnope.png,bee\ngone.png,cat\n")
-    missing = r"2 of 3 rows name files that are not in .*: line 3 'nope\.png', line 4 'gone\.png'"
+    """Odd spellings of present files pass; near misses are named, with their lines."""
+    names = ["img_1.png", "./img_2.png", str(flat_root / "sub" / "img_0.png")]  # present
+    names += ["sub/img_0.pn", "img_1.png.png", "sub"]  # missing: lines 5, 6 and 7
+    rows = "".join(f"{name},{CLASS_LABELS[i]}\n" for i, name in enumerate(names))
+    (csv_file := tmp_path / "labels.csv").write_text("filename,label\n" + rows)
+    shown = r"line 5 'sub/img_0\.pn', line 6 'img_1\.png\.png', line 7 'sub'$"
+    missing = r"3 of 6 rows name files that are not in .*: " + shown
     with pytest.raises(DataError, match=missing):
         module(flat_root, csv_file).setup("fit")
 
 
 @pytest.mark.parametrize(
-    ("train", "val", "message"),
-    [  # training rows; validation rows; the error
-        (
-            "img_1.png,ant\nimg_2.png,bee\n",
-            "img_3.png,ant\nimg_2.png,bee\n",
-            r"labels\.csv line 3 and val\.csv line 3 both name 'img_2\.png'",
-        ),
-        (
-            "img_1.png,ant\nsub/../img_2.png,bee\n",
-            "./img_2.png,bee\n",
-            r"labels\.csv line 3 and val\.csv line 2 both name 'img_2\.png'",
-        ),
-        (  # the same file through another root: val.csv names it below val_root
-            "sub/img_0.png,ant\nimg_1.png,bee\n",
-            "img_0.png,ant\n",
-            r"labels\.csv line 2 and val\.csv line 2 both name 'img_0\.png'",
-        ),
+    ("train", "val", "lines", "name"),
+    [  # training rows; validation rows; the lines of labels.csv and val.csv naming one file
+        ("img_1.png,ant\nimg_2.png,bee\n", "img_3.png,ant\nimg_2.png,bee\n", (3, 3), "img_2"),
+        ("img_1.png,ant\nsub/../img_2.png,bee\n", "./img_2.png,bee\n", (3, 2), "img_2"),
+        # the same file through another root: val.csv names it below val_root
+        ("sub/img_0.png,ant\nimg_1.png,bee\n", "img_0.png,ant\n", (2, 2), "img_0"),
     ],
 )
 def test_a_file_named_twice_or_in_two_splits_is_refused(
-    flat_root: Path, tmp_path: Path, train: str, val: str, message: str
+    flat_root: Path, tmp_path: Path, train: str, val: str, lines: tuple, name: str
 ) -> None:
     """Duplicates are found by the file, not its spelling: a training image is never validated."""
     (labels := tmp_path / "labels.csv").write_text("filename,label\n" + train)
     (val_csv := tmp_path / "val.csv").write_text("filename,label\n" + val)
     val_root = flat_root / "sub" if "sub/img_0" in train else None  # val.csv's names are below it
-    with pytest.raises(DataError, match=message):
+    both = rf"labels\.csv line {lines[0]} and val\.csv line {lines[1]} both name '{name}\.png'"
+    with pytest.raises(DataError, match=both):
         module(flat_root, labels, val_root=val_root, val_csv=val_csv).setup("fit")
 
 
+V = r"line 3: validation label "  # val.csv's second row
+
+
 @pytest.mark.parametrize(
-    ("labels", "message"),
-    [
-        (["0", "1", "2", "3"], r"line 5: unknown label '3' \(class indices 0\.\.2\)"),
-        (["ant", "wasp"], r"line 3: unknown label 'wasp' \(classes: ant, bee, cat\)"),
-        (["ant", "1"], r"line 3: unknown label '1' \(classes: .*--data\.source\.label_kind index"),
+    ("train", "val", "message"),
+    [  # training labels (class names ant, bee, cat when no validation labels), validation labels
+        (["0", "1", "2", "3"], None, r"line 5: unknown label '3' \(class indices 0\.\.2\)"),
+        (["ant", "wasp"], None, r"line 3: unknown label 'wasp' \(classes: ant, bee, cat\)"),
+        (["ant", "1"], None, r"line 3: unknown label '1' \(classes: .*--data\.source\.label_kind"),
+        (["0", "1", "2"], ["1", "3"], V + r"'3' is not a training class \(class indices 0\.\.2\)"),
+        (["0", "1", "2"], ["1", "01"], V + r"'01' is not a training class \(class indices 0\.\.2"),
+        (["ant", "bee"], ["bee", "0"], V + r"'0' is not a .*ant, bee; .*label_kind index"),
     ],
 )
-def test_labels_outside_the_given_classes(
-    flat_root: Path, tmp_path: Path, labels: list[str], message: str
+def test_an_unknown_label_is_named_with_its_file_and_line(
+    flat_root: Path, tmp_path: Path, train: list[str], val: list[str] | None, message: str
 ) -> None:
-    dm = module(flat_root, write_labels(tmp_path / "labels.csv", labels), ["ant", "bee", "cat"])
-    with pytest.raises(DataError, match=rf"labels\.csv {message}"):
+    if val is None:
+        dm = module(flat_root, write_labels(tmp_path / "labels.csv", train), ["ant", "bee", "cat"])
+    else:
+        val_csv = write_labels(tmp_path / "val.csv", val, first=10)
+        dm = module(flat_root, write_labels(tmp_path / "labels.csv", train * 3), val_csv=val_csv)
+    with pytest.raises(DataError, match=rf"{'val' if val else 'labels'}\.csv {message}"):
         dm.setup("fit")
 
 
@@ -170,7 +173,9 @@ def test_labels_that_are_not_exactly_0_to_k_minus_1_are_names(
             module(flat_root, csv_file, label_kind="index").class_names  # noqa: B018
 
 
-def test_labels_exactly_0_to_k_minus_1_are_indices(flat_root: Path, tmp_path: Path) -> None:
+def test_labels_exactly_0_to_k_minus_1_are_indices_and_label_kind_forces_either_reading(
+    flat_root: Path, tmp_path: Path
+) -> None:
     """Twelve classes: as names "10" would sort before "2"; as indices it is class 10."""
     labels = [str(i) for i in (5, 0, 11, 2, 10, 1, 3, 4, 6, 7, 8, 9)]
     dm = module(flat_root, write_labels(tmp_path / "labels.csv", labels), val_fraction=0.0)
@@ -178,9 +183,6 @@ def test_labels_exactly_0_to_k_minus_1_are_indices(flat_root: Path, tmp_path: Pa
     assert targets_by_file(dm) == {f"img_{i}.png": int(label) for i, label in enumerate(labels)}
     named = module(flat_root, tmp_path / "labels.csv", class_names=[f"c{i}" for i in range(12)])
     assert targets_by_file(named)["img_2.png"] == 11
-
-
-def test_label_kind_forces_either_reading(flat_root: Path, tmp_path: Path) -> None:
     ids = write_labels(tmp_path / "ids.csv", ["1", "2", "3"] * 4)
     as_index = module(flat_root, ids, label_kind="index")
     assert as_index.class_names == ["0", "1", "2", "3"]  # class 0 has no images
@@ -191,23 +193,6 @@ def test_label_kind_forces_either_reading(flat_root: Path, tmp_path: Path) -> No
     assert targets_by_file(module(flat_root, digits, ["2", "1", "0"]))["img_0.png"] == 0  # index 0
     with pytest.raises(DataError, match=r"--data\.source\.label_kind must be one of auto, index"):
         module(flat_root, digits, label_kind="ids")  # at construction, before the CSV is read
-
-
-@pytest.mark.parametrize(
-    ("train", "val", "message"),
-    [
-        (["0", "1", "2"], ["1", "3"], r"'3' is not a training class \(class indices 0\.\.2\)"),
-        (["0", "1", "2"], ["1", "01"], r"'01' is not a training class \(class indices 0\.\.2\)"),
-        (["ant", "bee"], ["bee", "0"], r"'0' is not a .* \(classes: ant, bee; .*label_kind index"),
-    ],
-)
-def test_validation_label_not_in_training_names_file_line_and_label(
-    flat_root: Path, tmp_path: Path, train: list[str], val: list[str], message: str
-) -> None:
-    train_csv = write_labels(tmp_path / "train.csv", train * 3)
-    dm = module(flat_root, train_csv, val_csv=write_labels(tmp_path / "val.csv", val, first=10))
-    with pytest.raises(DataError, match=rf"val\.csv line 3: validation label {message}"):
-        dm.setup("fit")
 
 
 def test_cli_validation_label_outside_training_is_one_error_line(

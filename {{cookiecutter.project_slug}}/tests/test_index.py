@@ -15,7 +15,6 @@ from {{ cookiecutter.package_name }}.data.labels_csv import (
     LabelsTable,
     classes_from_labels,
     encode_labels,
-    find_missing,
     read_labels_csv,
 )
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
@@ -112,22 +111,22 @@ def test_bad_rows_are_refused_with_their_line(tmp_path: Path, text: str | bytes,
 
 
 def test_a_large_file_reads_every_row_in_place_and_names_errors(tmp_path: Path) -> None:
-    """100,000 rows: every path, label and line number in place, and a dataset over them."""
-    rows = [f"class_{i % 7}/{i}.jpg,c{i * 37 % 100}\n" for i in range(100_000)]
+    """20,000 rows: every path, label and line number in place, and a dataset over them."""
+    rows = [f"class_{i % 7}/{i}.jpg,c{i * 37 % 100}\n" for i in range(20_000)]
     csv_file = tmp_path / "big.csv"
     csv_file.write_text("filename,label\n" + "".join(rows))
     table = read_labels_csv(csv_file)
     assert table.values[:3] == ["c0", "c37", "c74"]  # in order of first appearance
     assert table.paths.dtype == np.dtype("S17")  # as wide as the longest name
     assert table.paths.tolist() == [row.split(",")[0].encode() for row in rows]
-    assert table.lines.tolist() == list(range(2, 100_002))
+    assert table.lines.tolist() == list(range(2, 20_002))
     classes = classes_from_labels(table, "name")
     assert classes == sorted(f"c{k}" for k in range(100))
     targets = encode_labels(table, classes, "name")
     assert targets.dtype == np.int64
     assert [classes[t] for t in targets] == [row.split(",")[1][:-1] for row in rows]
     dataset = ImageFolderDataset(tmp_path, table.paths, targets, eval_transform(16))
-    assert dataset.path(99_999) == os.path.join(tmp_path, "class_4", "99999.jpg")
+    assert dataset.path(19_999) == os.path.join(tmp_path, "class_0", "19999.jpg")
     rows[810] = "a_short_row.jpg\n"  # line 812: the header is line 1
     csv_file.write_text("filename,label\n" + "".join(rows))
     with pytest.raises(DataError, match=r"big\.csv line 812 has 1 columns, expected 2"):
@@ -155,17 +154,3 @@ def test_class_folders_listed_in_order(tmp_path: Path) -> None:
     assert list_images(tmp_path / "bee") == ["猫.png", "linked" + os.sep + "s.jpg"]
     with pytest.raises(DataError, match=r"class folder .*shared has no images"):
         make_dataset(tmp_path / "ant", {"shared": 0})
-
-
-def test_missing_files_matched_exactly(tmp_path: Path) -> None:
-    """Odd spellings of present files pass; near misses are missing."""
-    for name in ["a.jpg", "b/c.jpg"]:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_bytes(b"")
-    names = ["a.jpg", "./b/c.jpg", str(tmp_path / "b" / "c.jpg"), "b/c.jp", "a.jpg.jpg", "b"]
-    csv_file = tmp_path / "labels.csv"
-    csv_file.write_text("filename,label\n" + "".join(f"{n},x\n" for n in names))
-    with pytest.raises(
-        DataError, match=r"3 of 6 rows .*line 5 'b/c\.jp', line 6 'a\.jpg\.jpg', line 7 'b'$"
-    ):
-        find_missing(read_labels_csv(csv_file), tmp_path)
