@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import lightning as L
@@ -242,11 +243,14 @@ def test_unreadable_images_are_named_left_out_on_request_and_scanned(
     plain = ImageDataModule(plain, image_size=16, batch_size=32, num_workers=0)
     with pytest.raises(DataError, match=r"cannot read image .*(broken\.jpg|empty\.png|_cut\.jpg)"):
         next(iter(plain.train_dataloader()))
-    dm = ImageDataModule(ClassFolders(image_root, skip_bad_images=True), image_size=16)
+    source = ClassFolders(image_root, skip_bad_images=True, cache="memmap")  # cached or not
+    dm = ImageDataModule(source, image_size=16, cache_dir=tmp_path / "cache")
     listed = r"\n.*broken\.jpg.*\n.*empty\.png.*\n.*large_cut\.jpg"
     with pytest.warns(UserWarning, match=r"skipped 3 of 28 images that cannot be read:" + listed):
         dm.setup("fit")
-    assert len(dm.train_dataset) + len(dm.val_dataset) == 25
+    served = [d.path(i) for d in (dm.train_dataset, dm.val_dataset) for i in range(len(d))]
+    assert len(served) == 25 and not any(re.search(r"broken|empty|_cut", p) for p in served)
+    assert len(dm.train_dataset.cache.index) == 28  # the cache: every file, unreadable ones empty
     assert next(iter(dm.train_dataloader()))[0].shape[0] == len(dm.train_dataset)
     root = ["--data.source.root", str(image_root), "--data.image_size", "16"]
     assert scan.main([*root, "--data.num_workers", "2"]) == 1
