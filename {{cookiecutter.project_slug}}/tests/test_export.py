@@ -1,4 +1,5 @@
-"""Exports keep the checkpoint's logits; `infer` gives `predict`'s rows without Lightning."""
+"""Exports keep the checkpoint's logits; `infer` gives `predict`'s rows without Lightning; export,
+infer and predict refuse, in one line, to write over a file they did not write or among inputs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CSV_LOGGER, write_corrupt, write_image
+from conftest import CLASSES, CSV_LOGGER, one_error, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands import infer
@@ -30,6 +31,7 @@ from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.training.predictions import HEADER
 
 NO_BAR = ["--data.num_workers", "0", "--trainer.enable_progress_bar", "false"]
+USERS = b"the user's own notes, which no command of the project wrote\n"
 # A fresh interpreter loads the .pt2 with torch alone, then runs infer without importing Lightning.
 TORCH_ALONE_THEN_INFER = """
 import sys, torch
@@ -47,10 +49,11 @@ sys.exit(code)
 
 
 def quietly(folder: Path, *args: str) -> str:
-    """`main(args)` run in `folder`, with the user cache there; what it printed."""
+    """`main(args)` run in `folder`, with the user cache there (module fixtures precede
+    user_cache): what it printed."""
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
         patch.chdir(folder)
-        patch.setenv(CACHE_ENV, str(folder / "cache"))  # module fixtures precede user_cache
+        patch.setenv(CACHE_ENV, str(folder / "cache"))
         main(list(args))
     return out.getvalue()
 
@@ -143,7 +146,7 @@ def assert_same_rows(rows: list[dict[str, str]], expected: list[dict[str, str]])
         assert max(abs(a - b) for a, b in zip(p, q, strict=True)) <= 1.0001e-4, row["path"]
 
 
-def test_predict_rows_name_each_image_and_its_top_classes_and_the_options(
+def test_predict_rows_name_each_image_and_its_top_classes(
     predict_rows: list, trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
     assert list(predict_rows[0]) == HEADER == ["path", "label", "probability", "top_k"]
@@ -155,16 +158,8 @@ def test_predict_rows_name_each_image_and_its_top_classes_and_the_options(
         assert top[0][0] == row["label"] and len(top) == 3
         assert top[0][1] == pytest.approx(float(row["probability"]))
         assert sum(p for _, p in top) == pytest.approx(1.0, abs=1e-3)
-
-    output = tmp_path / "out" / "preds.csv"
-    options = ["--data.predict_root", str(trained_checkpoint.parent / "images" / "bee"), *NO_BAR]
-    options += ["--predictions.output", str(output), "--predictions.top_k", "2"]
-    result = run_main("predict", "--ckpt_path", str(trained_checkpoint), *options, cwd=tmp_path)
-    assert f"predictions: {output}" in result.stdout
-    rows = read_rows(output)
-    assert len(rows) == 8 and all(len(row["top_k"].split()) == 2 for row in rows)
     result = run_main("predict", "--ckpt_path", str(trained_checkpoint), *NO_BAR, cwd=tmp_path)
-    assert result.returncode == 2 and "predict needs --data.predict_root" in result.stderr
+    assert "predict needs --data.predict_root" in one_error(result.returncode, result.stderr)
 
 
 @pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
@@ -187,6 +182,13 @@ def test_each_format_gives_the_checkpoint_logits_and_predict_rows_and_its_flip_a
     metadata = json.loads(text)
     assert metadata == json.loads(path.with_suffix(".json").read_text())
     assert metadata["format"] == {"pt2": "torch.export", "onnx": "onnx"}[fmt]
+    assert metadata["class_names"] == list(CLASSES) and metadata["image_size"] == 16
+    rule = metadata["preprocessing"]["rule"]
+    assert "short side is 16" in rule and "centre-crop 16x16" in rule
+    size = {"resize_short_side": 16, "center_crop": [16, 16], "interpolation": "bilinear"}
+    assert metadata["preprocessing"] == {"rule": rule, **size, "antialias": True}
+    assert metadata["training"]["model"]["width"] == 8 == metadata["training"]["data"]["batch_size"]
+    assert metadata["training"]["checkpoint"] == trained_checkpoint.name
     output = tmp_path / "infer.csv"
     assert infer.main(["--model", str(path), str(image_folder), "--csv", str(output)]) == 0
     assert_same_rows(read_rows(output), predict_rows)
@@ -206,12 +208,7 @@ def test_each_format_gives_the_checkpoint_logits_and_predict_rows_and_its_flip_a
 
 @pytest.mark.slow
 def test_pt2_loads_with_torch_alone_and_infer_runs_without_lightning(
-    exported,
-    validation: tuple[torch.Tensor, torch.Tensor],
-    trained_checkpoint: Path,
-    image_folder: Path,
-    predict_rows: list[dict[str, str]],
-    tmp_path: Path,
+    exported, validation, image_folder: Path, predict_rows: list, tmp_path: Path
 ) -> None:
     torch.save(validation[0][::5], tmp_path / "batch.pt")  # 5 images
     src = str(Path(sys.modules["{{ cookiecutter.package_name }}"].__file__).parents[1])
@@ -224,31 +221,96 @@ def test_pt2_loads_with_torch_alone_and_infer_runs_without_lightning(
     assert result.returncode == 0, result.stderr
     out = torch.load(tmp_path / "out.pt")
     torch.testing.assert_close(out["logits"], validation[1][::5], atol=1e-4, rtol=0)
-    metadata = json.loads(out["metadata"])
-    assert metadata["class_names"] == ["ant", "bee", "cat"] and metadata["image_size"] == 16
-    size = {"resize_short_side": 16, "center_crop": [16, 16]}
-    rule = {"rule": metadata["preprocessing"]["rule"], **size}
-    assert metadata["preprocessing"] == {**rule, "interpolation": "bilinear", "antialias": True}
-    assert "short side is 16" in rule["rule"] and "centre-crop 16x16" in rule["rule"]
-    assert metadata["training"]["model"]["width"] == 8 == metadata["training"]["data"]["batch_size"]
-    assert metadata["training"]["checkpoint"] == trained_checkpoint.name
+    assert json.loads(out["metadata"]) == json.loads(Path(model).with_suffix(".json").read_text())
     assert f"predictions: {output}" in result.stdout
     assert_same_rows(read_rows(output), predict_rows)
 
 
-def test_export_options_and_errors(trained_checkpoint: Path, tmp_path: Path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    main(["export", "--ckpt_path", str(trained_checkpoint), "--output", "old/model.pt"])
-    assert "note: writing pt2 to old/model.pt: --format decides" in capsys.readouterr().err
-    program = torch.export.load(tmp_path / "old" / "model.pt")  # a program, whatever the name
+def users_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(USERS)
+    return path
+
+
+def refused(result: subprocess.CompletedProcess, path: Path, *words: str) -> None:
+    line = one_error(result.returncode, result.stderr)
+    assert str(path) in line and all(word in line for word in words), line
+
+
+def test_export_writes_where_told_over_no_file_it_did_not_write(
+    run_main, trained_checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    mine = users_file(tmp_path / "model.pt")
+    notes = users_file(tmp_path / "other" / "model.json")  # where the metadata would go
+    checkpoint = trained_checkpoint.read_bytes()
+    export = ("export", "--ckpt_path", trained_checkpoint, "--output")
+    refused(run_main(*export, mine, cwd=tmp_path), mine, "already exists", "--overwrite")
+    result = run_main(*export, tmp_path / "other" / "model.pt2", cwd=tmp_path)
+    refused(result, notes, "its metadata file", "--overwrite")
+    result = run_main(*export, trained_checkpoint, "--overwrite", cwd=tmp_path)
+    refused(result, trained_checkpoint, "is --ckpt_path")
+    assert mine.read_bytes() == USERS and notes.read_bytes() == USERS
+    assert trained_checkpoint.read_bytes() == checkpoint
+    assert not (tmp_path / "model.json").exists() and not (tmp_path / "other/model.pt2").exists()
+
+    result = run_main(*export, "model.pt", "--overwrite", cwd=tmp_path)  # the user's replaced
+    assert "note: writing pt2 to model.pt: --format decides" in result.stderr
+    program = torch.export.load(mine)  # a program, whatever the name
     assert program.module()(torch.zeros(1, 3, 16, 16, dtype=torch.uint8)).shape == (1, 3)
+    assert json.loads((tmp_path / "model.json").read_text())["class_names"] == list(CLASSES)
+    first = mine.stat().st_mtime_ns
+    result = run_main(*export, mine, cwd=tmp_path)  # its own earlier output: no --overwrite
+    assert result.returncode == 0 and f"wrote {mine}" in result.stdout, result.stderr
+    assert mine.stat().st_mtime_ns != first
+    # export's model.json beside a user's model.onnx does not make that file export's
+    onnx = users_file(tmp_path / "model.onnx")
+    result = run_main(*export, onnx, "--format", "onnx", cwd=tmp_path)
+    refused(result, onnx, "is not a model that export wrote")
+    assert onnx.read_bytes() == USERS
 
     with pytest.raises(DataError, match="--output .*model.json: .json is the name of the metadata"):
         export_checkpoint(trained_checkpoint, tmp_path / "model.json")
     for name in ("onnx", "onnxscript"):  # None in sys.modules: as if not installed
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(DataError, match=r"--format onnx needs onnx and onnxscript: .*\[onnx\]"):
-        export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")
+        export_checkpoint(trained_checkpoint, tmp_path / "new.onnx", "onnx")
+
+
+@pytest.mark.parametrize("command", ["infer", "predict"])
+def test_a_csv_of_predictions_refuses_a_users_file_and_one_among_the_images_and_replaces_its_own(
+    run_main, command: str, trained_checkpoint: Path, exported, tmp_path: Path
+) -> None:
+    images = Path(shutil.copytree(trained_checkpoint.parent / "images" / "ant", tmp_path / "ant"))
+    if command == "infer":
+        model = exported("pt2")
+        args, csv, among = ["infer", "--model", model, images], "--csv", "IMAGE"
+        overwrite = ["--overwrite"]
+    else:
+        args = ["predict", "--ckpt_path", trained_checkpoint, "--data.predict_root", images]
+        args += ["--predictions.top_k", "2", *NO_BAR, *CSV_LOGGER]
+        csv, overwrite = "--predictions.output", ["--predictions.overwrite", "true"]
+        among = "--data.predict_root"
+    mine = users_file(tmp_path / "labels.csv")
+    refused(run_main(*args, csv, mine, cwd=tmp_path), mine, " ".join(overwrite))
+    inside = images / "predictions.csv"
+    result = run_main(*args, csv, inside, *overwrite, cwd=tmp_path)
+    refused(result, inside, f"lies inside {among}")
+    if command == "infer":
+        refused(run_main(*args, csv, model, *overwrite, cwd=tmp_path), model, "is --model")
+        os.link(model, link := tmp_path / "link.csv")  # a hard link to the model is the model
+        refused(run_main(*args, csv, link, *overwrite, cwd=tmp_path), link, "is --model")
+    assert mine.read_bytes() == USERS and not inside.exists()
+
+    result = run_main(*args, csv, mine, *overwrite, cwd=tmp_path)  # the user's file replaced
+    assert result.returncode == 0 and f"predictions: {mine}" in result.stdout, result.stderr
+    rows = read_rows(mine)
+    assert list(rows[0]) == HEADER and len(rows) == 8
+    assert all(len(row["top_k"].split()) == (2 if command == "predict" else 3) for row in rows)
+    with open(mine, "a") as file:
+        file.write("a row the next run drops\r\n")
+    result = run_main(*args, csv, mine, cwd=tmp_path)  # its own earlier CSV: no --overwrite
+    assert result.returncode == 0, result.stderr
+    assert "drops" not in mine.read_text() and len(mine.read_text().splitlines()) == 9
 
 
 def test_infer_names_unreadable_images_and_refuses_a_model_that_is_not_an_export(
@@ -265,7 +327,7 @@ def test_infer_names_unreadable_images_and_refuses_a_model_that_is_not_an_export
     out, err = capsys.readouterr()
     (line,) = out.splitlines()  # path, label, probability, top-5 (here all 3 classes)
     path, label, probability, top = line.split("\t")
-    assert path == str(good) and label in ("ant", "bee", "cat")
+    assert path == str(good) and label in CLASSES
     assert [item.rsplit(":", 1) for item in top.split()][0] == [label, probability]
     assert len(top.split()) == 3 and len(err.splitlines()) == 4, err
     for name in bad:

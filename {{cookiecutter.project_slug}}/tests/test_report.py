@@ -1,5 +1,5 @@
 """The run report, written by conftest's real `fit` runs (one process and DDP), checked against
-the checkpoint; `report` redraws it."""
+the checkpoint; `report` redraws it, over no file it did not write."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import CLASSES, CSV_LOGGER, tiny_run_options
+from conftest import CLASSES, CSV_LOGGER, one_error, tiny_run_options
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.model.reports import precision_recall
+from {{ cookiecutter.package_name }}.model.reports import per_class_table, precision_recall
 
 PNGS = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_predictions.png")
 
@@ -127,18 +127,56 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     assert [row[2:4] for row in cells] == names
 
 
-def test_a_folder_without_history_is_one_error_line(tmp_path: Path, run_main) -> None:
+def run_folder(folder: Path) -> Path:
+    """A history.json of two epochs, the second starved, with one mistake whose image has moved."""
+    epochs = [
+        {"epoch": e, "step": 3 * (e + 1), "train_loss": 1.0 - e / 4, "val_loss": 1.0 - e / 5}
+        | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": 0.5, "starved": e == 1}
+        for e in range(2)
+    ]
+    measured = dict(epoch=1, data_wait_fraction=0.5, images_per_s=10, step_images_per_s=40)
+    measured |= dict(steps=20, threshold=0.2, num_workers=0, suggested_workers=3, num_devices=1)
+    epochs[1]["starvation"] = measured | {"cache": "none", "package": "x"}
+    moved = {"index": 9, "path": str(folder / "moved.jpg"), "true": 1, "predicted": 2}
+    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]]}
+    validation["wrong"] = [moved | {"confidence": 0.9}]
+    history = {"class_names": list(CLASSES), "epochs": epochs, "validation": validation}
+    folder.mkdir(parents=True)
+    (folder / "history.json").write_text(json.dumps(history))
+    return folder
+
+
+def test_report_refuses_in_one_line_and_keeps_a_users_files(tmp_path: Path, run_main) -> None:
     for folder, message in [
         (tmp_path, "has no history.json: give the run folder of a `fit`"),
         (tmp_path / "nowhere", "nowhere does not exist"),
     ]:
         done = run_main("report", folder, cwd=tmp_path)
-        assert done.returncode == 2 and done.stderr.count("\n") == 1
-        assert done.stderr.startswith("error: ") and message in done.stderr
+        assert message in one_error(done.returncode, done.stderr)
     (tmp_path / "history.json").write_text("{not json")
     done = run_main("report", tmp_path, cwd=tmp_path)
     assert done.returncode != 0 and "cannot be read as a run history" in done.stderr
     assert not (tmp_path / "report.html").exists()
+
+    run = run_folder(tmp_path / "version_0")
+    users = b"the user's own notes\n"
+    for name in ("report.html", "learning_curves.png"):
+        (run / name).write_bytes(users)
+        done = run_main("report", run, cwd=tmp_path)
+        line = one_error(done.returncode, done.stderr)
+        assert str(run / name) in line and "move it away" in line and "--overwrite" in line
+        assert (run / name).read_bytes() == users
+        (run / name).unlink()
+    assert sorted(path.name for path in run.iterdir()) == ["history.json"]
+    (run / "report.html").write_bytes(users)  # with --overwrite, the user's file is replaced
+    done = run_main("report", run, "--overwrite", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = page(run)
+    assert text.startswith("<!DOCTYPE html>") and (run / "confusion_matrix.png").is_file()
+    assert "waited more than 20%" in text and "Raise --data.num_workers from 0 to 3" in text
+    assert f"<td>{run / 'moved.jpg'}</td>" in text and (run / "wrong_predictions.png").is_file()
+    done = run_main("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite
+    assert done.returncode == 0 and page(run) == text, done.stderr
 
 
 class TermAfterFirstStep(L.Callback):
@@ -165,9 +203,13 @@ def test_a_run_stopped_in_its_first_epoch_has_nothing_to_report_yet(
     assert not (run_dir / "report.html").exists()
 
 
-def test_precision_and_recall_read_columns_and_rows() -> None:
+def test_precision_recall_and_the_per_class_table() -> None:
     matrix = np.array([[3, 1, 0], [0, 2, 0], [1, 0, 0]])
     precision, recall = precision_recall(matrix)
     np.testing.assert_allclose(precision[:2], [3 / 4, 2 / 3])
     np.testing.assert_allclose(recall, [3 / 4, 1, 0])
     assert np.isnan(precision[2])  # never predicted
+    cat, empty = ["cat", "1", "0", "0.000"], ["ant", "0", "0", "-"]  # no images: no accuracy
+    table = [line.split() for line in per_class_table(matrix, list(CLASSES)).splitlines()]
+    assert table[1:] == [["ant", "4", "3", "0.750"], ["bee", "2", "2", "1.000"], cat]
+    assert per_class_table(np.zeros((1, 1)), ["ant"]).splitlines()[1].split() == empty
