@@ -30,12 +30,18 @@ class RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def bad_file(kind: str, path: Path, good: Path, marker: Path) -> Path:
+def make_bad(kind: str, good: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The bad checkpoint of `kind`, and the image folder to run on."""
+    path, images = tmp_path / "bad.ckpt", good.parent / "images"
+    if kind == "other_classes":  # the good checkpoint, on images without two of its classes
+        for name in ("ant", "dog"):
+            for i in range(4):
+                write_image(tmp_path / "other" / name / f"{i}.jpg", (200, 100, 50))
+        return good, tmp_path / "other"
     if kind == "directory":
         path.mkdir()
     elif kind == "csv_text":
-        path = path.with_suffix(".csv")
-        path.write_text("filename,label\nant_0.jpg,ant\n")
+        (path := path.with_suffix(".csv")).write_text("filename,label\nant_0.jpg,ant\n")
     elif kind == "random_bytes":
         path.write_bytes(np.random.default_rng(0).bytes(4096))
     elif kind == "truncated":
@@ -44,22 +50,22 @@ def bad_file(kind: str, path: Path, good: Path, marker: Path) -> Path:
         torch.save(nn.Linear(4, 2).state_dict(), path)
     elif kind != "missing":
         contents = torch.load(good, map_location="cpu", weights_only=True)
+        hparams = contents["hyper_parameters"]
         if kind == "other_hyper_parameters":
             contents["hyper_parameters"] = {"hidden_dim": 64, "vocab_size": 1000}
         elif kind == "misfit_weights":  # the saved weights are for half the width
-            contents["hyper_parameters"]["width"] *= 2
+            hparams["width"] *= 2
         elif kind == "pickled_code":
-            contents["callbacks"] = RunsCode(marker)
+            contents["callbacks"] = RunsCode(tmp_path / "MARKER")
         elif kind == "named_function":  # a loader that trusted `_instantiator` would call it
-            contents["hyper_parameters"]["_instantiator"] = "os.system"
+            hparams["_instantiator"] = "os.system"
         elif kind == "weights_only":
             del contents["optimizer_states"], contents["lr_schedulers"]
         torch.save(contents, path)
-    return path
+    return path, images
 
 
-# kind -> what the error says
-BAD = {
+REASONS = {  # kind -> what the error says; the last two are bad for resuming `fit` only
     "missing": "is not a file: it does not exist",
     "directory": "is not a file: it is a directory",
     "csv_text": "is not a checkpoint: .* text beginning 'filename,label'",
@@ -70,12 +76,13 @@ BAD = {
     "misfit_weights": "state_dict that does not fit",
     "pickled_code": r"holds pickled code.*calls \w+\.system.*refused",
     "named_function": "names 'os.system' .*refused, as loading would call it",
-}
-# Bad only for resuming `fit`: a --data.source.root without the classes, or no optimizer state.
-BAD_FOR_FIT = {
     "other_classes": "was trained on 3 classes .*without bee, cat",
     "weights_only": "holds weights only",
 }
+# Every kind meets `fit`; export, validate, test and predict read the file through the same
+# `_read` (resume=False): one hostile or deep check each shows they do.
+CASES = [(kind, "fit") for kind in REASONS] + [("pickled_code", "export")]
+CASES += [("pickled_code", "validate"), ("misfit_weights", "test"), ("misfit_weights", "predict")]
 
 
 def command_line(command: str, ckpt: Path, images: Path, tmp_path: Path) -> list[str]:
@@ -89,28 +96,10 @@ def command_line(command: str, ckpt: Path, images: Path, tmp_path: Path) -> list
     return [command, "--ckpt_path", str(ckpt), *options]
 
 
-def make_bad(kind: str, good: Path, tmp_path: Path, marker: Path) -> tuple[Path, Path, str]:
-    """The bad checkpoint of `kind`, the image folder to run on, and the reason expected."""
-    if kind == "other_classes":
-        for name in ("ant", "dog"):
-            for i in range(4):
-                write_image(tmp_path / "other" / name / f"{i}.jpg", (200, 100, 50))
-        return good, tmp_path / "other", BAD_FOR_FIT[kind]
-    reason = BAD.get(kind) or BAD_FOR_FIT[kind]
-    return bad_file(kind, tmp_path / "bad.ckpt", good, marker), good.parent / "images", reason
-
-
-def assert_refused(code: object, stderr: str, ckpt: Path, reason: str, marker: Path) -> None:
+def assert_refused(code: object, stderr: str, ckpt: Path, kind: str, tmp_path: Path) -> None:
     line = one_error(code, stderr)  # exit 2, no traceback
-    assert stderr.strip() == line and str(ckpt) in line and re.search(reason, line), stderr
-    assert not marker.exists()  # the pickled call never ran
-
-
-# Every kind meets `fit`; export, validate, test and predict read the file through the same
-# `_read` (resume=False): the hostile kinds, a damaged file and the deepest check show they do.
-CASES = [(kind, "fit") for kind in [*BAD, *BAD_FOR_FIT]]
-CASES += [(kind, "export") for kind in ("pickled_code", "named_function", "truncated")]
-CASES += [("misfit_weights", "predict"), ("pickled_code", "validate"), ("misfit_weights", "test")]
+    assert stderr.strip() == line and str(ckpt) in line and re.search(REASONS[kind], line), stderr
+    assert not (tmp_path / "MARKER").exists()  # the pickled call never ran
 
 
 @pytest.mark.parametrize(("kind", "command"), CASES)
@@ -118,30 +107,26 @@ def test_bad_checkpoint_stops_with_one_line(
     kind: str, command: str, trained_checkpoint: Path, tmp_path: Path, monkeypatch, capfd
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    marker = tmp_path / "MARKER"
-    ckpt, images, reason = make_bad(kind, trained_checkpoint, tmp_path, marker)
+    ckpt, images = make_bad(kind, trained_checkpoint, tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         main(command_line(command, ckpt, images, tmp_path))
-    assert_refused(exit_info.value.code, capfd.readouterr().err, ckpt, reason, marker)
+    assert_refused(exit_info.value.code, capfd.readouterr().err, ckpt, kind, tmp_path)
     assert not (tmp_path / "lightning_logs").exists()  # stopped before the Trainer ran
 
 
 @pytest.mark.slow
 def test_real_command_line_prints_one_error_line(trained_checkpoint: Path, tmp_path: Path) -> None:
-    marker = tmp_path / "MARKER"
-    ckpt, images, reason = make_bad("pickled_code", trained_checkpoint, tmp_path, marker)
+    ckpt, images = make_bad("pickled_code", trained_checkpoint, tmp_path)
     argv = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
     argv += command_line("predict", ckpt, images, tmp_path)
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert_refused(result.returncode, result.stderr, ckpt, reason, marker)
+    assert_refused(result.returncode, result.stderr, ckpt, "pickled_code", tmp_path)
 
 
 def test_the_pickled_code_runs_when_loaded_unchecked(trained_checkpoint: Path, tmp_path: Path):
     """The file is a real threat: torch.load without weights_only runs its `touch`."""
-    marker = tmp_path / "MARKER"
-    bad_file("pickled_code", tmp_path / "bad.ckpt", trained_checkpoint, marker)
-    torch.load(tmp_path / "bad.ckpt", weights_only=False)
-    assert marker.exists()
+    torch.load(make_bad("pickled_code", trained_checkpoint, tmp_path)[0], weights_only=False)
+    assert (tmp_path / "MARKER").exists()
 
 
 def test_resuming_needs_every_class_of_the_checkpoint_and_allows_more() -> None:
