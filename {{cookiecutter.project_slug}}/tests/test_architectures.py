@@ -1,5 +1,6 @@
-"""`--model.architecture`: a torchvision or timm model is accepted only if it trains at the data's
-image size and returns plain logits, else refused in one line before training."""
+"""`--model.architecture`: the compact CNN, or a torchvision or timm model accepted only if it
+trains at the data's image size and returns plain logits, else refused in one line before
+training; a local weights file of other classes starts it with the classifier re-made."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ SIZE = 32
 
 @pytest.mark.slow
 def test_each_torchvision_family_is_refused_in_one_line_or_trains_one_cpu_step() -> None:
-    """A family: the torchvision module that builds it (resnext50_32x4d is a ResNet), checked at
-    its smallest model; a refusal names a size that runs."""
+    """Each family (the module that builds it) at its smallest model; a refusal names a size that
+    runs."""
     smallest: dict[str, tuple[int, str]] = {}
     for name in torchvision.models.list_models(module=torchvision.models):
         family = torchvision.models.get_model_builder(name).__module__
@@ -37,9 +38,8 @@ def test_each_torchvision_family_is_refused_in_one_line_or_trains_one_cpu_step()
     for name, message in refused.items():
         pattern = rf"--model.architecture {name} does not run at --data.image_size {SIZE} \(.+\)"
         assert re.fullmatch(pattern + "; use .*another architecture", message), message
-        way_out = re.search(r"--data.image_size (\d+) or", message)
-        if way_out:  # the size it suggests is one that runs
-            check_runs(name, 7, int(way_out.group(1)))
+        if way_out := re.search(r"--data.image_size (\d+) or", message):
+            check_runs(name, 7, int(way_out.group(1)))  # the size it suggests runs
     assert {"vit_b_16", "inception_v3", "alexnet"} <= set(refused)
     assert "Expected 224 but got 32" in refused["vit_b_16"]
     assert {"resnet18", "googlenet", "regnet_y_400mf", "squeezenet1_1", "swin_t"} <= set(accepted)
@@ -48,62 +48,76 @@ def test_each_torchvision_family_is_refused_in_one_line_or_trains_one_cpu_step()
     images, targets = torch.randn(2, 3, SIZE, SIZE), torch.tensor([0, 2])
     for name in accepted:
         model = ImageClassifier(class_names=["a", "b", "c"], image_size=SIZE, architecture=name)
-        model.train()
         before = [p.detach().clone() for p in model.parameters()]
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loss = model.loss(model(images), targets)
+        loss = model.loss(model.train()(images), targets)
         loss.backward()
         optimizer.step()
         assert torch.isfinite(loss), name
-        after = list(model.parameters())
-        changed = [not torch.equal(a, b) for a, b in zip(before, after, strict=True)]
+        changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)]
         assert sum(changed) > len(changed) // 2, name
+
+
+@pytest.mark.parametrize("size", [32, 224])  # 224: downsampled by the stem
+def test_the_compact_cnn_gives_one_logit_per_class_and_saves_the_data_options(size: int) -> None:
+    model = ImageClassifier(class_names=["a", "b", "c"], image_size=size)
+    assert model(torch.randn(2, 3, size, size)).shape == (2, 3)
+    assert model.hparams.class_names == ["a", "b", "c"] and model.hparams.image_size == size
+
+
+@pytest.mark.parametrize(
+    ("architecture", "options"),
+    [
+        ("resnet18", {}),  # 1000 classes
+        ("googlenet", {"aux_logits": True, "init_weights": True}),  # auxiliary heads
+        ("squeezenet1_1", {}),  # a convolutional classifier
+    ],
+)
+def test_a_local_weights_file_loads_with_the_classifier_re_made(
+    tmp_path: Path, architecture: str, options: dict
+) -> None:
+    pretrained = torchvision.models.get_model(architecture, weights=None, **options)
+    weights = str(tmp_path / "weights.pth")
+    torch.save(pretrained.state_dict(), weights)
+    model = ImageClassifier(list("abcdefg"), 32, architecture=architecture, weights=weights)
+    assert isinstance(model.net, type(pretrained)) and model.val_acc_top5 is not None  # 7 classes
+    torch.testing.assert_close(next(model.net.parameters()), next(pretrained.parameters()))
+    logits = model.train()(torch.randn(2, 3, 32, 32))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 7)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "why", "size"),
+    [
+        ("alexnet", ".+", 63),
+        ("vit_tiny_patch16_224", r"Input height \(16\) doesn't match model \(224\)", 224),  # timm
+    ],
+)
+def test_fit_refuses_a_model_that_cannot_run_at_the_image_size_in_one_line(
+    architecture: str, why: str, size: int, image_root: Path, tmp_path: Path, run_main
+) -> None:
+    if architecture.startswith("vit"):
+        pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
+    options = ["--model.architecture", architecture, "--trainer.max_epochs", "1"]
+    fit = run_main("fit", *tiny_run_options(image_root), *options, cwd=tmp_path)
+    said = rf"error: --model.architecture {architecture} does not run at --data.image_size 16 "
+    said += rf"\({why}\); use --data.image_size {size} or another architecture"
+    assert re.fullmatch(said, one_error(fit.returncode, fit.stderr))
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 def test_a_model_built_from_computed_widths_is_checked_without_its_memory() -> None:
     check_runs("regnet_y_128gf", 10, SIZE)  # about 645 million parameters, none allocated
 
 
-def test_fit_refuses_a_model_too_big_for_the_images(
-    image_root: Path, tmp_path: Path, run_main
-) -> None:
-    options = ["--model.architecture", "alexnet", "--trainer.max_epochs", "1"]
-    fit = run_main("fit", *tiny_run_options(image_root), *options, cwd=tmp_path)
-    line = one_error(fit.returncode, fit.stderr)
-    assert "alexnet does not run at --data.image_size 16" in line
-    assert "use --data.image_size 63 or another architecture" in line
-    assert not list(tmp_path.rglob("*.ckpt"))
-
-
-def test_a_timm_model_is_checked_at_the_image_size_before_training(
-    image_root: Path, tmp_path: Path, run_main
-) -> None:
-    """A ViT (224 pixels only) at 16 is refused in one line before training (a timm model that
-    runs trains: test_pretrained.py's fit)."""
-    pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
-    run = [*tiny_run_options(image_root), "--trainer.max_epochs", "1", "--trainer.logger", "false"]
-    fit = run_main("fit", *run, "--model.architecture", "vit_tiny_patch16_224", cwd=tmp_path)
-    line = one_error(fit.returncode, fit.stderr)
-    assert line == (
-        "error: --model.architecture vit_tiny_patch16_224 does not run at --data.image_size 16 "
-        "(Input height (16) doesn't match model (224)); use --data.image_size 224 or another "
-        "architecture"
-    )
-    assert not list(tmp_path.rglob("*.ckpt"))
-
-
-def test_a_timm_model_that_runs_itself_while_built_is_checked_too() -> None:
-    """A hybrid ViT runs its CNN stem while it is built, which the meta-device build allows."""
+def test_timm_models_that_run_while_built_or_are_no_classifiers() -> None:
+    """A hybrid ViT runs its CNN stem while it is built (the meta-device build allows it); of two
+    multimodal encoders, one takes no classifier options, the other returns features."""
     pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
     check_runs("vit_tiny_r_s16_p8_224", 3, 224)
     refused = r"vit_tiny_r_s16_p8_224 does not run at --data.image_size 128 \(.+\); use .* 224 "
     with pytest.raises(DataError, match=refused):
         check_runs("vit_tiny_r_s16_p8_224", 3, 128)
-
-
-def test_a_timm_model_that_is_no_classifier_is_refused_in_one_line() -> None:
-    """Encoders of multimodal models: one takes no classifier options, another returns features."""
-    pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
     with pytest.raises(DataError, match="gemma4_vit_167m_enc: timm does not build it as a class"):
         check_runs("gemma4_vit_167m_enc", 3, 768)
     with pytest.raises(DataError, match="it returns Tensor, not logits per class"):
