@@ -59,7 +59,11 @@ def test_columns_named_by_options_and_class_name_labels(flat_root: Path, tmp_pat
     assert dm.train_dataset[0][0].shape[0] == 3
 
 
-def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
+def test_where_the_csv_and_the_images_are_found(
+    flat_root: Path, user_cache: Path, tmp_path: Path
+) -> None:
+    """A CSV beside the images; the root from the CSV; no `csv` (the labels_csv config): the demo
+    set's labels.csv in the cache folder; a `root` without a `csv`, or no such CSV: refused."""
     write_labels(flat_root / "labels.csv", CLASS_LABELS)
     inside = ImageDataModule(LabelsCsv("labels.csv", root=flat_root), num_workers=0)
     assert inside.source.csv == flat_root / "labels.csv"
@@ -68,22 +72,16 @@ def test_csv_beside_the_images_and_root_from_the_csv(flat_root: Path) -> None:
     assert no_root.source.root == flat_root and len(no_root.train_dataset) > 0
     with pytest.raises(DataError, match=r"--data\.source\.csv .*nowhere\.csv does not exist"):
         ImageDataModule(LabelsCsv("nowhere.csv", root=flat_root))
-
-
-def test_no_csv_reads_the_demo_sets_labels_csv_in_the_cache_folder(
-    user_cache: Path, tmp_path: Path
-) -> None:
-    """No `csv` (the labels_csv config): the demo set's; a `root` without a `csv` is refused."""
-    ensure_demo_data(user_cache / "demo", images_per_class=2)  # `prepare_data` keeps it
-    module = ImageDataModule(LabelsCsv(), num_workers=0)
-    module.prepare_data()
-    module.setup("fit")
-    assert module.class_names == list(DEMO_CLASSES)
-    assert module.train_dataset.root == user_cache / "demo"
-    assert module.source.labelled.csv_file == user_cache / "demo" / "labels.csv"
-    assert len(module.train_dataset) + len(module.val_dataset) == 8
     with pytest.raises(DataError, match=r"--data\.source\.root .* needs --data\.source\.csv"):
         LabelsCsv(root=tmp_path)
+    ensure_demo_data(user_cache / "demo", images_per_class=2)  # `prepare_data` keeps it
+    demo = ImageDataModule(LabelsCsv(), num_workers=0)
+    demo.prepare_data()
+    demo.setup("fit")
+    assert demo.class_names == list(DEMO_CLASSES)
+    assert demo.train_dataset.root == user_cache / "demo"
+    assert demo.source.labelled.csv_file == user_cache / "demo" / "labels.csv"
+    assert len(demo.train_dataset) + len(demo.val_dataset) == 8
 
 
 def test_missing_files_are_refused_with_line_and_value(flat_root: Path, tmp_path: Path) -> None:
