@@ -1,17 +1,18 @@
-"""The scan survives a decoder that kills its process, and names the file that did it."""
+"""Unreadable files through the CLI: `scan` lists them (and survives a decoder that kills its
+process), `fit --data.source.skip_bad_images true` trains without them, plain `fit` stops with
+one line naming one, also when a loader worker dies on it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
+import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import CSV_LOGGER, one_error, tiny_run_options, write_corrupt, write_image
+from conftest import CLASSES, CSV_LOGGER, one_error, tiny_run_options, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
@@ -20,6 +21,56 @@ from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals kill the process")
+FORMATS = (".jpg", ".png", ".gif", ".bmp", ".webp", ".tif")
+
+
+def salt(root: Path, seed: int = 5) -> list[Path]:
+    """4 images per class and format, 3 damaged (cut, bits flipped, zeroed): the damaged."""
+    rng = random.Random(seed)
+    damaged = []
+    for label, name in enumerate(CLASSES):
+        colour = tuple(255 if c == label else 30 for c in range(3))
+        for suffix in FORMATS:
+            files = [write_image(root / name / f"{i}{suffix}", colour) for i in range(4)]
+            for kind, path in zip(("cut", "flip", "zero"), files[:3], strict=True):
+                data = bytearray(path.read_bytes())
+                if kind == "cut":
+                    data = data[: rng.randrange(1, len(data) // 2)]
+                elif kind == "flip":
+                    for _ in range(8):
+                        data[rng.randrange(len(data) // 4, len(data))] ^= 1 << rng.randrange(8)
+                else:
+                    at = rng.randrange(8, len(data) - 8)
+                    data[at : at + 64] = bytes(len(data[at : at + 64]))
+                path.write_bytes(bytes(data))
+                damaged.append(path)
+    return damaged
+
+
+@pytest.mark.slow
+def test_a_salted_dataset_is_scanned_skipped_or_refused(tmp_path: Path, run_main) -> None:
+    damaged = salt(tmp_path / "images")
+    data = ["--data.source.root", str(tmp_path / "images"), "--data.image_size", "16"]
+    scan = run_main("scan", *data, "--data.num_workers", "2", cwd=tmp_path)
+    assert scan.returncode == 1 and "Traceback" not in scan.stderr, scan.stderr[-3000:]
+    listed = scan.stdout.splitlines()
+    assert listed
+    assert all(line.startswith(("cannot read image", "refusing image")) for line in listed)
+    named = {Path(line.split(": ")[0].split(" ", 3)[-1]) for line in listed}
+    assert named <= set(damaged)  # only damaged files; some damage leaves a file readable
+    total = len(FORMATS) * 4 * len(CLASSES)
+    assert f"scanned {total} images: {len(listed)} unreadable" in scan.stderr
+
+    fit = ["fit", *data, "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
+    (tmp_path / "skip").mkdir()
+    with pytest.warns(UserWarning, match=f"skipped {len(listed)} of"):
+        skip = ["--data.source.skip_bad_images", "true", "--data.num_workers", "0"]
+        skipped = run_main(*fit, *skip, cwd=tmp_path / "skip")
+    assert skipped.returncode == 0, skipped.stderr[-3000:]
+    plain = ["--data.num_workers", "2", "--data.source.val_fraction", "0"]
+    refused = run_main(*fit, *plain, cwd=tmp_path)
+    error = one_error(refused.returncode, refused.stderr)
+    assert any(str(path) in error for path in named), error
 
 
 class CrashingDataset(ImageFolderDataset):
@@ -44,7 +95,7 @@ def test_a_crashing_decoder_is_named_and_the_scan_finishes(tmp_path: Path):
     write_image(other / "x" / "crash_1.png", (20, 200, 20), size=(12, 10))
     for name in ("crash_2", "ok"):  # the scan goes on after a crash
         write_image(other / "y" / f"{name}.png", (20, 20, 200), size=(12, 10))
-    for name in ("ant", "bee", "cat"):  # 7 images in all, read one by one after the crash
+    for name in CLASSES:  # 7 images in all, read one by one after the crash
         write_image(tmp_path / "first" / name / "a.png", (90, 90, 90), size=(12, 10))
     first = dataset_of(tmp_path / "first")
     bad = find_unreadable([first, dataset_of(other)], num_workers=2, progress=False)
@@ -55,65 +106,41 @@ def test_a_crashing_decoder_is_named_and_the_scan_finishes(tmp_path: Path):
         assert message.count(name) == 1
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def waiting_on_a_fifo(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "wchan").read_text() in ("wait_for_partner", "fifo_open")
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="finds the worker through /proc")
-def test_fit_names_the_file_a_killed_worker_was_reading(image_root: Path, tmp_path: Path) -> None:
-    """A named pipe among the images holds a loader worker, then killed as by a decoder crash."""
-    stuck = image_root / "cat" / "cat_stuck.jpg"
-    os.mkfifo(stuck)
-    val_root = tmp_path / "val"
-    for name in ("ant", "bee", "cat"):
-        write_image(val_root / name / "v.jpg", (90, 90, 90))
+def test_fit_names_the_file_a_killed_worker_was_reading(
+    image_root: Path, tmp_path: Path, run_main, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader worker dies of SIGSEGV on one file, as by a decoder crash, once a step is logged."""
+    crash = write_image(image_root / "cat" / "cat_crash.jpg", (0, 0, 255))
+    metrics = tmp_path / "lightning_logs/version_0/metrics.csv"
+    read = ImageFolderDataset.read
+
+    def crashing_read(self: ImageFolderDataset, index: int):
+        if self.path(index) == str(crash):  # in the worker, forked from this process
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and "train_loss_step" not in (
+                metrics.read_text() if metrics.exists() else ""
+            ):
+                time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return read(self, index)
+
+    monkeypatch.setattr(ImageFolderDataset, "read", crashing_read)
+    for name in CLASSES:
+        write_image(tmp_path / "val" / name / "v.jpg", (90, 90, 90))
     options = tiny_run_options(image_root)
     options[options.index("--data.num_workers") + 1] = "1"
-    fit = subprocess.Popen(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *options]
-        + ["--data.source.val_root", str(val_root), "--trainer.max_epochs", "1", *CSV_LOGGER]
-        + ["--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false"]
-        + ["--trainer.log_every_n_steps", "1", "--trainer.logger.flush_logs_every_n_steps", "1"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,  # its loader worker too is ended below, whatever the outcome
+    fit = run_main(
+        "fit", *options, "--data.source.val_root", tmp_path / "val", *CSV_LOGGER,
+        "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0",
+        "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1",
+        "--trainer.logger.flush_logs_every_n_steps", "1", cwd=tmp_path,
     )  # fmt: skip
-    try:
-        metrics = tmp_path / "lightning_logs/version_0/metrics.csv"
-        deadline = time.monotonic() + 120
-        while not (
-            (held := [p for p in children_of(fit.pid) if waiting_on_a_fifo(p)])
-            and metrics.exists()
-            and "train_loss_step" in metrics.read_text()  # a step logged: something to save
-        ):
-            assert fit.poll() is None and time.monotonic() < deadline, fit.communicate()
-            time.sleep(0.2)
-        os.kill(held[0], signal.SIGSEGV)
-        out, err = fit.communicate(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(fit.pid, signal.SIGKILL)
-        fit.wait()
-    line = one_error(fit.returncode, err)
-    assert "a data loader worker died" in line and f"while reading {stuck};" in line
+    line = one_error(fit.returncode, fit.stderr)
+    assert "a data loader worker died" in line and f"while reading {crash};" in line
     assert "python -m {{ cookiecutter.package_name }} scan" in line
     last = tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt"
-    assert last.exists(), out + err  # the steps before the crash are kept
+    assert last.exists(), fit.stdout + fit.stderr  # the steps before the crash are kept
 
 
 def test_only_a_dead_worker_is_explained() -> None:
