@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import os
@@ -49,38 +50,6 @@ class EpochRecord(L.Callback):
         self.epochs.append(record | dict(lrs={group["name"]: group["lr"] for group in groups}))
 
 
-def test_a_frozen_backbone_trains_the_classifier_first_then_all_at_a_scaled_rate(image_root):
-    L.seed_everything(0)
-    model = tiny_model(freeze_backbone_epochs=1, warmup_fraction=0.0)
-    record = EpochRecord()
-    trainer = quiet_trainer(image_root.parent, max_epochs=3, callbacks=[record])
-    trainer.fit(model, tiny_data(image_root))
-
-    first, second, third = record.epochs
-    assert [e["epoch"] for e in record.epochs] == [0, 1, 2]
-    assert not first["backbone_grad"] and first["head_grad"] and not first["backbone_bn_trains"]
-    for later in (second, third):
-        assert later["backbone_grad"] and later["head_grad"] and later["backbone_bn_trains"]
-    assert torch.equal(first["stem"], second["stem"])
-    assert torch.equal(first["running_mean"], second["running_mean"])
-    assert not torch.equal(first["head"], second["head"])
-    assert not torch.equal(second["stem"], third["stem"])
-    for epoch in record.epochs:
-        lrs = epoch["lrs"]
-        assert list(lrs) == ["head", "head_no_decay", "backbone", "backbone_no_decay"]
-        assert lrs["backbone"] == pytest.approx(0.1 * lrs["head"])
-        assert lrs["head"] == lrs["head_no_decay"] > 0
-    assert first["lrs"]["head"] == pytest.approx(3e-3)  # the cosine schedule's first step
-    assert first["lrs"]["head"] > second["lrs"]["head"] > third["lrs"]["head"]
-    groups = model.trainer.optimizers[0].param_groups
-    assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in model.parameters()}
-    for group in groups:  # no weight decay on norms and biases (the 1-dimensional parameters)
-        plain = group["name"].endswith("no_decay")
-        assert (group["weight_decay"] == 0) == plain
-        assert all((p.ndim == 1) == plain for p in group["params"]), group["name"]
-    assert all(p.requires_grad for p in model.parameters())  # whole again after `fit`
-
-
 class KeepAt(L.Callback):
     """Copies `last.ckpt` (saved after every batch) as it was after batch 1 of epoch 1."""
 
@@ -106,23 +75,49 @@ class LossTargets(nn.CrossEntropyLoss):
         return super().forward(logits, targets)
 
 
-def test_mixing_trains_on_soft_targets_and_a_run_resumed_frozen_is_frozen_again_and_alike(
+def test_a_frozen_backbone_mixed_run_and_its_resume_from_inside_the_frozen_epochs(
     image_root: Path, tmp_path: Path
 ) -> None:
-    """MixUp/CutMix give soft targets but in the last epoch. Resumed from the middle of epoch 1 of
-    2 frozen ones, the backbone is frozen again and training ends with the whole run's weights."""
+    """2 frozen epochs of 3 train the classifier alone, then all at a tenth of its rate; mixing
+    gives soft targets but in the last epoch. Resumed inside epoch 1, the backbone is frozen again
+    and training ends with the whole run's weights."""
     options = dict(freeze_backbone_epochs=2, mixup_alpha=0.4, cutmix_alpha=1.0, mix_off_epochs=1)
 
     def run(ckpt_path: Path | None, callbacks: list) -> ImageClassifier:
         L.seed_everything(0)
-        model = tiny_model(label_smoothing=0.1, **options)
+        model = tiny_model(label_smoothing=0.1, warmup_fraction=0.0, **options)
         model.loss = LossTargets(model, label_smoothing=0.1)
         cbs = [ResumeInEpoch(), LastCheckpoint(every_minutes=1e-9), *callbacks]
         trainer = quiet_trainer(tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=cbs)
         trainer.fit(model, tiny_data(image_root), ckpt_path=ckpt_path)
         return model
 
-    whole = run(None, [KeepAt(tmp_path)])
+    whole = run(None, [KeepAt(tmp_path), record := EpochRecord()])
+    first, second, third = record.epochs
+    final = whole.net.stem[0].weight
+    assert [e["epoch"] for e in record.epochs] == [0, 1, 2]
+    for frozen in (first, second):
+        assert not frozen["backbone_grad"] and frozen["head_grad"]
+        assert not frozen["backbone_bn_trains"]
+    assert third["backbone_grad"] and third["head_grad"] and third["backbone_bn_trains"]
+    assert torch.equal(first["stem"], third["stem"]) and not torch.equal(third["stem"], final)
+    assert not torch.equal(first["head"], second["head"])
+    assert torch.equal(first["running_mean"], third["running_mean"])
+    for epoch in record.epochs:
+        lrs = epoch["lrs"]
+        assert list(lrs) == ["head", "head_no_decay", "backbone", "backbone_no_decay"]
+        assert lrs["backbone"] == pytest.approx(0.1 * lrs["head"])
+        assert lrs["head"] == lrs["head_no_decay"] > 0
+    assert first["lrs"]["head"] == pytest.approx(3e-3)  # the cosine schedule's first step
+    assert first["lrs"]["head"] > second["lrs"]["head"] > third["lrs"]["head"]
+    groups = whole.trainer.optimizers[0].param_groups
+    assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in whole.parameters()}
+    for group in groups:  # no weight decay on norms and biases (the 1-dimensional parameters)
+        plain = group["name"].endswith("no_decay")
+        assert (group["weight_decay"] == 0) == plain
+        assert all((p.ndim == 1) == plain for p in group["params"]), group["name"]
+    assert all(p.requires_grad for p in whole.parameters())  # whole again after `fit`
+
     by_epoch = {e: [t for seen, t in whole.loss.seen if seen == e] for e in (0, 1, 2)}
     for targets in by_epoch[0] + by_epoch[1]:
         assert targets.dtype.is_floating_point and targets.shape == (4, len(CLASSES))
@@ -130,8 +125,8 @@ def test_mixing_trains_on_soft_targets_and_a_run_resumed_frozen_is_frozen_again_
     mixed = torch.cat(by_epoch[0] + by_epoch[1])
     assert ((mixed > 0) & (mixed < 1)).any(dim=1).float().mean() > 0.5  # not one-hot
     assert all(t.dtype == torch.int64 and t.ndim == 1 for t in by_epoch[2])  # off at the end
-    record = EpochRecord()
-    resumed = run(tmp_path / "mid_epoch1.ckpt", [record])
+
+    resumed = run(tmp_path / "mid_epoch1.ckpt", [record := EpochRecord()])
     assert [e["epoch"] for e in record.epochs] == [1, 2]
     assert not record.epochs[0]["backbone_grad"] and not record.epochs[0]["backbone_bn_trains"]
     assert record.epochs[1]["backbone_grad"] and record.epochs[1]["backbone_bn_trains"]
@@ -141,35 +136,19 @@ def test_mixing_trains_on_soft_targets_and_a_run_resumed_frozen_is_frozen_again_
         torch.testing.assert_close(resumed.state_dict()[name], value, msg=name)
 
 
-def test_flip_tta_predicts_the_same_for_an_image_and_its_mirror() -> None:
+def test_flip_tta_predicts_the_mean_of_an_image_and_its_mirror() -> None:
     torch.manual_seed(0)
-    images, indices = torch.randn(4, 3, 16, 16), torch.arange(4)
-    for tta_flip in (False, True):
-        torch.manual_seed(0)
-        model = tiny_model(tta_flip=tta_flip).eval()
-        probs = model.predict_step((images, indices), 0)["probs"]
-        mirrored = model.predict_step((images.flip(-1), indices), 0)["probs"]
-        torch.testing.assert_close(probs.sum(dim=1), torch.ones(4))
-        if tta_flip:
-            torch.testing.assert_close(probs, mirrored)
-            views = torch.stack([model(images), model(images.flip(-1))]).softmax(dim=2)
-            torch.testing.assert_close(probs, views.mean(dim=0))  # the mean probabilities
-        else:
-            assert not torch.allclose(probs, mirrored)  # so the check above could fail
+    images, model = torch.randn(4, 3, 16, 16), tiny_model().eval()
 
+    def probs(x: torch.Tensor) -> torch.Tensor:
+        return model.predict_step((x, torch.arange(4)), 0)["probs"]
 
-def test_the_learning_rate_follows_the_global_batch(
-    image_root: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Batches of 8, 2 accumulated: twice the rate given for 8."""
-    model = tiny_model(lr=0.01, lr_reference_batch=8)
-    options = dict(max_steps=1, limit_val_batches=0, accumulate_grad_batches=2)
-    trainer = quiet_trainer(image_root.parent, **options)
-    with caplog.at_level(logging.INFO):
-        trainer.fit(model, tiny_data(image_root, batch_size=8))
-    initial = [g["initial_lr"] for g in trainer.optimizers[0].param_groups]
-    assert initial == pytest.approx([0.02, 0.02])
-    assert "learning rate 0.01 x 16/8 = 0.02 for a global batch of 16" in caplog.text
+    plain, mirrored = probs(images), probs(images.flip(-1))
+    assert not torch.allclose(plain, mirrored)  # so the checks below could fail
+    model.hparams.tta_flip = True
+    torch.testing.assert_close(probs(images).sum(dim=1), torch.ones(4))
+    torch.testing.assert_close(probs(images), probs(images.flip(-1)))
+    torch.testing.assert_close(probs(images), (plain + mirrored) / 2)  # the mean probabilities
 
 
 @pytest.mark.parametrize("options", [{}, {"backbone_lr_scale": 0.1}, {"layer_decay": 0.5}])
@@ -208,20 +187,15 @@ def test_recipe_options_out_of_range_are_refused(options: dict, message: str) ->
         tiny_model(**options)
 
 
-def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters(
-    image_root: Path, tmp_path: Path
-) -> None:
+def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters(image_root: Path, tmp_path):
     """DDP of one process, in this one: the check reads the wrapper Lightning built."""
     environment = dict(os.environ)
     try:
-        for strategy, refused in (("ddp", True), ("ddp_find_unused_parameters_true", False)):
+        for strategy in ("ddp", "ddp_find_unused_parameters_true"):
             trainer = quiet_trainer(tmp_path, devices=1, strategy=strategy, max_steps=1)
-            model, data = tiny_model(freeze_backbone_epochs=1), tiny_data(image_root)
-            if refused:
-                with pytest.raises(DataError, match="ddp_find_unused_parameters_true"):
-                    trainer.fit(model, data)
-            else:
-                trainer.fit(model, data)
+            refused = pytest.raises(DataError, match="ddp_find_unused_parameters_true")
+            with refused if strategy == "ddp" else contextlib.nullcontext():
+                trainer.fit(tiny_model(freeze_backbone_epochs=1), tiny_data(image_root))
     finally:
         if torch.distributed.is_initialized():  # the other tests run without a process group
             torch.distributed.destroy_process_group()
@@ -229,15 +203,24 @@ def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters(
         os.environ.update(environment)
 
 
-def test_early_stopping_through_the_command_line(image_root: Path, tmp_path: Path, run_main):
-    """Lightning's EarlyStopping, as docs/training.md gives it: no val_loss gain of `min_delta`
-    (more than it can gain) in `patience` epochs stops the run."""
+def test_early_stopping_and_the_rate_of_the_global_batch_through_the_command_line(
+    image_root: Path, tmp_path: Path, run_main, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EarlyStopping as docs/training.md gives it: no val_loss gain of `min_delta` (more than it
+    can gain) in `patience` epochs stops the run. Batches of 4, 2 accumulated: 4x the rate for 2."""
     early = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"]
     early += ["--trainer.callbacks.patience", "1", "--trainer.callbacks.min_delta", "100"]
+    rate = ["--model.lr", "0.01", "--model.lr_reference_batch", "2"]
+    rate += ["--trainer.accumulate_grad_batches", "2", "--trainer.max_epochs", "5"]
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    options = [*tiny_run_options(image_root), "--trainer.max_epochs", "5", *quiet, *CSV_LOGGER]
-    done = run_main("fit", *options, *early, cwd=tmp_path)
+    rate += [*tiny_run_options(image_root), *quiet, *CSV_LOGGER]
+    with caplog.at_level(logging.INFO):
+        done = run_main("fit", *rate, *early, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(tmp_path / "lightning_logs/version_0/metrics.csv", newline="") as file:
         validated = [row["epoch"] for row in csv.DictReader(file) if row["val_loss"]]
     assert validated == ["0", "1"]  # stopped after two of five epochs
+    assert "learning rate 0.01 x 8/2 = 0.04 for a global batch of 8" in caplog.text
+    (last,) = tmp_path.rglob("last.ckpt")
+    groups = torch.load(last, weights_only=True)["optimizer_states"][0]["param_groups"]
+    assert [group["initial_lr"] for group in groups] == pytest.approx([0.04, 0.04])
