@@ -73,17 +73,19 @@ def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> 
             "--data.root data --data.cache_dir data/cache",
             "--data.cache_dir data/cache lies among the images of --data.source.root data",
         ),
+        (".", "", ".*holds files that are not the demo set"),  # no data: the demo set's folder
     ],
 )
 def test_a_run_or_cache_inside_a_dataset_is_refused_before_anything_is_written(
-    tmp_path: Path, run_main, where: str, options: str, refusal: str
+    tmp_path: Path, user_cache: Path, run_main, where: str, options: str, refusal: str
 ) -> None:
-    data = write_classes(tmp_path / "data", count=4)
+    write_classes(tmp_path / "data", count=4)
     write_classes(tmp_path / "other", count=4)
-    before = snapshot(data)
+    write_classes(user_cache / "demo", count=2)  # the user's, where the demo set goes
+    before = snapshot(tmp_path), snapshot(user_cache)
     run = run_main("fit", *TINY, *ONE_EPOCH, *options.split(), cwd=tmp_path / where)
     assert re.match(f"error: {refusal}", one_error(run.returncode, run.stderr))
-    assert snapshot(data) == before
+    assert (snapshot(tmp_path), snapshot(user_cache)) == before
 
 
 def test_run_folder_names_are_classes_except_in_the_working_folder(
@@ -127,16 +129,6 @@ def test_fit_without_data_makes_the_demo_set_in_the_cache_folder_not_in_data(
     assert (tmp_path / "cache" / "{{ cookiecutter.package_name }}" / "demo" / ".complete").is_file()
     split = (work / "lightning_logs" / "version_0" / "val_files.csv").read_text().splitlines()
     assert {row.split(",")[1] for row in split[1:]} == set(demo.DEMO_CLASSES)
-
-
-def test_a_folder_of_yours_where_the_demo_set_goes_is_kept(
-    tmp_path: Path, user_cache: Path, run_main
-) -> None:
-    """A folder the demo set did not write where it goes stops `fit` in one line, untouched."""
-    before = snapshot(theirs := write_classes(user_cache / "demo", count=2))
-    run = run_main("fit", *TINY, *ONE_EPOCH, cwd=tmp_path)
-    assert "holds files that are not the demo set" in one_error(run.returncode, run.stderr)
-    assert snapshot(theirs) == before
 
 
 @pytest.mark.parametrize(
