@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import lightning as L
@@ -30,7 +29,7 @@ class Clock:
 class SlowItems(Dataset):
     """12 random vectors that take `delay` seconds each to load."""
 
-    def __init__(self, delay: float, clock=time) -> None:
+    def __init__(self, delay: float, clock: Clock) -> None:
         self.delay, self.clock = delay, clock
 
     def __len__(self) -> int:
@@ -44,7 +43,7 @@ class SlowItems(Dataset):
 class TinyModel(L.LightningModule):
     """A linear layer; each batch's copy takes `copy_delay` seconds, each step `step_delay`."""
 
-    def __init__(self, step_delay: float = 0.0, copy_delay: float = 0.0, clock=time) -> None:
+    def __init__(self, step_delay: float, copy_delay: float, clock: Clock) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(4, 2)
         self.step_delay, self.copy_delay, self.clock = step_delay, copy_delay, clock
@@ -65,40 +64,33 @@ class TinyModel(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(tmp_path, model, loader, val=None, **options) -> tuple[DataStarvationMonitor, dict]:
-    monitor = DataStarvationMonitor(min_steps=3)
-    trainer = quiet_trainer(tmp_path, callbacks=[monitor], **options)
-    trainer.fit(model, loader, val)
-    metrics = trainer.callback_metrics
-    assert metrics["data_wait_fraction"] == pytest.approx(monitor.fraction)
-    return monitor, metrics
-
-
-def test_a_starved_loop_is_measured_and_warned_about_once(tmp_path) -> None:
-    loader = DataLoader(SlowItems(0.05), batch_size=2)  # real sleeps: the real clock
-    with pytest.warns(UserWarning, match="waited for data") as record:
-        monitor, metrics = fit(tmp_path, TinyModel(), loader, max_epochs=2)
-    assert monitor.fraction > 0.5  # 100 ms of loading per batch against a few ms of step
-    assert 0 < metrics["train_images_per_s"] < 2 / 0.05
-    advice = [str(w.message) for w in record if "waited for data" in str(w.message)]
-    assert len(advice) == 1  # two starved epochs, one warning
-    assert "Raise --data.num_workers from 0 to" in advice[0]
-    assert " bench` and the same --data options" in advice[0]
-
-
-def test_a_busy_step_is_not_starved_and_validation_is_not_waiting(tmp_path, monkeypatch) -> None:
-    """On a clock that only the data (10 ms a batch, in the copy hook), the step (90 ms) and a
-    validation every 3 steps (1 s an image) move, the wait is exactly 10% of the timed steps: 100%
-    if the step counted as waiting, far above 20% if validation did; load cannot change it."""
+@pytest.mark.parametrize(
+    ("load", "copy", "step", "starved"),
+    [(0.05, 0.0, 0.01, True), (0.0, 0.01, 0.09, False)],  # seconds an image, a batch, a step
+)
+def test_the_wait_is_measured_without_validation_and_a_starved_run_warned_once(
+    load: float, copy: float, step: float, starved: bool, tmp_path, monkeypatch
+) -> None:
+    """Batches of 2, validated every 3 steps at 1 s an image, on a clock that only they move:
+    the wait is exactly loading and copying against the step (starved: 10/11; busy: 1/10, so
+    neither the step nor validation counts as waiting); two starved epochs warn once."""
     clock = Clock()
     monkeypatch.setattr(monitor_module, "time", clock)
-    model = TinyModel(step_delay=0.09, copy_delay=0.01, clock=clock)
-    loaders = [DataLoader(SlowItems(delay, clock), batch_size=2) for delay in (0.0, 1.0)]
+    loaders = [DataLoader(SlowItems(delay, clock), batch_size=2) for delay in (load, 1.0)]
+    monitor = DataStarvationMonitor(min_steps=3)
+    options = dict(max_epochs=2, val_check_interval=3, limit_val_batches=1, callbacks=[monitor])
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        options = dict(max_epochs=1, val_check_interval=3, limit_val_batches=1)
-        monitor, metrics = fit(tmp_path, model, *loaders, **options)
-    assert clock.now > 2  # the validations ran on the clock
-    assert monitor.fraction == pytest.approx(0.1)
-    assert metrics["train_images_per_s"] == pytest.approx(2 / 0.1)  # 2 images each 100 ms
-    assert not [w for w in record if "waited for data" in str(w.message)]
+        trainer = quiet_trainer(tmp_path, **options)
+        trainer.fit(TinyModel(step, copy, clock), *loaders)
+    assert clock.now > 4  # the validations ran on the clock
+    wait = 2 * load + copy
+    assert monitor.fraction == pytest.approx(wait / (wait + step))
+    metrics = trainer.callback_metrics
+    assert metrics["data_wait_fraction"] == pytest.approx(monitor.fraction)
+    assert metrics["train_images_per_s"] == pytest.approx(2 / (wait + step))
+    advice = [str(w.message) for w in record if "waited for data" in str(w.message)]
+    assert len(advice) == starved  # two starved epochs, one warning
+    if starved:
+        assert "Raise --data.num_workers from 0 to" in advice[0]
+        assert " bench` and the same --data options" in advice[0]
