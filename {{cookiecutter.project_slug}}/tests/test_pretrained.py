@@ -59,11 +59,11 @@ def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(params=["refused", "silent"])
-def unreachable(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Path]:
+def unreachable(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Empty caches, downloads on, the hub and torch's site (a proxy) at a local address that
     refuses connections or never answers; waits cut to a second."""
+    from huggingface_hub import constants
+
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
     closing = threading.Timer(10, listener.close)  # a hung download fails, if late, at the end
@@ -72,16 +72,13 @@ def unreachable(
         closing.start()
     address = f"http://127.0.0.1:{listener.getsockname()[1]}"
     hub_home(tmp_path, monkeypatch, offline=False)
-    from huggingface_hub import constants
-
     template = constants.HUGGINGFACE_CO_URL_TEMPLATE.replace(constants.ENDPOINT, address)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     monkeypatch.setattr(constants, "ENDPOINT", address)
     monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
     monkeypatch.setattr(pretrained, "DOWNLOAD_TIMEOUT", 1.0)
-    # Any proxy a download might take is that address too: urllib's (torch's hub) and httpx's.
     for name in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy"):
-        monkeypatch.setenv(name, address)
+        monkeypatch.setenv(name, address)  # urllib's (torch's hub) and httpx's proxies
     for name in ("no_proxy", "NO_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     urllib.request.install_opener(None)  # urllib's opener is made again, reading the proxy
@@ -108,8 +105,8 @@ def test_weights_out_of_reach_stop_at_once(unreachable: Path, network: str) -> N
         assert str(folder) in said and (not folder.is_dir() or not list(folder.iterdir()))
 
 
-def test_published_weights_from_the_hub_caches_or_a_refusal_naming_the_folder(
-    offline_hub: Path,
+def test_published_weights_from_the_hub_caches_or_a_refusal_naming_the_folder_file_or_extra(
+    offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(DataError, match=f"weights of {TIMM_MODEL} are not in the Hugging") as e:
         build_network(TIMM_MODEL, 3, 160, pretrained=True)
@@ -126,34 +123,11 @@ def test_published_weights_from_the_hub_caches_or_a_refusal_naming_the_folder(
     network = build_network("resnet18", 3, 64, pretrained=True)
     torch.testing.assert_close(network.conv1.weight, saved["conv1.weight"])
     assert network.fc.out_features == 3
-
-
-@pytest.mark.parametrize("kind", ["pt", "safetensors", "ckpt"])  # a state dict, a checkpoint
-def test_weights_file_of_other_classes_starts_the_backbone(tmp_path: Path, kind: str) -> None:
-    trained = ImageClassifier(class_names=["x", "y"], image_size=32, architecture=TIMM_MODEL)
-    state = trained.net.state_dict()
-    path = tmp_path / f"weights.{kind}"
-    if kind == "safetensors":
-        save_file(state, path)
-    else:  # a checkpoint holds the LightningModule's state, `net.` first
-        ckpt = {"state_dict": trained.state_dict(), "hyper_parameters": {}}
-        torch.save(state if kind == "pt" else ckpt, path)
-    with pytest.warns(UserWarning, match="classifier is re-made for 3 classes"):
-        model = ImageClassifier(
-            class_names=list(CLASSES), image_size=32, architecture=TIMM_MODEL, weights=str(path)
-        )
-    torch.testing.assert_close(model.net.state_dict()[STEM], state[STEM])
-    assert model.net.fc.out_features == 3
-
-
-def test_refusals_name_the_architecture_the_weights_file_or_the_extra(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
     with pytest.raises(DataError, match="compact_resnet has no published weights"):
         build_network("compact_resnet", 3, 32, pretrained=True)
     with pytest.raises(DataError, match="'no_such_net' is neither compact_resnet, .* nor a timm"):
         build_network("no_such_net", 3, 32)
-    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
+    torch.save(saved, tmp_path / "resnet18.pth")
     with pytest.raises(DataError, match=f"does not fit {TIMM_MODEL}: .* e.g. "):
         build_network(TIMM_MODEL, 3, 32, weights=tmp_path / "resnet18.pth")
     (tmp_path / "notes.txt").write_text("not weights")
@@ -162,6 +136,21 @@ def test_refusals_name_the_architecture_the_weights_file_or_the_extra(
     monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
     with pytest.raises(DataError, match=r'pip install "\.\[timm\]"'):
         build_network(TIMM_MODEL, 3, 32)
+
+
+@pytest.mark.parametrize("kind", ["pt", "safetensors", "ckpt"])  # a state dict, a checkpoint
+def test_weights_file_of_other_classes_starts_the_backbone(tmp_path: Path, kind: str) -> None:
+    trained = ImageClassifier(class_names=["x", "y"], image_size=32, architecture=TIMM_MODEL)
+    state, path = trained.net.state_dict(), tmp_path / f"weights.{kind}"
+    if kind == "safetensors":
+        save_file(state, path)
+    else:  # a checkpoint holds the LightningModule's state, `net.` first
+        ckpt = {"state_dict": trained.state_dict(), "hyper_parameters": {}}
+        torch.save(state if kind == "pt" else ckpt, path)
+    with pytest.warns(UserWarning, match="classifier is re-made for 3 classes"):
+        model = ImageClassifier(list(CLASSES), 32, architecture=TIMM_MODEL, weights=str(path))
+    torch.testing.assert_close(model.net.state_dict()[STEM], state[STEM])
+    assert model.net.fc.out_features == 3
 
 
 @pytest.mark.slow
