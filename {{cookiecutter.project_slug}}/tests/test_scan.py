@@ -5,14 +5,15 @@ one line naming one, also when a loader worker dies on it."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import CLASSES, CSV_LOGGER, one_error, tiny_run_options, write_corrupt, write_image
+from test_fuzz import body_bit_flips, truncated, zeroed_run
 
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
@@ -24,26 +25,17 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals k
 FORMATS = (".jpg", ".png", ".gif", ".bmp", ".webp", ".tif")
 
 
-def salt(root: Path, seed: int = 5) -> list[Path]:
+def salt(root: Path) -> list[Path]:
     """4 images per class and format, 3 damaged (cut, bits flipped, zeroed): the damaged."""
-    rng = random.Random(seed)
     damaged = []
     for label, name in enumerate(CLASSES):
         colour = tuple(255 if c == label else 30 for c in range(3))
-        for suffix in FORMATS:
+        for s, suffix in enumerate(FORMATS):
             files = [write_image(root / name / f"{i}{suffix}", colour) for i in range(4)]
-            for kind, path in zip(("cut", "flip", "zero"), files[:3], strict=True):
-                data = bytearray(path.read_bytes())
-                if kind == "cut":
-                    data = data[: rng.randrange(1, len(data) // 2)]
-                elif kind == "flip":
-                    for _ in range(8):
-                        data[rng.randrange(len(data) // 4, len(data))] ^= 1 << rng.randrange(8)
-                else:
-                    at = rng.randrange(8, len(data) - 8)
-                    data[at : at + 64] = bytes(len(data[at : at + 64]))
-                path.write_bytes(bytes(data))
-                damaged.append(path)
+            for m, mutate in enumerate((truncated, body_bit_flips, zeroed_run)):
+                rng = np.random.default_rng([label, s, m])
+                files[m].write_bytes(bytes(mutate(bytearray(files[m].read_bytes()), rng)))
+                damaged.append(files[m])
     return damaged
 
 
