@@ -49,8 +49,7 @@ sys.exit(code)
 
 
 def quietly(folder: Path, *args: str) -> str:
-    """`main(args)` run in `folder`, with the user cache there (module fixtures precede
-    user_cache): what it printed."""
+    """What `main(args)` printed, run in `folder` with the user cache there (before user_cache)."""
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
         patch.chdir(folder)
         patch.setenv(CACHE_ENV, str(folder / "cache"))
@@ -122,14 +121,25 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 def predict_rows(
     trained_checkpoint: Path, image_folder: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, str]]:
-    """`predict` from the checkpoint alone: into a run folder of its own, with no demo set made."""
+    """`predict` from the checkpoint alone: into a run folder of its own, with no demo set made;
+    a row for each image: its class, probability and top classes."""
     workdir = tmp_path_factory.mktemp("predict")
     options = ["--data.predict_root", str(image_folder), *NO_BAR, *CSV_LOGGER]
     out = quietly(workdir, "predict", "--ckpt_path", str(trained_checkpoint), *options)
     written = Path("lightning_logs/version_0/predictions.csv")
     assert f"predictions: {written}" in out
     assert not (workdir / "cache" / "demo").exists()
-    return read_rows(workdir / written)
+    rows = read_rows(workdir / written)
+    assert list(rows[0]) == HEADER == ["path", "label", "probability", "top_k"]
+    assert len(rows) == 26  # 24 JPEGs, the large one and the nested PNG
+    folders = [(Path(row["path"]).parent.name, row["label"]) for row in rows]
+    assert sum(folder == label for folder, label in folders) >= 22  # of the 24 trained on
+    for row in rows:
+        top = top_k(row)
+        assert top[0][0] == row["label"] and len(top) == 3
+        assert top[0][1] == pytest.approx(float(row["probability"]))
+        assert sum(p for _, p in top) == pytest.approx(1.0, abs=1e-3)
+    return rows
 
 
 def top_k(row: dict[str, str]) -> list[tuple[str, float]]:
@@ -146,31 +156,9 @@ def assert_same_rows(rows: list[dict[str, str]], expected: list[dict[str, str]])
         assert max(abs(a - b) for a, b in zip(p, q, strict=True)) <= 1.0001e-4, row["path"]
 
 
-def test_predict_rows_name_each_image_and_its_top_classes(
-    predict_rows: list, trained_checkpoint: Path, tmp_path: Path, run_main
-) -> None:
-    assert list(predict_rows[0]) == HEADER == ["path", "label", "probability", "top_k"]
-    assert len(predict_rows) == 26  # 24 JPEGs, the large one and the nested PNG
-    folders = [(Path(row["path"]).parent.name, row["label"]) for row in predict_rows]
-    assert sum(folder == label for folder, label in folders) >= 22  # of the 24 trained on
-    for row in predict_rows:
-        top = top_k(row)
-        assert top[0][0] == row["label"] and len(top) == 3
-        assert top[0][1] == pytest.approx(float(row["probability"]))
-        assert sum(p for _, p in top) == pytest.approx(1.0, abs=1e-3)
-    result = run_main("predict", "--ckpt_path", str(trained_checkpoint), *NO_BAR, cwd=tmp_path)
-    assert "predict needs --data.predict_root" in one_error(result.returncode, result.stderr)
-
-
 @pytest.mark.parametrize("fmt", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
 def test_each_format_gives_the_checkpoint_logits_and_predict_rows_and_its_flip_average(
-    fmt: str,
-    exported,
-    trained_checkpoint: Path,
-    validation: tuple[torch.Tensor, torch.Tensor],
-    image_folder: Path,
-    predict_rows: list[dict[str, str]],
-    tmp_path: Path,
+    fmt: str, exported, trained_checkpoint: Path, validation, image_folder, predict_rows, tmp_path
 ) -> None:
     """Read back by the format's own library and by `infer`; with tta_flip, predict's average."""
     for name in ("onnx", "onnxscript", "onnxruntime") if fmt == "onnx" else ():
@@ -290,6 +278,8 @@ def test_a_csv_of_predictions_refuses_a_users_file_and_one_among_the_images_and_
         args += ["--predictions.top_k", "2", *NO_BAR, *CSV_LOGGER]
         csv, overwrite = "--predictions.output", ["--predictions.overwrite", "true"]
         among = "--data.predict_root"
+        result = run_main(*args[:3], *NO_BAR, cwd=tmp_path)
+        assert "predict needs --data.predict_root" in one_error(result.returncode, result.stderr)
     mine = users_file(tmp_path / "labels.csv")
     refused(run_main(*args, csv, mine, cwd=tmp_path), mine, " ".join(overwrite))
     inside = images / "predictions.csv"
