@@ -148,40 +148,37 @@ def test_only_training_is_shuffled_and_its_draws_depend_on_seed_epoch_and_place_
     assert not seeds[0] & seeds[1]
 
 
+BOTH = r"--data\.source\.root .*images and --data\.source\.val_root .*images both name"
+
+
 @pytest.mark.parametrize(
-    ("files", "root", "message"),
-    [  # files added beside image_root ("empty" is a folder), the root, the error
-        (["x.zip"], "x.zip", r"x\.zip is not a directory"),
-        (["loose/a.jpg"], "loose", r"has no class folders: expected .*/<class>/<image>"),
-        (["images/empty"], "images", r"class folder .*empty has no images"),
-        (["images/docs/README", "images/docs/Thumbs.db"], "images", r"docs has no images; .*\.jpg"),
+    ("files", "root", "val_root", "message"),
+    [  # files added beside image_root ("empty" is a folder), the roots, the error
+        (["x.zip"], "x.zip", None, r"x\.zip is not a directory"),
+        (["loose/a.jpg"], "loose", None, r"has no class folders: expected .*/<class>/<image>"),
+        (["images/empty"], "images", None, r"class folder .*empty has no images"),
+        (["images/docs/README", "images/docs/Thumbs.db"], "images", None, r"docs has no images"),
+        (["val/wasp/w.jpg"], "images", "val", r"class folder .*wasp is not one of the training"),
+        # the training folder spelled another way would validate on training images
+        (["val/bee/b.jpg"], "images", "val/../images", BOTH + r" 'ant.ant_0\.jpg'"),
     ],
 )
 def test_a_root_that_is_no_class_folder_tree_is_named(
-    image_root: Path, files: list[str], root: str, message: str
+    image_root: Path, files: list[str], root: str, val_root: str | None, message: str
 ) -> None:
     for path in (image_root.parent / name for name in files):
         path.parent.mkdir(parents=True, exist_ok=True)
         _ = path.mkdir() if path.name == "empty" else path.write_bytes(b"\0")
+    val = val_root and image_root.parent / val_root
     with pytest.raises(DataError, match=message):
-        ImageDataModule(ClassFolders(image_root.parent / root), num_workers=0).setup("fit")
+        ImageDataModule(ClassFolders(image_root.parent / root, val_root=val)).setup("fit")
 
 
 def test_explicit_validation_folder_and_class_names(image_root: Path, tmp_path: Path) -> None:
-    val_root = tmp_path / "val"
-    write_image(val_root / "bee" / "b.jpg", (30, 255, 30))
-    dm = ImageDataModule(ClassFolders(image_root, val_root=val_root), num_workers=0)
+    write_image(tmp_path / "val" / "bee" / "b.jpg", (30, 255, 30))
+    dm = ImageDataModule(ClassFolders(image_root, val_root=tmp_path / "val"), num_workers=0)
     dm.setup("fit")
     assert len(dm.train_dataset) == 24 and dm.val_dataset.targets.tolist() == [1]
-    write_image(val_root / "wasp" / "w.jpg", (9, 9, 9))
-    other = ImageDataModule(ClassFolders(image_root, val_root=val_root), num_workers=0)
-    with pytest.raises(DataError, match=r"class folder .*wasp is not one of the training classes"):
-        other.setup("fit")
-    # the training folder spelled another way would validate on training images
-    same = ImageDataModule(ClassFolders(image_root, val_root=tmp_path / "val" / ".." / "images"))
-    both = r"--data\.source\.root .*images and --data\.source\.val_root .*images both name"
-    with pytest.raises(DataError, match=both + r" 'ant.ant_0\.jpg'"):
-        same.setup("fit")
     dm = ImageDataModule(ClassFolders(image_root), class_names=["ant", "cat"], num_workers=0)
     with pytest.warns(UserWarning, match=r"leaves out 1 class folders of .*not used: bee"):
         dm.setup("fit")  # class folders outside the given class names
