@@ -172,19 +172,16 @@ def test_timm_layer_decay_and_no_weight_decay(options: dict) -> None:
         assert head == pytest.approx([3e-3] * 2)
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
+def test_recipe_options_out_of_range_are_refused() -> None:
+    for options, message in [
         ({"freeze_backbone_epochs": -1}, "--model.freeze_backbone_epochs must be at least 0"),
         ({"mixup_alpha": -0.2}, "--model.mixup_alpha must be at least 0"),
         ({"lr_reference_batch": 0}, "--model.lr_reference_batch must be at least 1"),
         ({"backbone_lr_scale": -1.0}, "--model.backbone_lr_scale must be at least 0"),
         ({"layer_decay": 0.75}, "--model.layer_decay needs a timm architecture"),
-    ],
-)
-def test_recipe_options_out_of_range_are_refused(options: dict, message: str) -> None:
-    with pytest.raises(DataError, match=message):
-        tiny_model(**options)
+    ]:
+        with pytest.raises(DataError, match=message):
+            tiny_model(**options)
 
 
 def test_a_frozen_backbone_under_ddp_asks_for_unused_parameters(image_root: Path, tmp_path):

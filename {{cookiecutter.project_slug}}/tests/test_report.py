@@ -28,24 +28,18 @@ from {{ cookiecutter.package_name }}.model.reports import per_class_table, preci
 PNGS = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_predictions.png")
 
 
-def recomputed(run_dir: Path) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
-    """`last.ckpt` validated again here: confusion matrix, paths, predictions, confidences."""
+def recomputed(run_dir: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """`last.ckpt` validated again here: the images' paths, predictions and confidences."""
     model = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt").eval()
     folder = run_dir.parent.parent
     source = ClassFolders(str(folder / "train"), val_root=str(folder / "val"))
     data = ImageDataModule(source, image_size=16, batch_size=4, num_workers=0)
     data.setup("fit")
-    probs, targets = [], []
     with torch.no_grad():
-        for batch in data.val_dataloader():
-            images, labels = data.on_after_batch_transfer(batch, 0)
-            probs.append(model(images).float().softmax(dim=1))
-            targets.append(labels)
-    confidence, predicted = torch.cat(probs).max(dim=1)
-    matrix = np.zeros((3, 3), dtype=np.int64)
-    np.add.at(matrix, (torch.cat(targets).numpy(), predicted.numpy()), 1)
+        batches = (data.on_after_batch_transfer(batch, 0)[0] for batch in data.val_dataloader())
+        confidence, predicted = torch.cat([model(x).float().softmax(dim=1) for x in batches]).max(1)
     paths = [str(Path(data.val_dataset.path(i)).resolve()) for i in range(len(data.val_dataset))]
-    return matrix, paths, predicted.numpy(), confidence.numpy()
+    return paths, predicted.numpy(), confidence.numpy()
 
 
 def page(run_dir: Path) -> str:
@@ -95,7 +89,10 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     """Confusion matrix, per-class table, accuracy and mistakes are last.ckpt's on the 15
     validation images (over both DDP ranks)."""
     run_dir = request.getfixturevalue(run)
-    matrix, paths, predicted, confidence = recomputed(run_dir)
+    paths, predicted, confidence = recomputed(run_dir)
+    true = np.array([CLASSES.index(Path(path).parent.name) for path in paths])
+    matrix = np.zeros((3, 3), dtype=np.int64)
+    np.add.at(matrix, (true, predicted), 1)
     history = json.loads((run_dir / "history.json").read_text())
     assert history["validation"]["epoch"] == history["epochs"][-1]["epoch"]
     np.testing.assert_array_equal(history["validation"]["confusion"], matrix)
@@ -110,7 +107,6 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
             assert cell == ("-" if np.isnan(value) else f"{value:.3f}")
 
     wrong = history["validation"]["wrong"]
-    true = np.array([CLASSES.index(Path(path).parent.name) for path in paths])
     mistakes = np.flatnonzero(predicted != true)
     assert {i % 2 for i in mistakes} == {0, 1}  # in rank 0's shard and in rank 1's
     assert len(mistakes) > 4  # the 6 mislabelled images at least: one run cuts the list
