@@ -35,10 +35,10 @@ def run_to_file(*args: str, cwd: Path) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def logged_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """A two-epoch `fit` with the bake's logger and a progress line every step (19 steps an epoch:
+    """A two-epoch `fit` with the bake's logger and a progress line every step (12 steps an epoch:
     over Lightning's logging interval, which warns below it)."""
     folder = tmp_path_factory.mktemp("console")
-    write_classes(folder / "images", count=16)
+    write_classes(folder / "images", count=10)
     options = [*tiny_run_options(folder / "images", batch_size=2), "--trainer.max_epochs", "2"]
     rc, out, err = run_to_file("fit", *options, "--progress.every_n_steps", "1", cwd=folder)
     assert rc == 0, err
