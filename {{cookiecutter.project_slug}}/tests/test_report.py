@@ -28,20 +28,6 @@ from {{ cookiecutter.package_name }}.model.reports import per_class_table, preci
 PNGS = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_predictions.png")
 
 
-def recomputed(run_dir: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """`last.ckpt` validated again here: the images' paths, predictions and confidences."""
-    model = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt").eval()
-    folder = run_dir.parent.parent
-    source = ClassFolders(str(folder / "train"), val_root=str(folder / "val"))
-    data = ImageDataModule(source, image_size=16, batch_size=4, num_workers=0)
-    data.setup("fit")
-    with torch.no_grad():
-        batches = (data.on_after_batch_transfer(batch, 0)[0] for batch in data.val_dataloader())
-        confidence, predicted = torch.cat([model(x).float().softmax(dim=1) for x in batches]).max(1)
-    paths = [str(Path(data.val_dataset.path(i)).resolve()) for i in range(len(data.val_dataset))]
-    return paths, predicted.numpy(), confidence.numpy()
-
-
 def page(run_dir: Path) -> str:
     return (run_dir / "report.html").read_text(encoding="utf-8")
 
@@ -89,7 +75,16 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     """Confusion matrix, per-class table, accuracy and mistakes are last.ckpt's on the 15
     validation images (over both DDP ranks)."""
     run_dir = request.getfixturevalue(run)
-    paths, predicted, confidence = recomputed(run_dir)
+    model = ImageClassifier.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt").eval()
+    folder = run_dir.parent.parent
+    source = ClassFolders(str(folder / "train"), val_root=str(folder / "val"))
+    data = ImageDataModule(source, image_size=16, batch_size=4, num_workers=0)
+    data.setup("fit")
+    with torch.no_grad():  # last.ckpt validated again here
+        batches = (data.on_after_batch_transfer(batch, 0)[0] for batch in data.val_dataloader())
+        probs = torch.cat([model(x).float().softmax(dim=1) for x in batches])
+    confidence, predicted = (tensor.numpy() for tensor in probs.max(dim=1))
+    paths = [str(Path(data.val_dataset.path(i)).resolve()) for i in range(len(data.val_dataset))]
     true = np.array([CLASSES.index(Path(path).parent.name) for path in paths])
     matrix = np.zeros((3, 3), dtype=np.int64)
     np.add.at(matrix, (true, predicted), 1)
