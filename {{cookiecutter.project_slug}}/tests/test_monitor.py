@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import warnings
 
-import lightning as L
 import pytest
-import torch
 from conftest import quiet_trainer
-from torch.utils.data import DataLoader, Dataset
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.training import monitor as monitor_module
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
@@ -26,26 +25,24 @@ class Clock:
         self.now += seconds
 
 
-class SlowItems(Dataset):
+class SlowItems(RandomDataset):
     """12 random vectors that take `delay` seconds each to load."""
 
     def __init__(self, delay: float, clock: Clock) -> None:
+        super().__init__(32, 12)
         self.delay, self.clock = delay, clock
-
-    def __len__(self) -> int:
-        return 12
 
     def __getitem__(self, index: int):
         self.clock.sleep(self.delay)
-        return torch.randn(4), index % 2
+        return super().__getitem__(index)
 
 
-class TinyModel(L.LightningModule):
-    """A linear layer; each batch's copy takes `copy_delay` seconds, each step `step_delay`."""
+class TinyModel(BoringModel):
+    """Lightning's linear layer; each batch's copy takes `copy_delay` seconds, each step
+    `step_delay`."""
 
     def __init__(self, step_delay: float, copy_delay: float, clock: Clock) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(4, 2)
         self.step_delay, self.copy_delay, self.clock = step_delay, copy_delay, clock
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
@@ -54,14 +51,7 @@ class TinyModel(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         self.clock.sleep(self.step_delay)
-        x, y = batch
-        return torch.nn.functional.cross_entropy(self.layer(x), y)
-
-    def validation_step(self, batch, batch_idx) -> None:
-        pass
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        return super().training_step(batch, batch_idx)
 
 
 @pytest.mark.parametrize(
