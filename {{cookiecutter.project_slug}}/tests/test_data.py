@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from {{ cookiecutter.package_name }}.commands import scan
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.images import read_image
+from {{ cookiecutter.package_name }}.data.index import list_images, make_dataset
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -180,6 +181,23 @@ def test_a_root_that_is_no_class_folder_tree_is_named(
     val = val_root and image_root.parent / val_root
     with pytest.raises(DataError, match=message):
         ImageDataModule(ClassFolders(image_root.parent / root, val_root=val)).setup("fit")
+
+
+def test_class_folders_listed_in_order(tmp_path: Path) -> None:
+    """Sorted names, a folder's files before its subfolders', hidden and junk folders left out."""
+    for name in [
+        "ant/b.jpg", "ant/A.JPG", "ant/notes.txt", "ant/.hidden.jpg", "ant/a/z.png",
+        "ant/a/deeper/q.jpeg", "ant/.git/x.jpg", "ant/__MACOSX/m.jpg", "bee/猫.png", "shared/s.jpg",
+    ]:  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "bee" / "linked").symlink_to(tmp_path / "shared")
+    paths, targets = make_dataset(tmp_path, {"ant": 0, "bee": 1})
+    expected = ["ant/A.JPG", "ant/b.jpg", "ant/a/z.png", "ant/a/deeper/q.jpeg", "bee/猫.png"]
+    expected.append("bee/linked/s.jpg")  # a folder's files come before its subfolders'
+    assert [os.fsdecode(p) for p in paths] == [e.replace("/", os.sep) for e in expected]
+    assert targets.tolist() == [0, 0, 0, 0, 1, 1] and targets.dtype == np.int64
+    assert list_images(tmp_path / "bee") == ["猫.png", "linked" + os.sep + "s.jpg"]
 
 
 def test_explicit_validation_folder_and_class_names(image_root: Path, tmp_path: Path) -> None:
