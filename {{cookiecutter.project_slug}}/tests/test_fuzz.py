@@ -1,6 +1,6 @@
 """Damaged image files through `read_image` in a worker process (this file run as a script):
 each read gives a uint8 (3, H, W) tensor or a DataError naming the file, prints nothing, and
-never kills the process. test_serve and benchmarks/fuzz_decoders.py reuse the mutants."""
+never kills the process. Other tests and a benchmark reuse the mutants and the harness."""
 
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ def write_mutants(folder: Path, per_kind: int, seed: int = 14) -> list[Path]:
     return paths
 
 
-# --- the harness (benchmarks/fuzz_decoders.py's too): jobs in a worker process ---
+# --- the harness: jobs in a worker process ---
 
 _MARK = "\x00job "
 Outcome = tuple  # (job, answer or None, how the worker died on it or None, what it printed)
