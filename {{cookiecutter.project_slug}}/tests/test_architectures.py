@@ -92,6 +92,7 @@ def test_a_local_weights_file_loads_with_the_classifier_re_made(
         ("alexnet", ".+", 63),
         ("vit_tiny_patch16_224", r"Input height \(16\) doesn't match model \(224\)", 224),  # timm
     ],
+    ids=["alexnet", "vit_tiny_patch16_224"],
 )
 def test_fit_refuses_a_model_that_cannot_run_at_the_image_size_in_one_line(
     architecture: str, why: str, size: int, image_root: Path, tmp_path: Path, run_main
