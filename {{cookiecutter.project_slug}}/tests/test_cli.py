@@ -1,9 +1,9 @@
-"""The real command line: `fit` in a process of its own, its output to a file (plain progress
-lines, no warnings), then the commands and errors a user meets."""
+"""The real command line: `fit` printing plain progress lines where its output is no terminal,
+no warnings from `fit` and `predict` in processes of their own, the commands and errors a user
+meets."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +15,6 @@ from conftest import CSV_LOGGER, one_error, tiny_run_options, write_classes
 from lightning.pytorch.loggers import CSVLogger
 
 from {{ cookiecutter.package_name }}.__main__ import main
-from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 from {{ cookiecutter.package_name }}.training.console import RunTQDMProgressBar
 
 # A warning (Lightning's and Python's name the file and line), a tip, a deprecation, FLOPs.
@@ -24,31 +23,28 @@ SUSPECT = re.compile(r"warn|tip\b|deprecat|flops|\.py:\d+:", re.IGNORECASE)
 
 def run_to_file(*args: str, cwd: Path) -> tuple[int, str, str]:
     """`python -m` with stdout to a file, as nohup, SLURM and CI run it: not a terminal."""
-    env = {**os.environ, CACHE_ENV: str(cwd / "cache")}  # module fixtures precede user_cache
     with open(cwd / "stdout.txt", "w") as stdout:
         done = subprocess.run(
             [sys.executable, "-m", "{{ cookiecutter.package_name }}", *args],
-            cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+            cwd=cwd, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
         )  # fmt: skip
     return done.returncode, (cwd / "stdout.txt").read_text(), done.stderr
 
 
-@pytest.fixture(scope="module")
-def logged_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """A two-epoch `fit` with the bake's logger and a progress line every step (12 steps an epoch:
-    over Lightning's logging interval, which warns below it)."""
-    folder = tmp_path_factory.mktemp("console")
+def tiny_fit(folder: Path) -> list[str]:
+    """Two epochs of 12 steps (batches of 2; over Lightning's logging interval, which warns
+    below it) with the bake's logger and a progress line every step."""
     write_classes(folder / "images", count=10)
     options = [*tiny_run_options(folder / "images", batch_size=2), "--trainer.max_epochs", "2"]
-    rc, out, err = run_to_file("fit", *options, "--progress.every_n_steps", "1", cwd=folder)
-    assert rc == 0, err
-    return folder, out, err
+    return ["fit", *options, "--progress.every_n_steps", "1"]
 
 
 def test_fit_prints_progress_lines_then_validate_runs_from_the_best_checkpoint(
-    logged_fit: tuple[Path, str, str], tmp_path: Path, user_cache: Path, run_main
+    tmp_path: Path, user_cache: Path, run_main
 ) -> None:
-    folder, out, _ = logged_fit
+    fit = run_main(*tiny_fit(tmp_path), cwd=tmp_path)  # stdout not a terminal, as in a file
+    assert fit.returncode == 0, fit.stderr
+    out = fit.stdout
     start = r"^fit \S+: (\d+) steps an epoch of 2 images, 2 epochs: (\d+) images$"
     assert (start := re.search(start, out, re.M)), out
     per_epoch = int(start[1])
@@ -66,23 +62,24 @@ def test_fit_prints_progress_lines_then_validate_runs_from_the_best_checkpoint(
     assert {int(line[2]) for line in lines} == {2 * per_epoch} and lines[-1][5] == "0:00:00"
     assert len(re.findall(r"^epoch \d validated: val_loss [\d.]+, val_acc [\d.]+$", out, re.M)) == 2
     assert "\r" not in out and "it/s" not in out  # no progress bar
-    best = next(folder.rglob("best.ckpt"))
+    best = next(tmp_path.rglob("best.ckpt"))
     assert (best.parent / "last.ckpt").is_file()
     # As the README shows it: the checkpoint brings the data options (root, size, split)
     validate = run_main("validate", "--ckpt_path", str(best), cwd=tmp_path)
     assert validate.returncode == 0, validate.stderr
     assert "val_acc" in validate.stdout
     assert re.search(r"^bee\s+\d+\s+\d+", validate.stdout, re.MULTILINE)  # our classes
-    assert not (user_cache / "demo").exists() and not (folder / "cache" / "demo").exists()
+    assert not (user_cache / "demo").exists()
 
 
 @pytest.mark.slow
-def test_a_fit_and_predict_print_no_warnings(logged_fit: tuple[Path, str, str]) -> None:
-    folder, out, err = logged_fit
+def test_a_fit_and_predict_in_processes_of_their_own_print_no_warnings(tmp_path: Path) -> None:
+    rc, out, err = run_to_file(*tiny_fit(tmp_path), cwd=tmp_path)
+    assert rc == 0, err
     assert "Total params" in err  # the model summary
-    best = next(folder.rglob("best.ckpt"))
-    predict = ["--ckpt_path", str(best), "--data.predict_root", str(folder / "images" / "ant")]
-    rc, predicted, predict_err = run_to_file("predict", *predict, cwd=folder)
+    best = next(tmp_path.rglob("best.ckpt"))
+    predict = ["--ckpt_path", str(best), "--data.predict_root", str(tmp_path / "images" / "ant")]
+    rc, predicted, predict_err = run_to_file("predict", *predict, cwd=tmp_path)
     assert rc == 0, predict_err
     said = (out + err + predicted + predict_err).splitlines()
     noise = [line for line in said if SUSPECT.search(line)]
