@@ -1,8 +1,9 @@
-"""Runs by name: `--ckpt_path last` resumes only its own run, with its options; where runs go;
-the default precision."""
+"""Runs by name: `--ckpt_path last` resumes only its own run, with its options and a schedule
+rebuilt for new limits; where runs go; the default precision."""
 
 from __future__ import annotations
 
+import csv
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 from conftest import CSV_LOGGER, one_error, tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.model.optim import lr_schedule
 from {{ cookiecutter.package_name }}.training.precision import default_precision, precision_for
 from {{ cookiecutter.package_name }}.training.runs import slurm_run_name
 
@@ -37,8 +39,27 @@ def progress(path: Path) -> tuple[int, int]:
     return checkpoint["epoch"], checkpoint["global_step"]
 
 
-def last_of(run: str) -> Path:
-    return Path("lightning_logs") / run / "checkpoints" / "last.ckpt"
+def last_of(run: str, name: str = "last") -> Path:
+    return Path("lightning_logs") / run / "checkpoints" / f"{name}.ckpt"
+
+
+def resumed_with_more_epochs(last: Path, schedule: str) -> None:
+    """A resume from 4 to 8 steps: it warned (`rebuilt`); the lr ends where a fresh schedule over 8
+    steps ends, as an uninterrupted run (left alone, OneCycleLR stops and cosine jumps)."""
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert progress(last) == (1, 8) and checkpoint["schedule_total"] == 8
+    group = checkpoint["optimizer_states"][0]["param_groups"][0]
+    peak = group.get("max_lr", group["initial_lr"])  # OneCycleLR's, or LambdaLR's
+    fresh = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)
+    scheduler = lr_schedule(fresh, schedule, 8, checkpoint["hyper_parameters"]["warmup_fraction"])
+    for _ in range(8):
+        fresh.step()
+        scheduler.step()
+    assert group["lr"] == pytest.approx(fresh.param_groups[0]["lr"], rel=1e-6, abs=1e-12)
+
+
+def rebuilt():
+    return pytest.warns(UserWarning, match="schedule of 8 steps, where the checkpoint's spanned 4")
 
 
 @pytest.fixture
@@ -55,7 +76,9 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     data is and how it is read may change (named); without `--run`, it starts a new run."""
     reading = ["--data.source.skip_bad_images", "true", "--data.source.cache", "memmap"]
     fit(image_root, "--run", "a", "--trainer.max_epochs", "1", *reading)
-    fit(image_root, "--run", "b", "--trainer.max_epochs", "2")  # newer, and further on
+    fit(image_root, "--run", "b", "--trainer.max_epochs", "2", "--model.lr", "0")  # newer, further
+    # lr 0: only epoch 0 is best; last.ckpt follows every epoch all the same.
+    assert (progress(last_of("b", "best")), progress(last_of("b"))) == ((0, 4), (1, 8))
     before = last_of("b").read_bytes()
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
@@ -68,7 +91,7 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     changed = ["--model.lr", "0.5", "--data.image_size", "24", "--data.num_workers", "0"]
     changed += ["--data.augment.policy", "rand", "--trainer.max_epochs", "3"]
     error = refusal(capsys, image_root, "--run", "b", "--ckpt_path", "last", *changed)
-    assert "--model.lr 0.5 (the run's: 0.003)" in error
+    assert "--model.lr 0.5 (the run's: 0.0)" in error
     assert "--data.image_size 24 (the run's: 16)" in error
     assert "--data.augment.policy rand (the run's: None)" in error
     assert "num_workers" not in error  # how the data is read: free to change
@@ -77,7 +100,8 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
 
     moved = shutil.copytree(image_root, in_tmp / "staged")
     reading = ["--data.source.skip_bad_images", "false", "--data.source.cache", "none"]
-    fit(moved, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2", *reading)
+    with rebuilt():
+        fit(moved, "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2", *reading)
     out = capsys.readouterr().out
     assert f"--ckpt_path last: resuming run a from {last_of('a')}" in out
     assert "--trainer.max_epochs 2 (the run's: 1)" in out
@@ -87,7 +111,9 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     saved = torch.load(last_of("a"), weights_only=False)["datamodule_hyper_parameters"]
     init = saved["source"]["init_args"]
     assert (init["skip_bad_images"], init["cache"]) == (False, "none")
-    assert progress(last_of("a")) == (1, 8)
+    resumed_with_more_epochs(last_of("a"), "cosine")
+    with open(last_of("a").parents[1] / "metrics.csv", newline="") as file:  # logged on in it
+        assert [row["epoch"] for row in csv.DictReader(file) if row["val_acc"]] == ["0", "1"]
     with pytest.raises(SystemExit) as refused:  # other commands need the run named
         main(["validate", "--ckpt_path", "last", *QUIET, *CSV_LOGGER])
     error = one_error(refused.value.code, capsys.readouterr().err)
@@ -114,16 +140,18 @@ class RecipeProbe(L.Callback):  # the weights training starts from, and the reci
 
 
 def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path, capsys) -> None:
-    """The README's `fit --run a --ckpt_path last` after a run with EMA and clipping: on from the
-    raw weights (not the average), EMA and clipping on, config.yaml as the run began."""
+    """The README's `fit --run a --ckpt_path last` after a run with EMA, clipping and OneCycleLR:
+    on from the raw weights (not the average), the recipe on, config.yaml as the run began."""
     recipe = ["--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights"]
     recipe += ["--trainer.callbacks.decay", "0.5", "--trainer.gradient_clip_val", "0.25"]
-    recipe += ["--trainer.callbacks+=test_runs.RecipeProbe"]
+    recipe += ["--model.schedule", "onecycle", "--trainer.callbacks+=test_runs.RecipeProbe"]
     fit(image_root, "--run", "a", "--trainer.max_epochs", "1", *recipe)
     config = (in_tmp / "lightning_logs/a/config.yaml").read_bytes()
     saved = torch.load(last_of("a"), weights_only=True)
+    assert saved["schedule_total"] == 4
     capsys.readouterr()
-    main(["fit", "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2"])
+    with rebuilt():
+        main(["fit", "--run", "a", "--ckpt_path", "last", "--trainer.max_epochs", "2"])
     assert "resuming run a with --trainer.max_epochs 2 (the run's: 1)" in capsys.readouterr().out
     seen = RecipeProbe.seen
     assert seen["ema_decays"] == [0.5] and seen["gradient_clip_val"] == 0.25
@@ -132,27 +160,37 @@ def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path,
     for key, value in raw.items():
         assert torch.equal(seen["weights"][key], value), key
     assert (in_tmp / "lightning_logs/a/config.yaml").read_bytes() == config
-    assert progress(last_of("a")) == (1, 8)
+    resumed_with_more_epochs(last_of("a"), "onecycle")
     assert "averaging_state" in torch.load(last_of("a"), weights_only=True)
 
 
-def test_a_new_run_does_not_write_over_files_it_did_not_write(
+def test_runs_go_where_asked_and_write_over_no_files_they_did_not_write(
     image_root: Path, in_tmp: Path, capsys
 ) -> None:
-    """Not over `validate`'s logs (`fit --run version_0`), nor a `last.ckpt` in
-    `--checkpoint.dirpath`, the user's or another run's (resumable with --ckpt_path last)."""
+    """The logger's folder follows --trainer.default_root_dir unless its own save_dir is given;
+    without a logger, a named run's checkpoints go to lightning_logs/<run>. Not over `validate`'s
+    logs (`fit --run version_0`), nor a `last.ckpt` in `--checkpoint.dirpath`, the user's or
+    another run's (resumable with --ckpt_path last)."""
+    csv_logger = [opt for opt in CSV_LOGGER if opt not in ("--trainer.logger.save_dir", ".")]
+    options = [*tiny_run_options(image_root), *QUIET, "--trainer.max_epochs", "1"]
+    main(["fit", *options, *csv_logger, "--trainer.default_root_dir", "out"])
+    run = in_tmp / "out" / "lightning_logs" / "version_0"
+    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "history.json", "metrics.csv"):
+        assert (run / name).is_file(), name
+    assert not (in_tmp / "lightning_logs").exists()
     theirs = in_tmp / "lightning_logs" / "version_0"
     theirs.mkdir(parents=True)
     (theirs / "metrics.csv").write_text("epoch,val_acc\n0,0.5\n")
     error = refusal(capsys, image_root, "--run", "version_0", "--trainer.max_epochs", "1")
     assert f"--run version_0: {Path('lightning_logs/version_0')} holds files" in error
+    (in_tmp / "mine").mkdir()
+    (in_tmp / "mine" / "last.ckpt").write_bytes(b"the user's own file")
+    shared = ["--checkpoint.dirpath", "shared", "--trainer.default_root_dir", "out"]
+    fit(image_root, "--trainer.max_epochs", "1", *shared)  # CSV_LOGGER's save_dir: logs here
+    assert [p.name for p in run.parent.iterdir()] == ["version_0"]
+    assert len(list(in_tmp.glob("lightning_logs/*/metrics.csv"))) == 2
     assert sorted(p.name for p in theirs.iterdir()) == ["metrics.csv"]
     assert (theirs / "metrics.csv").read_text() == "epoch,val_acc\n0,0.5\n"
-    mine = in_tmp / "mine"
-    mine.mkdir()
-    (mine / "last.ckpt").write_bytes(b"the user's own file")
-    shared = ["--checkpoint.dirpath", "shared"]
-    fit(image_root, "--trainer.max_epochs", "1", *shared)
     first = Path("shared/last.ckpt").read_bytes()
     for folder, kept in (("mine", b"the user's own file"), ("shared", first)):
         error = refusal(capsys, image_root, "--checkpoint.dirpath", folder)
@@ -160,6 +198,8 @@ def test_a_new_run_does_not_write_over_files_it_did_not_write(
         assert Path(folder, "last.ckpt").read_bytes() == kept
     fit(image_root, "--trainer.max_epochs", "2", *shared, "--ckpt_path", "last")
     assert progress(Path("shared/last.ckpt")) == (1, 8)
+    main(["fit", *options, "--trainer.logger", "false", "--run", "a"])
+    assert progress(last_of("a")) == (0, 4)
 
 
 @pytest.mark.slow
@@ -207,24 +247,6 @@ def test_slurm_names_the_run_by_its_job(monkeypatch) -> None:
     assert slurm_run_name() == "slurm_77_3"
     monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: each fit its own
     assert slurm_run_name() is None
-
-
-def test_default_root_dir_holds_the_logs_checkpoints_history_and_report(
-    image_root: Path, in_tmp: Path
-) -> None:
-    """The logger's folder follows --trainer.default_root_dir unless its own save_dir is given;
-    without a logger, a named run's checkpoints go to lightning_logs/<run>."""
-    csv_logger = [opt for opt in CSV_LOGGER if opt not in ("--trainer.logger.save_dir", ".")]
-    options = [*tiny_run_options(image_root), *QUIET, "--trainer.max_epochs", "1"]
-    main(["fit", *options, *csv_logger, "--trainer.default_root_dir", "out"])
-    run = in_tmp / "out" / "lightning_logs" / "version_0"
-    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "history.json", "metrics.csv"):
-        assert (run / name).is_file(), name
-    assert not (in_tmp / "lightning_logs").exists()
-    main(["fit", *options, *CSV_LOGGER, "--trainer.default_root_dir", "out"])
-    assert (in_tmp / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-    main(["fit", *options, "--trainer.logger", "false", "--run", "a"])
-    assert progress(in_tmp / "lightning_logs" / "a" / "checkpoints" / "last.ckpt") == (0, 4)
 
 
 def test_the_default_precision_is_bf16_only_where_native(monkeypatch) -> None:
