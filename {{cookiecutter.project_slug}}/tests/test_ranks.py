@@ -10,7 +10,6 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import pytest
-from torch.utils.data import Dataset
 {% if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.commands.shard import write_shards
 {%- endif %}
@@ -30,26 +29,10 @@ needs_litdata = pytest.mark.skipif(
 {%- endif %}
 
 
-class Numbers(Dataset):
-    """`size` items, each its own index."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        return int(index)
-
-
-def batches_of_every_rank(size: int, world_size: int, batch_size: int, **options) -> list:
-    """The training batches each rank's loader deals out, as lists of image indices."""
-    loaders = [
-        make_loader(Numbers(size), batch_size, 0, False, True, shard=(rank, world_size), **options)
-        for rank in range(world_size)
-    ]
-    return [[batch.tolist() for batch in loader] for loader in loaders]
+def training_loaders(size: int, ranks: int, batch: int, **options) -> list:
+    """Each rank's training loader over `size` items, each its own index."""
+    shares = [(rank, ranks) for rank in range(ranks)]
+    return [make_loader(range(size), batch, 0, False, True, shard=s, **options) for s in shares]
 
 
 @pytest.mark.parametrize(
@@ -61,7 +44,7 @@ def test_each_of_16_ranks_trains_its_share_in_batches_of_64(size, balanced, per_
     """800 images: 50 a rank, one batch of 50 each, every image once; 2,000: 125 a rank, one full
     batch of 64 each, 61 left for other epochs."""
     options = {"balance_classes": (np.arange(size) % 4, 4, 0)} if balanced else {}
-    ranks = batches_of_every_rank(size, 16, 64, **options)
+    ranks = [[b.tolist() for b in loader] for loader in training_loaders(size, 16, 64, **options)]
     assert [[len(batch) for batch in batches] for batches in ranks] == [[per_rank]] * 16
     if size == 800 and not balanced:  # balanced draws repeat images by design
         seen = sorted(i for batches in ranks for batch in batches for i in batch)
@@ -70,32 +53,26 @@ def test_each_of_16_ranks_trains_its_share_in_batches_of_64(size, balanced, per_
 
 @pytest.mark.parametrize("balanced", [False, True])
 def test_epoch_repeats_pass_over_each_ranks_share_that_many_times(balanced: bool) -> None:
-    """100 images on 2 ranks, batches of 8, 3 passes per epoch: 150 draws per rank, 18 full
-    batches; the plain shuffle's pass r of epoch e is the one-pass order of epoch 3e + r, so
-    each pass holds every image once over the ranks, in an order of its own."""
+    """100 images on 2 ranks, batches of 8, 3 passes an epoch: 150 draws, 18 full batches a rank;
+    the plain shuffle's pass r of epoch e is the one-pass order of epoch 3e + r, so each pass holds
+    every image once over the ranks, in an order of its own."""
     with pytest.raises(DataError, match="--data.source.epoch_repeats must be at least 1, got 0"):
         ClassFolders(epoch_repeats=0)
-    targets = np.arange(100) % 4
-    options = {"balance_classes": (targets, 4, 0)} if balanced else {}
-    ranks = batches_of_every_rank(100, 2, 8, repeats=3, **options)
-    assert [[len(batch) for batch in batches] for batches in ranks] == [[8] * 18] * 2
-    samplers = [
-        make_loader(Numbers(100), 8, 0, False, True, shard=(r, 2), repeats=3, **options).sampler
-        for r in (0, 1)
-    ]
-    for sampler in samplers:
-        sampler.set_epoch(1)
-    orders = [[int(i) for i in sampler] for sampler in samplers]
+    options = {"balance_classes": (np.arange(100) % 4, 4, 0)} if balanced else {}
+    loaders = training_loaders(100, 2, 8, repeats=3, **options)
+    assert [[len(batch) for batch in loader] for loader in loaders] == [[8] * 18] * 2
+    for loader in loaders:
+        loader.sampler.set_epoch(1)
+    orders = [[int(i) for i in loader.sampler] for loader in loaders]
     assert all(len(order) == 150 for order in orders)
-    sampler = samplers[0]
-    sampler.resume_at(70)  # in the second pass
-    assert [int(i) for i in sampler] == orders[0][70:]
+    loaders[0].sampler.resume_at(70)  # in the second pass
+    assert [int(i) for i in loaders[0].sampler] == orders[0][70:]
     if balanced:  # draws with replacement: no pass structure to check
         return
     passes = [[order[50 * r : 50 * (r + 1)] for order in orders] for r in range(3)]
     assert all(sorted(p[0] + p[1]) == list(range(100)) for p in passes)
     assert passes[0] != passes[1] != passes[2]
-    one_pass = make_loader(Numbers(100), 8, 0, False, True, shard=(0, 2)).sampler
+    one_pass = training_loaders(100, 2, 8)[0].sampler
     for r in range(3):
         one_pass.set_epoch(3 + r)
         assert [int(i) for i in one_pass] == passes[r][0]
@@ -103,11 +80,11 @@ def test_epoch_repeats_pass_over_each_ranks_share_that_many_times(balanced: bool
 
 def test_evaluation_needs_an_image_for_every_rank() -> None:
     for rank in range(16):
-        loader = make_loader(Numbers(16), 64, 0, False, shard=(rank, 16))
+        loader = make_loader(range(16), 64, 0, False, shard=(rank, 16))
         assert [batch.tolist() for batch in loader] == [[rank]]
     with pytest.raises(DataError, match=r"10 images to validate, test or predict .* 16 processes"):
-        make_loader(Numbers(10), 64, 0, False, shard=(3, 16))
-    assert len(make_loader(Numbers(0), 64, 0, False, shard=(3, 16))) == 0  # no validation set
+        make_loader(range(10), 64, 0, False, shard=(3, 16))
+    assert len(make_loader(range(0), 64, 0, False, shard=(3, 16))) == 0  # no validation set
 
 
 def test_datamodule_loaders_use_the_trainers_world_size(image_root: Path) -> None:
