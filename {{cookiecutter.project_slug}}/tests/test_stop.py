@@ -5,26 +5,31 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 {%- if cookiecutter.shards == "yes" %}
 from importlib.util import find_spec
 {%- endif %}
 from pathlib import Path
 
+import lightning as L
 import pytest
-from conftest import CSV_LOGGER, default_ctrl_c, tiny_run_options
 from test_mid_epoch import colours as colours  # the fixture, shared
 from test_mid_epoch import fit, recorded
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 
-def _children(pid: int) -> list[int]:
-    tasks = Path(f"/proc/{pid}/task")
-    found = [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
-    return sorted(set(found))
+class CtrlCToWorkers(L.Callback):
+    """After batch 2, SIGINT to each child of this process (its loader workers), noted in
+    $RECORD_DIR/workers."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (0, 2):
+            tasks = Path(f"/proc/{os.getpid()}/task").iterdir()
+            workers = {int(c) for t in tasks for c in (t / "children").read_text().split()}
+            (Path(os.environ["RECORD_DIR"]) / "workers").write_text(str(len(workers)))
+            for worker in workers:
+                os.kill(worker, signal.SIGINT)
 {%- if cookiecutter.shards == "yes" %}
 
 
@@ -38,57 +43,24 @@ needs_litdata = pytest.mark.skipif(
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc")
 {%- if cookiecutter.shards == "yes" %}
 @pytest.mark.parametrize("source", ["folders", pytest.param("shards", marks=needs_litdata)])
-def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
-    image_root: Path, tmp_path: Path, source: str
-) -> None:
-    """A terminal's Ctrl-C reaches the loader workers too; only the training process acts on it.
-    Here it reaches a worker alone, once training runs: the run must go on to its end. With
-    shards, LitData's loader workers too."""
-{%- else %}
-def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
-    image_root: Path, tmp_path: Path
-) -> None:
-    """A terminal's Ctrl-C reaches the loader workers too; only the training process acts on it.
-    Here it reaches a worker alone, once training runs: the run must go on to its end."""
 {%- endif %}
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
-    data = tiny_run_options(image_root)
+def test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running(
+    image_root: Path, tmp_path: Path, run_main{{ ", source: str" if cookiecutter.shards == "yes" else "" }}
+) -> None:
+    """A terminal's Ctrl-C reaches the loader workers too; only the training process acts on it.
+    Here it reaches the workers alone, once training runs: the run goes on to its end."""
+    data = ["--data.num_workers", "1", "--trainer.callbacks+=test_stop.CtrlCToWorkers"]
 {%- if cookiecutter.shards == "yes" %}
     if source == "shards":
         shards = tmp_path / "shards"
-        made = subprocess.run(
-            [*command, "shard", "--data.source.root", str(image_root), "--output", str(shards)],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        made = run_main("shard", "--data.source.root", image_root, "--output", shards, cwd=tmp_path)
         assert made.returncode == 0, made.stderr[-3000:]
-        data = ["--data.source", "Shards", "--data.source.path", str(shards)]
-        data += ["--data.image_size", "16", "--data.batch_size", "4"]
+        data += ["--data.source", "Shards", "--data.source.path", str(shards)]
 {%- endif %}
-    options = [*data, "--data.num_workers", "1", *CSV_LOGGER, "--trainer.max_epochs", "3"]
-    options += ["--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
-    options += ["--trainer.logger.flush_logs_every_n_steps", "1"]
-    run = subprocess.Popen(
-        [*command, "fit", *options], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True, preexec_fn=default_ctrl_c,  # not this shell's handling
-    )  # fmt: skip
-    try:
-        # Once training runs (a step logged): the workers have started and set their handling.
-        metrics = tmp_path / "lightning_logs/version_0/metrics.csv"
-        deadline = time.monotonic() + 120
-        while not (
-            metrics.exists() and "train_loss_step" in metrics.read_text() and _children(run.pid)
-        ):
-            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-            time.sleep(0.05)
-        for worker in _children(run.pid):
-            os.kill(worker, signal.SIGINT)
-        out, err = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    assert run.returncode == 0, err[-3000:]
-    assert "SIGINT" not in out
+    done = fit(image_root, tmp_path, *data)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int((tmp_path / "workers").read_text()) > 0 and "SIGINT" not in done.stdout
+    assert len(recorded(tmp_path)) == 3  # every epoch trained
 
 
 @pytest.mark.slow
