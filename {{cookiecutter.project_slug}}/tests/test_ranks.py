@@ -4,16 +4,15 @@ from __future__ import annotations
 
 {% if cookiecutter.shards == "yes" -%}
 from importlib.util import find_spec
-{% endif -%}
 from pathlib import Path
 
-import lightning as L
+{% endif -%}
 import numpy as np
 import pytest
 {% if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.commands.shard import write_shards
-{%- endif %}
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+{%- endif %}
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
 {%- if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Shards, require_shards
@@ -85,20 +84,6 @@ def test_evaluation_needs_an_image_for_every_rank() -> None:
     with pytest.raises(DataError, match=r"10 images to validate, test or predict .* 16 processes"):
         make_loader(range(10), 64, 0, False, shard=(3, 16))
     assert len(make_loader(range(0), 64, 0, False, shard=(3, 16))) == 0  # no validation set
-
-
-def test_datamodule_loaders_use_the_trainers_world_size(image_root: Path) -> None:
-    """A Trainer for 8 CPU processes (not launched): rank 0's loaders as it would build them."""
-    trainer = L.Trainer(accelerator="cpu", devices=8, strategy="ddp", logger=False)
-    assert trainer.world_size == 8 and trainer.global_rank == 0
-    dm = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
-    dm.trainer = trainer
-    dm.setup("fit")
-    assert len(dm.train_dataset) == 18 and len(dm.val_dataset) == 6
-    loader = dm.train_dataloader()  # 18 images on 8 ranks: 3 each, under one batch of 4
-    assert [len(batch[1]) for batch in loader] == [3]
-    with pytest.raises(DataError, match=r"6 images to validate, test or predict .* 8 processes"):
-        dm.val_dataloader()
 {%- if cookiecutter.shards == "yes" %}
 
 
