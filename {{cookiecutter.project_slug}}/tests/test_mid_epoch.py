@@ -1,7 +1,6 @@
-"""A run stopped mid-epoch (SIGKILL, Ctrl-C, SIGTERM or SLURM's requeue signal to its process
-group; one process or DDP) resumes with exactly the images the epoch had not trained on, in order,
-and ends as the uninterrupted run (`whole`, `whole_ddp`): same weights, same metrics.csv. Each
-image has a flat red of its own, which `Fingerprints` notes for each trained batch."""
+"""A run stopped mid-epoch (SIGKILL, Ctrl-C, SIGTERM, SLURM's requeue signal to its process group;
+one process or DDP) resumes with exactly the images it had not trained on, in order, and ends as
+the uninterrupted run: same weights, same metrics.csv. Each image has a flat red of its own."""
 
 from __future__ import annotations
 
@@ -55,9 +54,8 @@ class Fingerprints(L.Callback):
 
 
 class TermAt(L.Callback):
-    """After batch $TERM_BATCH of epoch $TERM_EPOCH (1), on rank $TERM_RANK (0), sends this process
-    $TERM_SIGNAL (SIGTERM) $TERM_TIMES times (1); with $TERM_GROUP, from another process to its
-    whole process group (every rank and loader worker), as `timeout`, systemd and SLURM do."""
+    """After batch $TERM_BATCH of epoch $TERM_EPOCH (1) on rank $TERM_RANK (0), $TERM_SIGNAL
+    (SIGTERM) $TERM_TIMES times (1), to itself or, with $TERM_GROUP, to its whole process group."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         at = int(os.environ.get("TERM_EPOCH", "1")), int(os.environ["TERM_BATCH"])
@@ -67,9 +65,8 @@ class TermAt(L.Callback):
             signum = signal.Signals[os.environ.get("TERM_SIGNAL", "SIGTERM")]
             for _ in range(int(os.environ.get("TERM_TIMES", "1"))):
                 if os.environ.get("TERM_GROUP"):
-                    group = f"-{os.getpgid(0)}"
-                    sender = ["kill", "-s", signum.name[3:], "--", group]
-                    subprocess.run(sender, check=True, start_new_session=True)
+                    kill = ["kill", "-s", signum.name[3:], "--", f"-{os.getpgid(0)}"]
+                    subprocess.run(kill, check=True, start_new_session=True)
                     time.sleep(1)
                 else:
                     os.kill(os.getpid(), signum)
@@ -114,35 +111,14 @@ def whole_run(root: Path, folder: Path, options: list[str]) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def whole(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return whole_run(colours, tmp_path_factory.mktemp("whole"), OPTIONS)
-
-
-@pytest.fixture(scope="module")
-def whole_ddp(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return whole_run(colours, tmp_path_factory.mktemp("whole_ddp"), DDP_OPTIONS)
-
-
 def recorded(record: Path, rank: int = 0) -> dict[int, list[float]]:
-    """Epoch -> the reds trained in it, in order; a batch trained again after a resume counts
-    once."""
-    batches: dict[tuple[int, int], list[float]] = {}
-    for line in (record / f"rank{rank}.jsonl").read_text().splitlines():
-        epoch, index, reds = json.loads(line)
-        batches[epoch, index] = reds
+    """Epoch -> the reds trained in it, in order (a batch trained again after a resume: once)."""
+    lines = (record / f"rank{rank}.jsonl").read_text().splitlines()
+    batches = {(epoch, index): reds for epoch, index, reds in map(json.loads, lines)}
     epochs: dict[int, list[float]] = {}
     for (epoch, _), reds in sorted(batches.items()):
         epochs.setdefault(epoch, []).extend(reds)
     return epochs
-
-
-def final_weights(folder: Path, run: str = "version_0") -> dict[str, torch.Tensor]:
-    last = folder / "lightning_logs" / run / "checkpoints" / "last.ckpt"
-    return torch.load(last, map_location="cpu", weights_only=False)["state_dict"]
-
-
-TIMINGS = ("data_wait_fraction", "train_images_per_s")  # the data monitor's: not repeatable
 
 
 def logged(folder: Path, run: str = "version_0") -> list[dict[str, str]]:
@@ -151,11 +127,14 @@ def logged(folder: Path, run: str = "version_0") -> list[dict[str, str]]:
 
 
 def assert_same_run(parts: Path, whole: Path, ranks: int, run: str, stopped_in) -> None:
-    """The same images in the same order on every rank, the same weights, the same metrics.csv
-    rows, but for the stopped epochs' `train_loss_epoch` (a running mean not checkpointed)."""
+    """The same images in the same order on every rank, weights and metrics.csv rows, but for the
+    stopped epochs' `train_loss_epoch` (a running mean not checkpointed) and the data monitor's."""
     for rank in range(ranks):
         assert recorded(parts, rank) == recorded(whole, rank), rank
-    weights, expected = final_weights(parts, run), final_weights(whole)
+    weights, expected = (
+        torch.load(f / LAST.parents[2] / r / LAST.name, weights_only=False)["state_dict"]
+        for f, r in ((parts, f"{run}/checkpoints"), (whole, "version_0/checkpoints"))
+    )
     assert weights.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
@@ -165,7 +144,8 @@ def assert_same_run(parts: Path, whole: Path, ranks: int, run: str, stopped_in) 
         assert [k for k, v in row.items() if v] == [k for k, v in expected_row.items() if v]
         for key, value in expected_row.items():
             interrupted_mean = key == "train_loss_epoch" and row["epoch"] in stopped_in
-            if value and key not in TIMINGS and not interrupted_mean:
+            timing = key in ("data_wait_fraction", "train_images_per_s")  # not repeatable
+            if value and not timing and not interrupted_mean:
                 assert math.isclose(float(row[key]), float(value), rel_tol=1e-4), (key, row)
 
 
@@ -187,10 +167,9 @@ def stopped_and_resumed(
     before_resume=lambda: None, stopped_in: tuple[str, ...] = (), run: str = "version_0",
     env: dict | None = None,
 ) -> list[Run]:  # fmt: skip
-    """Fits of `run` (`--run version_0 --ckpt_path last`, or a SLURM job's own with `env`), each
-    stopped after batch 2 as a dict of `stops` (TermAt's variables) says, then one that ends it as
-    `whole`, logging on in the same folder (`stopped_in`: epochs stopped before). Returns the
-    stopped fits."""
+    """Fits of `run` (`--ckpt_path last`; `env`: a SLURM job's), each stopped after batch 2 as a
+    dict of `stops` (TermAt's variables) says, then one ending it as `whole` in the same folder
+    (`stopped_in`: epochs stopped before): the stopped fits."""
     options = [*options, "--ckpt_path", "last", *(["--run", run] if env is None else [])]
     last = LAST.parents[2] / run / "checkpoints" / "last.ckpt"
     resuming = f"--ckpt_path last: resuming run {run} from {last}"
@@ -239,27 +218,23 @@ class KillWhileSaving(L.Callback):
 
 
 def test_a_slurm_job_killed_twice_then_requeued_resumes_its_own_run_exactly(
-    colours: Path, whole: Path, tmp_path: Path, run_main
+    colours: Path, tmp_path_factory, tmp_path: Path, run_main
 ) -> None:
-    """A SLURM job (its variables, a stand-in `scontrol`) with `--ckpt_path last`, as the batch
-    script. SIGKILL while writing epoch 1's end `last.ckpt`: epoch 0's stays whole, with its
-    history. Again, with a timed save each batch, SIGKILL mid-epoch 1. Again, SLURM's requeue
-    signal to the group (loader workers too) after the 3rd batch of an accumulation of 2 in epoch
-    2: it saves after the 4th, once, and requeues; a resume with `accumulate_grad_batches 3` is
-    refused. The requeued job resumes its own run (not another run's newer last.ckpt beside it),
-    ends as `whole`, history and report with each epoch once, and wrote only its run folder
-    (not Lightning's hpc_ckpt)."""
+    """A SLURM job (a stand-in `scontrol`), `--ckpt_path last`: SIGKILL while writing epoch 1's end
+    `last.ckpt` (epoch 0's stays whole); SIGKILL mid-epoch 1 (timed saves); the requeue signal to
+    the group after the 3rd batch of an accumulation of 2 (it saves after the 4th and requeues; a
+    changed accumulation is refused). It resumes its own run (not a newer one beside it), ends as
+    `whole`, each epoch once in history and report, and wrote only its run folder."""
+    whole = whole_run(colours, tmp_path_factory.mktemp("whole"), OPTIONS)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\n')
     (bin_dir / "scontrol").chmod(0o755)
-    slurm = {
-        **{"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1"},
-        **{"SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_PROCID": "0"},
-        **{"SLURM_NODELIST": "localhost", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"},
-        "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]),
-        "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
-    }
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NODELIST": "localhost"}
+    slurm |= dict.fromkeys(["SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NUM_NODES"], "1")
+    slurm |= dict.fromkeys(["SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"], "0")
+    slurm |= {"PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}
+    slurm |= {"SCONTROL_LOG": str(tmp_path / "scontrol.log")}
     job, own = [*OPTIONS, "--ckpt_path", "last"], tmp_path / "lightning_logs/slurm_4242"
     kill_saving = ["--trainer.callbacks+=test_mid_epoch.KillWhileSaving"]
     first = fit(colours, tmp_path, *job, *kill_saving, env=slurm)
@@ -305,18 +280,17 @@ def test_a_slurm_job_killed_twice_then_requeued_resumes_its_own_run_exactly(
 
 
 def test_under_ddp_a_ctrl_c_a_sigkill_and_a_group_sigterm_resume_exactly(
-    colours: Path, whole_ddp: Path, tmp_path: Path
+    colours: Path, tmp_path_factory, tmp_path: Path
 ) -> None:
-    """Each rank trains a disjoint half of the images every epoch, in a new order each epoch.
-    Ctrl-C to rank 1 alone in epoch 0: both ranks save once and end within 30 s (exit 130).
-    Resumed, SIGKILL (the OOM killer's) to rank zero, the command's process, in epoch 1: rank 1
-    and every loader worker and fork server end within 30 s. Resumed, SIGTERM to every process of
-    the group (both ranks, their workers) in epoch 1. Resumed again, it ends as `whole_ddp`."""
+    """Each rank trains a disjoint half of the images, in a new order each epoch. Ctrl-C to rank 1
+    alone in epoch 0: both ranks save once and end within 30 s; SIGKILL to rank zero in epoch 1:
+    rank 1 and every loader worker end within 30 s; SIGTERM to the whole group in epoch 1. Resumed
+    after each, it ends as the uninterrupted run."""
+    whole_ddp = whole_run(colours, tmp_path_factory.mktemp("whole_ddp"), DDP_OPTIONS)
     shares = [recorded(whole_ddp, rank) for rank in (0, 1)]
-    for epoch in range(2):
-        first, second = (share[epoch] for share in shares)
+    for first, second in zip(shares[0].values(), shares[1].values(), strict=True):
         assert len(first) == len(second) and not set(first) & set(second)
-    assert shares[0][0] != shares[0][1]
+    assert len(shares[0]) == 2 and shares[0][0] != shares[0][1]
     stops = [{"TERM_SIGNAL": "SIGINT", "TERM_RANK": "1", "TERM_EPOCH": "0"}]
     stops += [{"TERM_SIGNAL": "SIGKILL"}, {"TERM_GROUP": "1"}]
     ctrl_c, killed, group = stopped_and_resumed(
