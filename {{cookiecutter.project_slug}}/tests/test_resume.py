@@ -49,12 +49,9 @@ def test_last_checkpoint_is_written_during_epochs_as_time_passes(
     assert not list(tmp_path.glob(".*partial"))  # each written whole, then renamed
 
 
-class FailAfter(L.Callback):
-    def __init__(self, epoch: int, batches: int) -> None:
-        self.at = (epoch, batches - 1)
-
+class FailAfterBatch3OfEpoch1(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, module, outputs, batch, index: int) -> None:
-        if (trainer.current_epoch, index) == self.at:
+        if (trainer.current_epoch, index) == (1, 2):
             raise RuntimeError("a fault of the run's own")
 
 
@@ -65,7 +62,7 @@ def test_a_fault_inside_a_gradient_accumulation_keeps_the_last_file_to_resume(
     the epoch-end last.ckpt is kept instead."""
     data = ImageDataModule(ClassFolders(image_root), image_size=16, batch_size=4, num_workers=0)
     options = dict(max_epochs=2, accumulate_grad_batches=2, enable_checkpointing=True)
-    callbacks = [LastCheckpoint(every_minutes=0), FailAfter(epoch=1, batches=3)]
+    callbacks = [LastCheckpoint(every_minutes=0), FailAfterBatch3OfEpoch1()]
     trainer = quiet_trainer(tmp_path, **options, callbacks=callbacks)
     with pytest.raises(RuntimeError, match="own"):
         trainer.fit(ImageClassifier(list(CLASSES), image_size=16), data)
