@@ -120,7 +120,8 @@ def fit(train: Path, val: Path, options: list[str], folder: Path, epochs: int, s
     command = [
         sys.executable, "-m", PACKAGE, "fit", *preset,
         "--data.source.root", str(train), "--data.source.val_root", str(val),
-        "--data.seed", str(seed), "--data.augment.hflip", "false",  # a mirrored digit is not one
+        # a mirrored digit is not one: no flips in training, nor in validation (tta_flip)
+        "--data.seed", str(seed), "--data.augment.hflip", "false", "--model.tta_flip", "false",
         "--seed_everything", str(seed), "--trainer.max_epochs", str(epochs),
         # validated once, at the end: what is scored, and most of the time otherwise
         "--trainer.check_val_every_n_epoch", str(epochs), "--trainer.enable_progress_bar", "false",
