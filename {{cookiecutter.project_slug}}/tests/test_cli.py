@@ -1,6 +1,5 @@
-"""The real command line: `fit` printing plain progress lines where its output is no terminal,
-no warnings from `fit` and `predict` in processes of their own, the commands and errors a user
-meets."""
+"""The real command line: plain progress lines where stdout is no terminal, no warnings, the
+commands and errors a user meets."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def run_to_file(*args: str, cwd: Path) -> tuple[int, str, str]:
 
 
 def tiny_fit(folder: Path) -> list[str]:
-    """Two epochs of 12 steps (batches of 2; over Lightning's logging interval, which warns
-    below it) with the bake's logger and a progress line every step."""
+    """Two epochs of 12 steps (over Lightning's logging interval, which warns below it)."""
     write_classes(folder / "images", count=10)
     options = [*tiny_run_options(folder / "images", batch_size=2), "--trainer.max_epochs", "2"]
     return ["fit", *options, "--progress.every_n_steps", "1"]
@@ -66,8 +64,7 @@ def test_fit_prints_progress_lines_then_validate_runs_from_the_best_checkpoint(
     assert (best.parent / "last.ckpt").is_file()
     # As the README shows it: the checkpoint brings the data options (root, size, split)
     validate = run_main("validate", "--ckpt_path", str(best), cwd=tmp_path)
-    assert validate.returncode == 0, validate.stderr
-    assert "val_acc" in validate.stdout
+    assert validate.returncode == 0 and "val_acc" in validate.stdout, validate.stderr
     assert re.search(r"^bee\s+\d+\s+\d+", validate.stdout, re.MULTILINE)  # our classes
     assert not (user_cache / "demo").exists()
 
@@ -102,8 +99,7 @@ def test_fast_dev_run_and_checkpointing_turned_off(image_root: Path, tmp_path: P
     assert result.returncode == 0, result.stderr
     off = ["--trainer.max_epochs", "1", "--trainer.enable_checkpointing", "false", *CSV_LOGGER]
     result = run_main(*fit, *off, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert list(tmp_path.rglob("*.ckpt")) == []
+    assert result.returncode == 0 and list(tmp_path.rglob("*.ckpt")) == [], result.stderr
     assert (tmp_path / "lightning_logs" / "version_0").is_dir()  # still logged
 
 
@@ -152,9 +148,13 @@ def test_help_lists_every_command_which_has_its_own_help(tmp_path: Path, run_mai
         assert result.returncode == 0 and option in result.stdout, (command, result.stderr)
 
 
-def test_an_unknown_command_or_a_missing_data_root_is_one_error_line(tmp_path: Path, run_main):
+def test_an_unknown_command_or_option_or_a_missing_root_is_one_error_line(tmp_path, run_main):
     unknown = run_main("trian", cwd=tmp_path)
     assert "unknown command 'trian'" in one_error(unknown.returncode, unknown.stderr)
     assert "  fit " in unknown.stderr
+    typo = run_main("validate", "--model.lrr", "3", cwd=tmp_path)  # one usage line, not 120
+    assert "--model.lrr 3" in one_error(typo.returncode, typo.stderr)
+    usage, _, _ = typo.stderr.splitlines()  # the usage, the --help tip, the error
+    assert usage == f"usage: python -m {main.__module__[:-9]} validate [options]", typo.stderr
     fit = run_main("fit", "--data.source.root", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert "nowhere does not exist" in one_error(fit.returncode, fit.stderr)

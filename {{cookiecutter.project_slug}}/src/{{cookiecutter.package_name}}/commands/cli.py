@@ -71,6 +71,11 @@ TRACKING_URI = "sqlite:///mlruns.db"  # MLflow's store when MLFLOW_TRACKING_URI 
 {%- endif %}
 
 
+class ShortUsage(LightningArgumentParser):
+    def format_usage(self) -> str:  # an error's usage: one line, not every option (as `--help`)
+        return f"usage: {self.prog.replace(' [options]', '')} [options]\n"
+
+
 class ImageCLI(LightningCLI):
     """LightningCLI with the data-dependent model arguments linked from the DataModule."""
 
@@ -80,8 +85,7 @@ class ImageCLI(LightningCLI):
     named: str | None = None  # the command's first word: `fit`, ... (or an option)
 
     def subcommands(self) -> dict[str, set[str]]:
-        """Lightning's four, or only the one the command names: each parser takes about 0.15 s of
-        CPU to build, in every command and DDP process (`main`: 0.25 -> 0.11 s to parse)."""
+        """Lightning's four, or only the one the command names: each parser is CPU to build."""
         every = LightningCLI.subcommands()
         return {self.named: every[self.named]} if self.named in every else every
 
@@ -146,8 +150,7 @@ class ImageCLI(LightningCLI):
 {%- endif %}
 
     def instantiate_trainer(self, **kwargs):
-        """As LightningCLI's, with `console.callbacks` and resuming's, and without the checkpoint
-        callbacks under `enable_checkpointing false` (Lightning refuses them there)."""
+        """LightningCLI's, ours, and no checkpoint callback under `enable_checkpointing false`."""
         config = {**self.config_init[self.subcommand].trainer, **kwargs}
         # The parser-level callbacks (`--checkpoint.*`, ...), in the order they were added.
         callbacks = [
@@ -214,8 +217,7 @@ class ImageCLI(LightningCLI):
 
 
 def _follow_pretrained_inputs(config, typed) -> None:
-    """With `--model.pretrained` or `--model.weights`: the image size and normalisation of the
-    model's published weights, where not given."""
+    """The published weights' image size and normalisation, where not given."""
     given_by = next((name for name in ("pretrained", "weights") if config.model.get(name)), None)
     if given_by is None:
         return
@@ -233,9 +235,8 @@ def _follow_pretrained_inputs(config, typed) -> None:
 
 
 def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
-    """The options given on the command line or in config files, without defaults (what a resume
-    must not replace with the checkpoint's). Where that parse fails (a logger class given without
-    an argument it requires): the options whose values differ from their defaults."""
+    """The options given (command line, config files), which a resume keeps; where that parse
+    fails (a logger class without an argument it requires), those that differ from defaults."""
     exit_on_error, parser.exit_on_error = parser.exit_on_error, False
     try:
         try:
@@ -256,8 +257,7 @@ def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
 
 
 def _run_last(config, subcommand: str) -> str | None:
-    """`--ckpt_path last`: this run's `last.ckpt` (`--run` or `--checkpoint.dirpath`), never
-    another run's; for `fit`, None when the run has none yet (a SLURM job's first start)."""
+    """`--ckpt_path last`: this run's own `last.ckpt`; for `fit`, None until it has one."""
     folder = run_checkpoints(config)
     last, run, fit = folder and folder / "last.ckpt", config.run or folder, subcommand == "fit"
     found = str(last) if last and last.is_file() else None
@@ -294,8 +294,7 @@ def _saved_data_options(config, typed, checkpoint: dict, subcommand: str) -> dic
 
 
 def _saved_source(current, given, saved: dict) -> Namespace:
-    """The checkpoint's source with the options given now (`given`, of the `current` source); a
-    source of another kind, given with options of its own, is kept as given."""
+    """The checkpoint's source with the options given now; another kind given is kept as given."""
     current = current.as_dict() if isinstance(current, Namespace) else dict(current)
     given_args = given.get("init_args") if isinstance(given, Namespace) else None
     names = given_args.keys() if isinstance(given_args, Namespace) else ()
@@ -308,8 +307,7 @@ def _saved_source(current, given, saved: dict) -> Namespace:
 
 
 def _check_resumed_classes(config, typed, checkpoint: dict) -> None:
-    """Refuse to resume `fit` on data without the checkpoint's classes, before anything else is
-    printed, with the data options the resumed run will have."""
+    """Refuse to resume `fit` on data without the checkpoint's classes, before anything else."""
     saved = _saved_data_options(config, typed, checkpoint, "fit")
     options = {**config.data.as_dict(), **saved}
     source = source_from_config(options.pop("source"))
@@ -365,6 +363,8 @@ def main(args: list[str] | None = None) -> None:
             },
             save_config_kwargs={"overwrite": True},
             trainer_class=RunTrainer,
+            parser_class=ShortUsage,
+            parser_kwargs={"prog": "python -m {{ cookiecutter.package_name }}"},
 {%- if cookiecutter.logger == "mlflow" %}
             save_config_callback=SaveConfigToMLflow,
 {%- endif %}
