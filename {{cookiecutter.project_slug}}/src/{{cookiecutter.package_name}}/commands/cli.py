@@ -85,7 +85,7 @@ class ImageCLI(LightningCLI):
     named: str | None = None  # the command's first word: `fit`, ... (or an option)
 
     def subcommands(self) -> dict[str, set[str]]:
-        """Lightning's four, or only the one the command names: each parser is CPU to build."""
+        """Lightning's four, or only the one the command names: each parser costs CPU to build."""
         every = LightningCLI.subcommands()
         return {self.named: every[self.named]} if self.named in every else every
 
@@ -150,7 +150,7 @@ class ImageCLI(LightningCLI):
 {%- endif %}
 
     def instantiate_trainer(self, **kwargs):
-        """LightningCLI's, ours, and no checkpoint callback under `enable_checkpointing false`."""
+        """LightningCLI's callbacks and ours; no checkpoint one if `enable_checkpointing false`."""
         config = {**self.config_init[self.subcommand].trainer, **kwargs}
         # The parser-level callbacks (`--checkpoint.*`, ...), in the order they were added.
         callbacks = [
