@@ -23,5 +23,5 @@ for set in photos-500x375 smooth-500x375 photos-2000x1500; do
     PYTHONPATH=src "$PYTHON" -m bench_proj bench \
         --data.source.root "$OUT/$set" --data.image_size 224 --data.batch_size 32 \
         --data.source.val_fraction 0.2 --data.source.cache memmap --data.cache_dir "$OUT/cache" \
-        --workers "$WORKERS" --epochs 3 --json "$OUT/$set.json"
+        --workers "$WORKERS" --epochs 3 | tee "$OUT/$set.txt"
 done

@@ -28,4 +28,4 @@ du -sh "$SET" "$OUT/shards" "$OUT/shards-256"
 PYTHONPATH=src "$PYTHON" -m bench_proj bench \
     --data.source.root "$SET" --shards "$OUT/shards" --data.image_size 224 --data.batch_size 32 \
     --data.source.val_fraction 0.2 --data.source.cache memmap --data.cache_dir "$OUT/cache" \
-    --workers "$WORKERS" --epochs 3 --max_images null --json "$OUT/stream.json"  # shards: all
+    --workers "$WORKERS" --epochs 3 --max_images null | tee "$OUT/stream.txt"  # shards: all

@@ -106,13 +106,11 @@ def test_bench_times_the_shards_beside_the_folder(
     colours: Path, shards: Path, tmp_path: Path, run_main
 ) -> None:
     options = ["--shards", shards, "--data.image_size", "16", "--data.batch_size", "4"]
-    options += ["--workers", "[1]", "--epochs", "1", "--json", "bench.json"]
+    options += ["--workers", "[1]", "--epochs", "1"]
     timed = run_main("bench", "--data.source.root", colours, *options, cwd=tmp_path)
     assert timed.returncode == 0, timed.stderr[-3000:]
-    results = json.loads((tmp_path / "bench.json").read_text())
-    assert [r["pipeline"] for r in results] == ["naive", "decode", "stream"]
-    assert all(r["images_per_s"] > 0 for r in results)
-    assert "| stream " in timed.stdout
+    rows = re.findall(r"^\| (\w+) +\| +1 \| +\d+ \|", timed.stdout, re.MULTILINE)
+    assert rows == ["naive", "decode", "stream"], timed.stdout
 
 
 @pytest.fixture(scope="module")

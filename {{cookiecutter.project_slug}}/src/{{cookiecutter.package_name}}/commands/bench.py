@@ -5,14 +5,13 @@ Times the training loader on your files against the naive tutorial pipeline in t
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from jsonargparse import ArgumentParser
+from jsonargparse.typing import PositiveInt
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
@@ -20,11 +19,8 @@ from torchvision import transforms
 from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
-from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.training.outputs import check_output, holds
 
 PROG = "python -m {{ cookiecutter.package_name }} bench"
-MARK = b'[\n  {\n    "pipeline": "naive",\n    "num_workers": '  # how `--json` starts
 TABLE = "| loader  | workers | images/s | vs naive |\n|---------|---------|----------|----------|"
 
 
@@ -45,7 +41,7 @@ class NaiveDataset(Dataset):
 
 
 def images_per_s(loader: DataLoader, epochs: int, device: torch.device, module=None):
-    """Images/s of model-ready batches over epochs 2..`epochs` (1 if alone), and images an epoch."""
+    """Images/s of model-ready batches over epochs 2..`epochs` (1 if alone)."""
     for epoch in range(epochs):
         if epoch < 2:
             count, start = 0, time.perf_counter()
@@ -54,12 +50,12 @@ def images_per_s(loader: DataLoader, epochs: int, device: torch.device, module=N
             count += len(module.on_after_batch_transfer(batch, 0)[0] if module else batch[0])
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    return count / (time.perf_counter() - start), count // max(1, epochs - 1)
+    return count / (time.perf_counter() - start)
 
 
-def run(cfg) -> list[dict]:
-    """Times and prints the naive baseline, the loader without the cache and with the pixel
-    cache if configured{{ ", and `--shards` (all of them)" if cookiecutter.shards == "yes" else "" }}, on `--max_images` training images."""
+def run(cfg) -> dict[tuple[str, int], float]:
+    """Images/s by (loader, workers), printed, on `--max_images` training images: the naive
+    baseline, the loader without the cache, with the pixel cache if configured{{ ", `--shards` (all)" if cookiecutter.shards == "yes" else "" }}."""
     data, epochs, device = cfg.data.as_dict(), max(1, cfg.epochs), torch.device(cfg.device)
     source = source_from_config(data["source"], files_for="bench")
     config = source.config()
@@ -89,18 +85,17 @@ def run(cfg) -> list[dict]:
         f"device {device}, {cpus} usable CPUs; images/s over epochs 2..{epochs} (1: warm-up)"
     )
     workers = cfg.workers or sorted({cpus, *(2**i for i in range(cpus.bit_length()))})
-    results, started = [], time.perf_counter()
+    rates, started = {}, time.perf_counter()
     for n in workers:
         for name in ("naive", *modules):
             if module := modules.get(name):
                 module.num_workers = n
-                rate, images = images_per_s(module.train_dataloader(), epochs, device, module)
+                rate = images_per_s(module.train_dataloader(), epochs, device, module)
             else:
                 loader = DataLoader(naive, batch, True, num_workers=n, drop_last=len(naive) > batch)
-                rate, images = images_per_s(loader, epochs, device)
-                baseline = rate
-            results.append(dict(pipeline=name, num_workers=n, images_per_s=rate, images=images))
-            if len(results) == 1:
+                rate = images_per_s(loader, epochs, device)
+            rates[name, n] = rate
+            if len(rates) == 1:
                 runs, took = len(workers) * (1 + len(modules)), time.perf_counter() - started
                 print(
                     f"bench: {len(naive)} of {total} training images (--max_images {cap}), {runs} "
@@ -108,14 +103,15 @@ def run(cfg) -> list[dict]:
                     file=sys.stderr,
                 )
                 print(TABLE)
-            print(f"| {name:7s} | {n:7d} | {rate:8.0f} | {rate / baseline:7.2f}x |", flush=True)
-    return results
+            ratio = rate / rates["naive", n]
+            print(f"| {name:7s} | {n:7d} | {rate:8.0f} | {ratio:7.2f}x |", flush=True)
+    return rates
 
 
-def recommend(results: list[dict], pipeline: str) -> int:
-    """The fewest workers within 5% of the best throughput of `pipeline`."""
-    rates = {r["num_workers"]: r["images_per_s"] for r in results if r["pipeline"] == pipeline}
-    return min(n for n, rate in rates.items() if rate >= 0.95 * max(rates.values()))
+def recommend(rates: dict[tuple[str, int], float], loader: str) -> int:
+    """The fewest workers within 5% of the best throughput of `loader`."""
+    mine = {n: rate for (name, n), rate in rates.items() if name == loader}
+    return min(n for n, rate in mine.items() if rate >= 0.95 * max(mine.values()))
 
 
 def main(args: list[str] | None = None) -> None:
@@ -126,26 +122,9 @@ def main(args: list[str] | None = None) -> None:
 {%- endif %}
     parser.add_argument("--workers", type=list[int] | None, help="default: 1, 2, 4, ..., the CPUs")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per measurement")
-    parser.add_argument("--max_images", type=int | None, default=2000, help="images; null: all")
+    parser.add_argument("--max_images", type=PositiveInt | None, default=2000, help="null: all")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", type=Path | None, help="also write results here")
-    parser.add_argument("--overwrite", type=bool, default=False, help="replace a user's --json")
-    cfg = parser.parse_args(args)
-    if cfg.json is not None:  # refused before the minutes of measuring, not after
-        check_output(
-            cfg.json,
-            "--json",
-            ours=lambda path: holds(path, MARK, within=len(MARK)),
-            what="results that bench wrote",
-            overwrite=cfg.overwrite,
-            way_out="pass --overwrite true",
-            inputs=source_from_config(cfg.data.source).inputs(),
-        )
-    if cfg.max_images is not None and cfg.max_images < 1:
-        raise DataError(f"--max_images must be at least 1 (null: all), got {cfg.max_images}")
-    results = run(cfg)  # a DataError: one `error:` line and exit 2, from __main__
-    pipeline = "memmap" if "memmap" in {r["pipeline"] for r in results} else "decode"
-    best = recommend(results, pipeline)
-    print(f"\nrecommended: --data.num_workers {best} (fewest within 5% of the best {pipeline})")
-    if cfg.json is not None:
-        cfg.json.write_text(json.dumps(results, indent=2))
+    rates = run(parser.parse_args(args))  # a DataError: one `error:` line and exit 2, from __main__
+    loader = "memmap" if any(name == "memmap" for name, _ in rates) else "decode"
+    best = recommend(rates, loader)
+    print(f"\nrecommended: --data.num_workers {best} (fewest within 5% of the best {loader})")
