@@ -56,8 +56,7 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
     assert timm.is_model(architecture)
     hub_cache(hub_home(tmp_path, monkeypatch, offline=True), architecture)
     argv = shlex.split(readme_finetune_command().replace("path/to/images", str(image_root)))
-    mixed_epochs = []
-    mix = BatchMixer.__call__
+    mixed_epochs, mix = [], BatchMixer.__call__
 
     def counted(mixer: BatchMixer, images, targets, key: tuple[int, ...]) -> tuple:
         mixed_epochs.append(key[1])  # (seed, epoch, batch, rank)

@@ -25,7 +25,7 @@ from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.model.reports import per_class_table, precision_recall
 
-PNGS = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_predictions.png")
+PNGS = ("learning_curves.png", "data_wait.png", "wrong_predictions.png")
 
 
 def page(run_dir: Path) -> str:
@@ -94,6 +94,7 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     accuracy = history["epochs"][-1]["val_acc"]
     assert accuracy == pytest.approx(np.trace(matrix) / 15, abs=1e-6) and 0 < accuracy < 1
     precision, recall = precision_recall(matrix)
+    assert [row[1:] for row in table(run_dir, "confusion")] == matrix.astype(str).tolist()
     rows = table(run_dir, "per-class")
     assert [row[0] for row in rows] == list(CLASSES)
     for i, row in enumerate(rows):
@@ -163,7 +164,7 @@ def test_report_refuses_in_one_line_and_keeps_a_users_files(tmp_path: Path, run_
     done = run_main("report", run, "--overwrite", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     text = page(run)
-    assert text.startswith("<!DOCTYPE html>") and (run / "confusion_matrix.png").is_file()
+    assert text.startswith("<!DOCTYPE html>") and table(run, "confusion")[1][1:] == ["0", "7", "1"]
     assert "waited more than 20%" in text and "Raise --data.num_workers from 0 to 3" in text
     assert f"<td>{run / 'moved.jpg'}</td>" in text and (run / "wrong_predictions.png").is_file()
     done = run_main("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite

@@ -13,10 +13,9 @@ from mlflow import MlflowClient
 
 from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
-from {{ cookiecutter.package_name }}.model.reports import save_confusion_png
 
 MODEL_ARTIFACT = "model"  # the run's artifact folder holding model.pt2 and model.json
-CONFUSION_ARTIFACT = "confusion_matrix.png"
+CONFUSION_ARTIFACT = "confusion_matrix.json"  # {"class_names": [...], "confusion": rows}
 REGISTERED_MODEL = "{{ cookiecutter.project_slug }}"  # its name in the model registry
 
 
@@ -46,9 +45,8 @@ def log_fit_outputs(trainer: L.Trainer, model: ImageClassifier) -> None:
     best = checkpoint.best_model_path if checkpoint is not None else ""
     with tempfile.TemporaryDirectory() as folder:
         if model.confusion is not None:
-            png = Path(folder, CONFUSION_ARTIFACT)
-            save_confusion_png(model.confusion, model.class_names, png)
-            client.log_artifact(run_id, str(png))
+            confusion = {"class_names": model.class_names, "confusion": model.confusion.tolist()}
+            client.log_dict(run_id, confusion, CONFUSION_ARTIFACT)
         if not best:  # no validation, or checkpointing off: nothing to export
             return
         exported = Path(folder, MODEL_ARTIFACT)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -27,7 +26,7 @@ from {{ cookiecutter.package_name }}.model.optim import (
     lr_schedule,
     param_groups,
 )
-from {{ cookiecutter.package_name }}.model.reports import per_class_table, save_confusion_png
+from {{ cookiecutter.package_name }}.model.reports import per_class_table
 
 
 class ImageClassifier(L.LightningModule):
@@ -193,16 +192,9 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.state.fn == TrainerFn.VALIDATING and self.trainer.is_global_zero:
             print(per_class_table(matrix, self.class_names))
 
-    def on_fit_end(self) -> None:  # the last validation's per-class table and confusion PNG
-        if self.confusion is None:
-            return
-        # `trainer.log_dir` broadcasts from rank zero under DDP: every rank must ask for it.
-        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
-        if not self.trainer.is_global_zero:
-            return
-        print(per_class_table(self.confusion, self.class_names))
-        path = save_confusion_png(self.confusion, self.class_names, folder / "confusion_matrix.png")
-        print(f"confusion matrix: {path}")
+    def on_fit_end(self) -> None:  # the last validation's per-class table
+        if self.confusion is not None and self.trainer.is_global_zero:
+            print(per_class_table(self.confusion, self.class_names))
 
     def on_train_start(self) -> None:
         # Lightning 2.6 skips `on_train_epoch_start` in an epoch resumed part-way through.

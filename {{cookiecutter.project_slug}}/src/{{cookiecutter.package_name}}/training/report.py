@@ -14,12 +14,12 @@ from PIL import Image, ImageDraw, ImageFont
 
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.model.reports import precision_recall, save_confusion_png
+from {{ cookiecutter.package_name }}.model.reports import precision_recall
 from {{ cookiecutter.package_name }}.training.monitor import starvation_advice
 from {{ cookiecutter.package_name }}.training.outputs import check_output, holds
 
 HISTORY_FILE = "history.json"  # written by training/history.py, RunHistory
-PICTURES = ("learning_curves.png", "data_wait.png", "confusion_matrix.png", "wrong_predictions.png")
+PICTURES = ("learning_curves.png", "data_wait.png", "wrong_predictions.png")
 # In the page's head: how a report.html already in the run folder is known as this project's.
 GENERATOR = '<meta name="generator" content="{{ cookiecutter.package_name }} report">'
 THUMBNAIL = 96  # pixels, the long side of each image in the grid of mistakes
@@ -86,7 +86,9 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
             for i, name in enumerate(names)
         ]
         body += [f"<h2>Validation, epoch {validation['epoch']}</h2>"]
-        body += [_image(save_confusion_png(matrix, names, folder / "confusion_matrix.png"))]
+        header = " ".join(["true/predicted", *map(str, range(len(names)))])
+        confusion = [[f"{i} {names[i]}", *row] for i, row in enumerate(matrix.tolist())]
+        body += [_table("confusion", header, confusion)]
         body += [_table("per-class", "class images predicted precision recall", rows)]
         body += ["<h2>Most confident mistakes</h2>", _mistakes(validation["wrong"], names, folder)]
     title = f"Run report: {html.escape(str(folder.resolve()))}"
