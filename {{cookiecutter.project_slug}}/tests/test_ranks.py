@@ -93,7 +93,7 @@ def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Pat
     folders = ImageDataModule(ClassFolders(image_root), image_size=16, num_workers=0)
     folders.setup("fit")
     datasets = {"train": folders.train_dataset, "val": folders.val_dataset}
-    write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1, False)
+    write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1)
     streamed = ImageDataModule(Shards(str(tmp_path / "shards")), image_size=16, num_workers=0)
     streamed.setup("fit")
     train, val = streamed.train_dataset, streamed.val_dataset

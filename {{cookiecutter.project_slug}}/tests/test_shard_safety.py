@@ -1,5 +1,5 @@
 """`shard` and the user's files: never an output among its images, never a file it did not write
-removed (`--overwrite` or not), a failed run's leftovers known as its own (S3: test_shards)."""
+replaced or removed, a failed run's leftovers known as its own (S3: test_shards)."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ def test_an_output_among_the_images_is_refused_and_leaves_them_in_place(
     assert len(before) == 24
     data = ["--data.source.root", "D/train", "--data.source.val_root", "D/val"]
     short = ["--data.root", "D/train", "--data.val_root", "D/val"]  # as short as a user types it
-    for output, overwrite, said in (
-        ("D", [], "--output D contains --data.source.root D/train"),
+    for output, options, said in (
+        ("D", data, "--output D contains --data.source.root D/train"),
         ("D", short, "--output D contains --data.source.root D/train"),
-        ("D/train", ["--overwrite", "true"], "--output D/train is --data.source.root D/train"),
-        ("D/val/shards", ["--overwrite", "true"], "lies inside --data.source.val_root D/val"),
+        ("D/train", data, "--output D/train is --data.source.root D/train"),
+        ("D/val/shards", data, "lies inside --data.source.val_root D/val"),
     ):
-        run = run_main("shard", *data, "--output", output, *overwrite, cwd=tmp_path)
+        run = run_main("shard", *options, "--output", output, cwd=tmp_path)
         error = one_error(run.returncode, run.stderr)
         assert said in error and "choose an output folder outside the data" in error, error
     assert files(train_and_val) == before  # every image, and nothing added
@@ -82,9 +82,9 @@ def test_every_input_option_is_checked_against_the_output(tmp_path: Path) -> Non
 def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     train_and_val: Path, tmp_path: Path, run_main
 ) -> None:
-    """A user's file in the output: refused, then written beside under `--overwrite`. There, an
-    unreadable validation image stops `--resize` half-way (`python -m`), the training shards
-    written: one error names it, `fit` refuses the shards, the next run replaces them."""
+    """A user's file in the output: refused. An unreadable validation image stops `--resize`
+    half-way (`python -m`), the training shards written: one error names it, `fit` refuses the
+    shards, the next run replaces them, but not a user's file put among them."""
     image, out = train_and_val / "val" / "bee" / "1.png", tmp_path / "out"
     good = image.read_bytes()
     image.write_bytes(good[: len(good) // 3])
@@ -93,11 +93,12 @@ def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     data = ["--data.source.root", "D/train", "--data.source.val_root", "D/val", "--resize", "8"]
     refused = run_main("shard", *data, "--output", "out", cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
-    assert "--output out holds files that shard did not write" in error, error
-    assert "--overwrite true" in error and files(out) == {"notes.txt": b"the user's"}
+    assert "--output out holds out/notes.txt, which shard did not write" in error, error
+    assert files(out) == {"notes.txt": b"the user's"}
+    (out / "notes.txt").unlink()
     command = [sys.executable, "-m", PACKAGE, "shard", "--data.num_workers", "1", *data]
     run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 600}
-    failed = subprocess.run([*command, "--output", "out", "--overwrite", "true"], **run)
+    failed = subprocess.run([*command, "--output", "out"], **run)
     error = one_error(failed.returncode, failed.stderr)
     assert "cannot read image D/val/bee/1.png" in error, error
     assert "--data.source.skip_bad_images true" in error, error
@@ -113,11 +114,11 @@ def test_a_failed_run_leaves_only_its_own_files_and_the_next_replaces_them(
     mine = out / "train" / "mine.txt"
     mine.write_text("the user's")
     again = ["shard", *data, "--output", "out"]
-    refused = run_main(*again, "--overwrite", "true", cwd=tmp_path)
+    refused = run_main(*again, cwd=tmp_path)
     error = one_error(refused.returncode, refused.stderr)
-    assert f"holds {Path('out/train/mine.txt')}, which shard did not write" in error, error
+    assert "holds out/train/mine.txt, which shard did not write" in error, error
     assert mine.read_text() == "the user's" and "train/index.json" in files(out)
     mine.unlink()
     done = run_main(*again, cwd=tmp_path)
     assert done.returncode == 0 and "wrote 18 train, 6 val" in done.stdout, done.stderr[-3000:]
-    assert files(out)["notes.txt"] == b"the user's" and shards_own(set(files(out)) - {"notes.txt"})
+    assert shards_own(set(files(out)))

@@ -3,7 +3,6 @@ classes (docs/inference.md). `read_upload`, a FastAPI dependency, reads and deco
 the HTTP process, so that a bad one is answered 4xx there and never joins a batch: LitServe
 0.2.19 fails every request of a batch when `decode_request` raises for one."""
 
-import argparse
 import asyncio
 import functools
 import multiprocessing
@@ -12,10 +11,12 @@ import signal
 import socket
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from jsonargparse import ArgumentParser
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt, restricted_number_type
 from torch import Tensor
 
 from {{ cookiecutter.package_name }}.commands.infer import load_exported, top_classes
@@ -30,7 +31,6 @@ try:
 except ImportError:  # the serve extra: main() says how to install it
     litserve = None
 
-HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # the ones LitServe accepts
 DECODERS = 4  # decodes at a time in an HTTP process, each at most --max_megapixels
 DRAIN = 16  # a body up to this many times --max_upload_mb is read to its end before the 413
 MAX_FORM_PARTS = 64  # a form's parts looked at for its file
@@ -93,7 +93,7 @@ def _form_file(content_type: str, body: bytearray) -> tuple[bytes, str]:
     raise _refuse(400, "the form has no file: send the image as a file, as curl -F file=@x.jpg")
 
 
-def _pixels(body: bytearray, form_type: str | None, options: argparse.Namespace) -> np.ndarray:
+def _pixels(body: bytearray, form_type: str | None, options) -> np.ndarray:
     data, name = _form_file(form_type, body) if form_type else (body, "the request body")
     try:
         width, height, _ = image_header(data, name)
@@ -183,30 +183,28 @@ def main(args: list[str] | None = None) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} serve",
         description="Serve a model written by export over HTTP: POST /predict an image.",
     )
-    add = parser.add_argument
-    add("--model", required=True, metavar="FILE", help="model.pt2 or model.onnx")
-    add("--host", choices=HOSTS, default=HOSTS[0], help="0.0.0.0: all interfaces")
-    add("--port", type=_number(int, 1024, 65535), default=8000, help="1024-65535 (8000)")
-    add("--max_batch_size", type=_number(int, 1), default=32, help="images per batch (32)")
-    add("--batch_timeout", type=_number(float, 0), default=0.01, help="seconds (0.01)")
-    add("--max_upload_mb", type=_number(float, 0.001), default=20, help="largest upload (20)")
-    add("--max_megapixels", type=_number(float, 0.001), default=50, help="largest image (50)")
-    add("--upload_timeout", type=_number(float, 0.1), default=60, help="seconds an upload (60)")
-    add("--accelerator", choices=("auto", "cpu", "cuda"), default="auto")
-    add("--log_level", choices=("debug", "info", "warning", "error"), default="info")
+    add, port = (
+        parser.add_argument,
+        restricted_number_type("Port", int, [(">=", 1024), ("<=", 65535)]),
+    )
+    add("--model", required=True, help="model.pt2 or model.onnx")
+    add(
+        "--host",
+        type=Literal["127.0.0.1", "0.0.0.0", "::"],
+        default="127.0.0.1",
+        help="0.0.0.0: all interfaces",
+    )
+    add("--port", type=port, default=8000, help="1024-65535")
+    add("--max_batch_size", type=PositiveInt, default=32, help="images per batch")
+    add("--batch_timeout", type=NonNegativeFloat, default=0.01, help="seconds")
+    add("--max_upload_mb", type=PositiveFloat, default=20.0, help="largest upload")
+    add("--max_megapixels", type=PositiveFloat, default=50.0, help="largest image")
+    add("--upload_timeout", type=PositiveFloat, default=60.0, help="seconds an upload may take")
+    add("--accelerator", type=Literal["auto", "cpu", "cuda"], default="auto")
+    add("--log_level", type=Literal["debug", "info", "warning", "error"], default="info")
     return parser
-
-
-def _number(kind: type, least: float, most: float = float("inf")):
-    def parse(text: str):
-        if not least <= (value := kind(text)) <= most:
-            raise argparse.ArgumentTypeError(f"must be from {least} to {most}, got {value}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse's "invalid int value"
-    return parse

@@ -1,16 +1,9 @@
-"""Write a dataset as LitData shards, to a folder or S3-compatible storage, for `Shards`.
-
-    python -m {{ cookiecutter.package_name }} shard --data.source.root DIR --output DIR_OR_S3 [--resize N]
-
-takes `fit`'s `--data.*` options and writes each split (train, val, and test and predict where
-given) with `litdata.optimize` to `<output>/<split>`: each image's bytes (or with `--resize N` a
-JPEG of short side N), label and path; `<output>/dataset.json` last, once every split is whole.
-The same images and options again do nothing; others need `--overwrite`. See docs/data.md.
-"""
+"""`shard --data.source.root DIR --output DIR_OR_S3 [--resize N]`: write `fit`'s `--data.*` dataset
+with `litdata.optimize` as shards for `Shards`, each split (train, val, and test and predict where
+given) to `<output>/<split>`, then `dataset.json`; a rerun replaces them (docs/data.md)."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -26,75 +19,56 @@ from PIL import Image, ImageOps
 
 from {{ cookiecutter.package_name }}.commands.scan import _with_config_defaults
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
-from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.images import decode_image
-from {{ cookiecutter.package_name }}.data.shard_output import META, ShardOutput
+from {{ cookiecutter.package_name }}.data.shard_output import MANIFEST, META, ShardOutput
 from {{ cookiecutter.package_name }}.data.sources import require_shards, source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
 
-PROG = "python -m {{ cookiecutter.package_name }} shard"
 CHUNK_BYTES = "64MB"  # LitData's advice for images: large enough for few requests per epoch
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m {{ cookiecutter.package_name }} shard", description=__doc__)
     add_data_arguments(parser)
     parser.add_argument("--output", required=True, help="folder or s3://bucket/prefix to write")
     parser.add_argument("--resize", type=int | None, default=None, help="short side to re-encode")
-    overwrite = "replace shards written there (only files in its manifest), or write beside others'"
-    parser.add_argument("--overwrite", type=bool, default=False, help=overwrite)
     args = sys.argv[1:] if args is None else list(args)
     config = parser.parse_args(_with_config_defaults(parser, args))
     if config.resize is not None and config.resize < 8:
         raise DataError(f"--resize must be at least 8 pixels, got {config.resize}")
-    # before the data is read (or anything written): never among the images, `--overwrite` or not
+    # before the data is read (or anything written): never among the images, never over others'
     source = source_from_config(config.data.source, files_for="shard")
     source.cache = "none"  # shards hold the files' own bytes: no pixel cache to build
     datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
     way_out = "choose an output folder outside the data (shard never writes among its inputs)"
     refuse_overlap(config.output, "--output", datamodule.inputs(), folder=True, way_out=way_out)
-    output = ShardOutput(config.output)  # a folder (not a file) or s3://bucket/prefix
-    require_shards("shard")  # before the data is read: says which extra to install
-    output.claim([], config.overwrite)  # others' files there: refused before the data is read
+    require_shards("shard")  # says which extra to install
+    ShardOutput(config.output).claim()
     datamodule.setup("fit")
     datasets = {"train": datamodule.train_dataset, "val": datamodule.val_dataset}
     given = {"test": source.test_root or source.test_csv, "predict": datamodule.predict_root}
     for split in (split for split, path in given.items() if path is not None):
         datamodule.setup(split)
         datasets[split] = getattr(datamodule, f"{split}_dataset")
-    workers = max(datamodule.resolve_num_workers(), 1)
-    started = time.perf_counter()
-    options = (config.resize, workers, config.overwrite, datamodule.seed)
-    written = write_shards(datasets, datamodule.class_names, config.output, *options)
+    started, workers = time.perf_counter(), datamodule.resolve_num_workers()
+    write_shards(
+        datasets, datamodule.class_names, config.output, config.resize, workers, datamodule.seed
+    )
     counts = ", ".join(f"{len(dataset)} {split}" for split, dataset in datasets.items())
-    if not written:
-        print(f"{config.output}: shards of these images ({counts}) are already there")
-    else:
-        seconds = time.perf_counter() - started
-        print(f"wrote {counts} images as shards to {config.output} in {seconds:.1f} s")
+    seconds = time.perf_counter() - started
+    print(f"wrote {counts} images as shards to {config.output} in {seconds:.1f} s")
     return 0
 
 
-def write_shards(datasets, class_names, output, resize, workers, overwrite, seed=0) -> bool:
-    """Write `datasets` (by split name: `ImageFolderDataset`s) as shards at `output` (resized to
-    `resize` if not None, by `workers`); False if they are already there.
-    Training images in an order shuffled with `seed`: LitData shuffles items only within a few
-    chunks, so images stored class by class would give batches of one class."""
+def write_shards(datasets, class_names, output, resize, workers, seed=0) -> None:
+    """Write `datasets` (by split: `ImageFolderDataset`s) as shards at `output`, replacing those an
+    earlier run wrote there. Training images in an order shuffled with `seed`: LitData shuffles
+    only within a few chunks, so images stored class by class would give batches of one class."""
     output = str(output).rstrip("/")
-    made_of = {"fingerprint": fingerprint(datasets), "resize": resize, "class_names": class_names}
     place = ShardOutput(output)
-    earlier = place.claim(list(datasets), overwrite)  # the files an earlier `shard` wrote here
-    existing = place.read_json(META) if earlier else None
-    if existing is not None and not overwrite:
-        if existing.get("made_of") == made_of:
-            return False
-        raise DataError(
-            f"--output {output} holds shards of other images or options: pass --overwrite true "
-            "to replace them, or choose another --output"
-        )
-    place.remove(earlier)  # also what a killed run left: shards without dataset.json
-    place.start(list(datasets))
+    place.remove(place.claim())  # also what a killed run left: shards without dataset.json
+    place.write_json(MANIFEST, {"shard_manifest": 1, "folders": list(datasets)})
     # LitData stages chunks in $TMPDIR/chunks and $TMPDIR/data and empties both at every start:
     # two jobs on one machine would delete each other's chunks. This job gets folders of its own.
     with tempfile.TemporaryDirectory(prefix="shard-") as staging:
@@ -111,20 +85,7 @@ def write_shards(datasets, class_names, output, resize, workers, overwrite, seed
                 f"{output}/{split}: the shards do not hold all {count} images (interrupted?); "
                 "run `shard` again to rewrite them"
             )
-    meta = {"format": 1, "class_names": class_names, "images": images, "made_of": made_of}
-    place.write_json(META, meta)
-    return True
-
-
-def fingerprint(datasets: dict[str, ImageFolderDataset]) -> str:
-    """Each split's files: relative paths, labels, sizes, times."""
-    digest = hashlib.sha256()
-    for split, data in datasets.items():
-        digest.update(split.encode())
-        for i, name in enumerate(data.paths):
-            label, stat = None if data.targets is None else data.targets[i], os.stat(data.path(i))
-            digest.update(repr((os.fsdecode(name), label, stat.st_size, stat.st_mtime_ns)).encode())
-    return digest.hexdigest()
+    place.write_json(META, {"format": 1, "class_names": class_names, "images": images})
 
 
 def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
@@ -144,11 +105,10 @@ def shard_item(entry: tuple[str, int, str, int | None]) -> dict:
 def _optimize(dataset, url: str, resize: int | None, workers: int, shuffle: bool, seed: int):
     import litdata  # the stream extra: found by `require_shards` before this runs
 
-    count = len(dataset)
+    count, names = len(dataset), dataset.paths
     order = np.random.default_rng(seed).permutation(count) if shuffle else range(count)
     targets = np.full(count, -1) if dataset.targets is None else dataset.targets
-    names = [os.fsdecode(name) for name in dataset.paths]
-    items = [(dataset.path(i), int(targets[i]), names[i], resize) for i in order]
+    items = [(dataset.path(i), int(targets[i]), os.fsdecode(names[i]), resize) for i in order]
     try:
         litdata.optimize(
             fn=shard_item,

@@ -1,5 +1,4 @@
-"""Shards, written once as LitData chunks by `commands/shard.py` (a folder or `s3://...`), streamed
-back; imported once `sources.require_shards` has found LitData (the `stream` extra)."""
+"""Shards that `shard` wrote, streamed back by LitData (imported once `require_shards` found it)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 
 def meta_of(url: str) -> dict:
-    """The `dataset.json` of the shards at `url`, or an error saying how to write them."""
     meta = ShardOutput(url, "--data.source.path").read_json(META)
     if meta is None:
         raise DataError(
@@ -28,9 +26,8 @@ def meta_of(url: str) -> dict:
 
 
 class StreamedImages(litdata.StreamingDataset):
-    """One split, as `ImageFolderDataset` gives it: `(image, label)`, or `(image, index, path)` for
-    `predict`. Under DDP training drops the leftover images (at most a batch per process),
-    evaluation gives them to the last process (each once)."""
+    """One split as `ImageFolderDataset` gives it, `(image, label)` or for `predict` `(image, index,
+    path)`. Under DDP training drops the leftover images, evaluation gives them to the last rank."""
 
     def __init__(self, url: str, transform, min_size: int, train: bool, seed: int, cache) -> None:
         super().__init__(url, shuffle=train, seed=seed, cache_dir=cache[0], max_cache_size=cache[1])
@@ -52,11 +49,7 @@ class StreamedImages(litdata.StreamingDataset):
         return self.image_transform(image), label
 
 
-def streamed(
-    url: str, split: str, transform, min_size: int, cache: tuple[str, str], train: bool, seed: int
-) -> StreamedImages:
-    """`split` of the shards at `url`, with `train` shuffled and decoded fast; DataError without
-    that split."""
+def streamed(url: str, split: str, transform, min_size: int, train: bool, seed: int, cache):
     if split not in meta_of(url)["images"]:  # test or predict: written only where given
         option = {"test": "--data.source.test_root", "predict": "--data.predict_root"}[split]
         instead = "--data.source ClassFolders " * (split == "test") + f"{option} DIR"
@@ -76,9 +69,8 @@ def streamed(
 def streaming_loader(
     dataset: StreamedImages, batch_size: int, workers: int, pin_memory: bool, shard: tuple[int, int]
 ):
-    """LitData's loader, its workers started as `worker_options` says. `shard`: (rank, processes).
-    LitData deals whole batches: they shrink where images are fewer than `processes` batches (a
-    process with none would train nothing or stop Lightning's evaluation loop)."""
+    """LitData's loader for rank `shard[0]` of `shard[1]`. LitData deals whole batches: they shrink
+    where images are fewer than the processes' batches (a rank with none stops Lightning's loop)."""
     rank, processes = shard
     images = sum(end - start for start, end in dataset.region_of_interest)
     if 0 < images < processes:

@@ -277,8 +277,7 @@ class Shards(Source):
         return require_shards().meta_of(self.path)["class_names"]
 
     def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
-        augment = train_transform(data.image_size, data.augment)
-        train = self._split(data, "train", augment, augment.min_source_size(), train=True)
+        train = self._split(data, "train", train_transform(data.image_size, data.augment))
         return train, self._split(data, "val")
 
     def test_dataset(self, data: ImageDataModule) -> Dataset:
@@ -287,11 +286,11 @@ class Shards(Source):
     def predict_dataset(self, data: ImageDataModule) -> Dataset:
         return self._split(data, "predict")
 
-    def _split(self, data, split: str, transform=None, min_size=None, train=False) -> Dataset:
-        transform = transform or eval_transform(data.image_size)
+    def _split(self, data, split: str, augment=None) -> Dataset:  # augmented: training
+        size = augment.min_source_size() if augment else data.image_size
+        options = (augment or eval_transform(data.image_size), size, augment is not None, data.seed)
         cache = (str(data.cache_dir / "stream"), self.cache_limit)
-        size = min_size or data.image_size
-        return require_shards().streamed(self.path, split, transform, size, cache, train, data.seed)
+        return require_shards().streamed(self.path, split, *options, cache)
 
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
         if isinstance(dataset, ImageFolderDataset):  # a `--data.predict_root` folder
