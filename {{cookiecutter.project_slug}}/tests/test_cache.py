@@ -157,8 +157,6 @@ def test_datamodule_builds_the_cache_in_setup_and_reuses_it_for_other_splits(
     assert 0 < len(shared) < len(dataset)  # the second split trains on some first-split val
     for i in shared:  # each item, its own pixels
         assert torch.equal(stored(dataset, i), before[dataset.path(i)])
-    with pytest.raises(DataError, match="--data.source.cache must be 'none' or 'memmap', got 'di"):
-        ImageDataModule(ClassFolders(image_root, cache="disk"))
 
 
 def test_one_process_builds_under_the_lock_and_a_killed_or_failed_build_is_never_used(

@@ -38,9 +38,9 @@ def test_print_config_output_reloads_unchanged(config: Path, tmp_path: Path, cap
     ("short", "full"),
     [
         (
-            ["--data.root", "D/train", "--data.val_root=D/val", "--data.epoch_repeats", "3"],
+            ["--data.root", "D/train", "--data.val_root=D/val", "--data.epoch_images", "9"],
             ["--data.source.root", "D/train", "--data.source.val_root", "D/val",
-             "--data.source.epoch_repeats", "3"],
+             "--data.source.epoch_images", "9"],
         ),
         (
             ["--data.root", "D", "--data.labels_csv", "l.csv", "--data.label_kind", "name"],

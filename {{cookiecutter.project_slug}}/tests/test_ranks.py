@@ -51,12 +51,12 @@ def test_each_of_16_ranks_trains_its_share_in_batches_of_64(size, balanced, per_
 
 
 @pytest.mark.parametrize("balanced", [False, True])
-def test_epoch_repeats_pass_over_each_ranks_share_that_many_times(balanced: bool) -> None:
+def test_passes_per_epoch_go_over_each_ranks_share_that_many_times(balanced: bool) -> None:
     """100 images on 2 ranks, batches of 8, 3 passes an epoch: 150 draws, 18 full batches a rank;
     the plain shuffle's pass r of epoch e is the one-pass order of epoch 3e + r, so each pass holds
     every image once over the ranks, in an order of its own."""
-    with pytest.raises(DataError, match="--data.source.epoch_repeats must be at least 1, got 0"):
-        ClassFolders(epoch_repeats=0)
+    with pytest.raises(DataError, match="--data.source.epoch_images must be at least 1, got 0"):
+        ClassFolders(epoch_images=0)
     options = {"balance_classes": (np.arange(100) % 4, 4, 0)} if balanced else {}
     loaders = training_loaders(100, 2, 8, repeats=3, **options)
     assert [[len(batch) for batch in loader] for loader in loaders] == [[8] * 18] * 2

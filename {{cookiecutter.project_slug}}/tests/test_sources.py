@@ -106,11 +106,3 @@ def test_the_scratch_preset_draws_about_1500_images_per_epoch(
     done = run_main("fit", "--config", PRESET, *options.split(), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert EpochSteps.steps == draws // 32
-
-
-def test_epoch_images_and_epoch_repeats_are_refused_together(tmp_path: Path, run_main) -> None:
-    refused = run_main("fit", "--config", PRESET, "--data.source.epoch_repeats", "3", cwd=tmp_path)
-    assert one_error(refused.returncode, refused.stderr).endswith(
-        "--data.source.epoch_images 1500 and --data.source.epoch_repeats 3 both set the passes "
-        "per epoch: give one of them"
-    )

@@ -1,21 +1,19 @@
 """No command writes inside a dataset or over a file it did not write: caches live in the
-per-user cache folder, a cache or run folder among the images is refused, run folders of the
-working folder are no classes, the skipped-image list is the run's."""
+per-user cache folder, a cache or run folder among the images is refused, the skipped-image
+list is the run's."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CLASSES, CSV_LOGGER, one_error, write_classes, write_corrupt, write_image
+from conftest import CLASSES, CSV_LOGGER, one_error, write_classes, write_corrupt
 from test_cache import folder_dataset
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule, demo
 from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
-from {{ cookiecutter.package_name }}.data.index import find_classes
 from {{ cookiecutter.package_name }}.data.scan import SKIPPED_FILE, drop_unreadable
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -86,28 +84,6 @@ def test_a_run_or_cache_inside_a_dataset_is_refused_before_anything_is_written(
     run = run_main("fit", *TINY, *ONE_EPOCH, *options.split(), cwd=tmp_path / where)
     assert re.match(f"error: {refusal}", one_error(run.returncode, run.stderr))
     assert (snapshot(tmp_path), snapshot(user_cache)) == before
-
-
-def test_run_folder_names_are_classes_except_in_the_working_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A folder named as `fit` writes one is a class, in the working folder only with images."""
-    root = write_classes(tmp_path / "images", count=4)
-    write_image(root / "data" / "2019" / "a.png", (0, 0, 0))  # the user's class "data", nested
-    write_image(root / "mlruns" / "2019" / "a.png", (0, 0, 0))  # the user's class "mlruns"
-    write_image(root / "lightning_logs" / "version_0" / "confusion_matrix.png", (0, 0, 0))
-    write_image(root / "checkpoints" / "x.png", (0, 0, 0))  # images of its own: a class anywhere
-    monkeypatch.chdir(tmp_path)
-    with pytest.warns(UserWarning, match=r"folders lightning_logs, mlruns hold no .* read as"):
-        module = ImageDataModule(ClassFolders(root), num_workers=0)
-        module.setup("fit")
-    names = [*CLASSES, "checkpoints", "data", "lightning_logs", "mlruns"]
-    assert module.class_names == sorted(names)
-    indexed = {os.fsdecode(p) for p in (*module.train_dataset.paths, *module.val_dataset.paths)}
-    assert {os.path.join(name, "2019", "a.png") for name in ("data", "mlruns")} <= indexed
-    monkeypatch.chdir(root)  # the same folder as the working folder: its run folders are no class
-    with pytest.warns(UserWarning, match=r"folders lightning_logs, mlruns hold no .* left out"):
-        assert find_classes(Path(".")) == sorted([*CLASSES, "checkpoints", "data"])
 
 
 @pytest.mark.slow

@@ -7,12 +7,16 @@ import importlib
 import sys
 
 from {{ cookiecutter.package_name }}.commands import COMMANDS, short_spellings
-from {{ cookiecutter.package_name }}.data.in_hand import worker_death_message
 from {{ cookiecutter.package_name }}.errors import DataError
 
 USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]"
 # What gloo says on the other ranks when one rank of a DDP job exits (its socket closed or reset).
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+WORKER_DIED = (
+    "a data loader worker died: list the files that cannot be read with `python -m "
+    "{{ cookiecutter.package_name }} scan` and the same --data options, or train with "
+    "--data.source.skip_bad_images true"
+)
 
 
 def usage() -> str:
@@ -47,10 +51,9 @@ def main(args: list[str] | None = None) -> None:
         print(f"error: {text.strip()}", file=sys.stderr)
         sys.exit(2)
     except RuntimeError as err:
-        if (message := worker_death_message(err)) is not None:
-            # A loader worker killed by a signal (a damaged file?), on a line of its own: PyTorch's
-            # handler in the worker printed a line with no newline.
-            print(f"\nerror: {message}", file=sys.stderr)
+        if "DataLoader worker (pid" in str(err):  # killed by a signal (a decoder crash?) or OOM
+            # On a line of its own: PyTorch's handler in the worker printed one with no newline.
+            print(f"\nerror: {WORKER_DIED}", file=sys.stderr)
             sys.exit(2)
         if any(words in str(err) for words in _PEER_GONE):  # DDP: another process failed first
             print("error: stopped because another process of the job failed", file=sys.stderr)

@@ -13,8 +13,7 @@ from torch.utils.data import DataLoader
 from {{ cookiecutter.package_name }}.data.cache_dirs import cache_folder
 from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers, share_threads
 from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
-from {{ cookiecutter.package_name }}.data.source_base import Source, predict_folder
-from {{ cookiecutter.package_name }}.data.sources import ClassFolders
+from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Source, predict_folder
 from {{ cookiecutter.package_name }}.data.transforms import Augment
 from {{ cookiecutter.package_name }}.errors import DataError
 

@@ -12,7 +12,6 @@ import torch
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.data.images import read_image
-from {{ cookiecutter.package_name }}.data.in_hand import FilesInHand
 from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 
 
@@ -33,7 +32,6 @@ class ImageFolderDataset(Dataset):
         self.root, self.paths, self.targets, self.transform = Path(root), paths, targets, transform
         self.classes, self.min_size = classes or [], min_size
         self.approximate_decode = approximate_decode
-        self.in_hand = FilesInHand()
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -49,13 +47,9 @@ class ImageFolderDataset(Dataset):
         return read_image(self.path(index), self.min_size, self.approximate_decode)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        self.in_hand.enter(self.path(index))
-        try:
-            image = self.read(index)
-            seed_augmentation(index)
-            image = self.transform(image)
-        finally:
-            self.in_hand.leave()
+        image = self.read(index)
+        seed_augmentation(index)
+        image = self.transform(image)
         label = int(index) if self.targets is None else int(self.targets[index])
         return image, label
 
@@ -64,5 +58,4 @@ class ImageFolderDataset(Dataset):
         subset = copy.copy(self)
         subset.paths = self.paths[keep]
         subset.targets = None if self.targets is None else self.targets[keep]
-        subset.in_hand = FilesInHand()  # its own slots: both may be read at once
         return subset

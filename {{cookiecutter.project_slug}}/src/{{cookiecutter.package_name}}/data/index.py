@@ -14,8 +14,6 @@ from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")  # never classes
-# Folders `fit` writes in the working folder: in a root `.`, classes only if they hold images.
-OUTPUT_FOLDERS = ("lightning_logs", "mlruns", "wandb", "checkpoints")
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,9 @@ class FolderLabels:
         folders = find_classes(self.root, self.option)
         if self.role == "training":
             if ignored := sorted(set(folders) - set(class_to_idx)):
-                _warn(
+                from lightning.pytorch.utilities import rank_zero_warn  # here: `infer` has none
+
+                rank_zero_warn(
                     f"--data.class_names leaves out {len(ignored)} class folders of {self.root}, "
                     f"which are not used: {', '.join(ignored)}"
                 )
@@ -63,56 +63,38 @@ class FolderLabels:
         return ImageIndex(self.root, *make_dataset(self.root, class_to_idx, folders))
 
 
-def _warn(message: str) -> None:
-    from lightning.pytorch.utilities import rank_zero_warn  # here: `infer` imports no Lightning
-
-    rank_zero_warn(message)
-
-
 def _is_data_folder(name: str) -> bool:
     return not name.startswith(".") and name not in _JUNK_FOLDERS
 
 
 def find_classes(root: Path, option: str = "data.source.root") -> list[str]:
-    """Sorted class folders under `root`, without hidden and junk ones, nor (in the working folder)
-    `OUTPUT_FOLDERS` without images of their own."""
+    """Sorted class folders under `root`, without hidden and junk ones."""
     check_dir(root, option)
     with os.scandir(root) as entries:
-        folders = sorted(e.name for e in entries if e.is_dir() and _is_data_folder(e.name))
-    walk = lambda name: next(os.walk(root / name), ((), (), []))[2]  # noqa: E731 (unreadable: [])
-    runs = [n for n in folders if n in OUTPUT_FOLDERS and not any(map(_is_image, walk(n)))]
-    here = root.resolve() == Path.cwd().resolve()
-    if runs:
-        how = "left out: this is the working folder, where `fit` writes them"
-        how = how if here else "read as classes: `fit` writes run folders in the working folder"
-        _warn(f"--{option} {root}: folders {', '.join(runs)} hold no images of their own; {how}")
-    classes = [name for name in folders if not (here and name in runs)]
-    if not classes:
-        raise DataError(f"--{option} {root} has no class folders: expected {root}/<class>/<image>")
-    return classes
+        if classes := sorted(e.name for e in entries if e.is_dir() and _is_data_folder(e.name)):
+            return classes
+    raise DataError(f"--{option} {root} has no class folders: expected {root}/<class>/<image>")
 
 
 def _is_image(name: str) -> bool:
     return name[0] != "." and name.lower().endswith(IMG_EXTENSIONS)
 
 
-def list_images(folder: Path) -> list[str]:
-    """Paths of the image files below `folder` (nested folders included), relative to it."""
-    return list_files(folder, images_only=True)
-
-
-def list_files(folder: Path, images_only: bool, prefix: str = "") -> list[str]:
-    """`prefix` + each file's path below `folder`, files sorted before subfolders; links followed,
-    hidden, junk and unreadable folders skipped."""
+def list_files(folder: Path, images_only: bool = True, prefix: str = "") -> list[str]:
+    """`prefix` + each file's (image's) path below `folder`, files sorted before subfolders; links
+    followed, hidden, junk and unreadable folders skipped."""
     found: list[str] = []
     top = os.fspath(folder)
     for here, folders, files in os.walk(top, followlinks=True):
         folders[:] = sorted(name for name in folders if _is_data_folder(name))
-        if images_only:
-            files = list(filter(_is_image, files))
         inside = prefix if here == top else prefix + os.path.relpath(here, top) + os.sep
-        found.extend(inside + name for name in sorted(files))
+        found.extend(
+            inside + name for name in sorted(filter(_is_image, files) if images_only else files)
+        )
     return found
+
+
+list_images = list_files  # the images below a folder, relative to it
 
 
 def make_dataset(
@@ -127,7 +109,7 @@ def make_dataset(
                 f"class folder {root / name} is not one of the training classes: "
                 + preview(list(class_to_idx))
             )
-        if not (files := list_files(root / name, images_only=True, prefix=name + os.sep)):
+        if not (files := list_files(root / name, prefix=name + os.sep)):
             raise DataError(
                 f"class folder {root / name} has no images; accepted extensions: "
                 + " ".join(IMG_EXTENSIONS)

@@ -22,7 +22,6 @@ from {{ cookiecutter.package_name }}.data.index import (
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _SHOWN = 5  # how many offending rows an error message lists
-LABEL_KINDS = ("auto", "index", "name")
 
 
 @dataclass(eq=False)

@@ -3,12 +3,15 @@ its class names, datasets and DataLoaders. To add one: ARCHITECTURE.md, "Adding 
 
 from __future__ import annotations
 
+import inspect
 import logging
+from abc import ABC, abstractmethod
 from functools import cached_property, partial
 from importlib import import_module
 from pathlib import Path
 from typing import Literal
 
+import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.cache import cached
@@ -21,22 +24,14 @@ from {{ cookiecutter.package_name }}.data.index import (
     interleave_classes,
     refuse_repeats,
     stratified_split,
+    unlabelled_folder,
     write_split,
 )
-from {{ cookiecutter.package_name }}.data.labels_csv import LABEL_KINDS, CsvLabels, find_csv
-{%- if cookiecutter.shards == "yes" %}
-from {{ cookiecutter.package_name }}.data.loaders import placement
-{%- endif %}
+from {{ cookiecutter.package_name }}.data.labels_csv import CsvLabels, find_csv
+from {{ cookiecutter.package_name }}.data.loaders import make_loader, placement
 from {{ cookiecutter.package_name }}.data.once import once
-from {{ cookiecutter.package_name }}.data.source_base import (
-    ImageDataModule,
-    Source,
-    eval_dataset,
-    fields,
-    readable,
-    skip_unreadable,
-)
-from {{ cookiecutter.package_name }}.data.transforms import {{ "eval_transform, " if cookiecutter.shards == "yes" else "" }}train_transform
+from {{ cookiecutter.package_name }}.data.scan import drop_unreadable
+from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
 from {{ cookiecutter.package_name }}.errors import DataError
 
 __all__ = ["ClassFolders", "LabelsCsv"{{ ', "Shards"' if cookiecutter.shards == "yes" else "" }}, "Source"]
@@ -44,6 +39,72 @@ __all__ = ["ClassFolders", "LabelsCsv"{{ ', "Shards"' if cookiecutter.shards == 
 log = logging.getLogger(__name__)
 
 SPLIT_FILE = "val_files.csv"
+ImageDataModule = L.LightningDataModule  # `datamodule.py`'s, which imports this module
+
+
+class Source(ABC):
+    """Where the images of a run come from; `data` in each method is the `ImageDataModule`.
+    Each option is kept under its own name: `config()` reads them back."""
+
+    skip_bad_images: bool = False  # also what a `predict_root` folder does with unreadable images
+
+    def config(self) -> dict:
+        """The source as LightningCLI writes it (`class_path`, `init_args`): kept in checkpoints."""
+        kind, plain = type(self), lambda v: str(v) if isinstance(v, Path) else v
+        args = {name: plain(getattr(self, name)) for name in inspect.signature(kind).parameters}
+        return {"class_path": f"{kind.__module__}.{kind.__qualname__}", "init_args": args}
+
+    def inputs(self) -> list[tuple[str, Path | str | None]]:
+        """(option, path) of each file or folder the source reads: outputs must stay out of them."""
+        names = inspect.signature(type(self)).parameters
+        return [(f"--data.source.{name}", getattr(self, name)) for name in names
+                if isinstance(getattr(self, name), Path)]  # fmt: skip
+
+    def prepare(self, predicting: bool) -> None:  # noqa: B027 (optional: most sources need none)
+        """Work done once per machine before `setup` (LightningDataModule.prepare_data)."""
+
+    @abstractmethod
+    def class_names(self) -> list[str]:
+        """The classes, in label order."""
+
+    @abstractmethod
+    def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
+        """The training and validation datasets."""
+
+    @abstractmethod
+    def test_dataset(self, data: ImageDataModule) -> Dataset:
+        """The labelled images `test` reads."""
+
+    def predict_dataset(self, data: ImageDataModule) -> Dataset:
+        """The images `predict` reads when no `--data.predict_root` is given."""
+        raise DataError("predict needs --data.predict_root: a folder of images")
+
+    def loader(self, data: ImageDataModule, dataset: Dataset, train: bool, **options) -> DataLoader:
+        """The DataLoader of `dataset`: each process reads its own share of each epoch."""
+        options |= {"train": train, "seed": data.seed, **placement(data.trainer)}
+        return make_loader(dataset, data.batch_size, data.resolve_num_workers(), **options)
+
+
+def predict_folder(data: ImageDataModule, folder: Path) -> ImageFolderDataset:
+    """The images below `folder`, for `predict`; unreadable ones skipped as the source says."""
+    index = once(data.trainer, partial(unlabelled_folder, folder))
+    return skip_unreadable(data, files_dataset(data, index))[0]
+
+
+def files_dataset(data, index: ImageIndex, transform=None, size=None, approximate=False):
+    """The images of `index`, by default as evaluation reads them."""
+    transform, size = transform or eval_transform(data.image_size), size or data.image_size
+    args = (index.root, index.paths, index.targets, transform, data.class_names, size)
+    return ImageFolderDataset(*args, approximate)
+
+
+def skip_unreadable(data: ImageDataModule, *datasets: ImageFolderDataset) -> list:
+    """`datasets` without the images that cannot be read, with `skip_bad_images` (`scan.py`)."""
+    if not data.source.skip_bad_images:
+        return list(datasets)
+    writer = data.trainer is None or data.trainer.is_global_zero
+    options = (data.resolve_num_workers(), writer, data.log_dir(), writer)
+    return drop_unreadable(datasets, *options, partial(once, data.trainer))
 
 
 class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as a --data.source
@@ -63,38 +124,23 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         test_root: str | Path | None = None,
         test_csv: str | Path | None = None,
         balance_classes: bool = False,
-        epoch_repeats: int = 1,
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
-        if epoch_repeats < 1:
-            raise DataError(f"--data.source.epoch_repeats must be at least 1, got {epoch_repeats}")
         if epoch_images is not None and epoch_images < 1:
             raise DataError(f"--data.source.epoch_images must be at least 1, got {epoch_images}")
-        if epoch_images is not None and epoch_repeats > 1:
-            raise DataError(
-                f"--data.source.epoch_images {epoch_images} and --data.source.epoch_repeats "
-                f"{epoch_repeats} both set the passes per epoch: give one of them"
-            )
         if not 0.0 <= val_fraction < 1.0:
             raise DataError(f"--data.source.val_fraction must be in [0, 1), got {val_fraction}")
-        if cache not in ("none", "memmap"):
-            raise DataError(f"--data.source.cache must be 'none' or 'memmap', got {cache!r}")
-        if cache_key not in ("stat", "mtime"):
-            raise DataError(f"--data.source.cache_key must be 'stat' or 'mtime', got {cache_key!r}")
-        self.root = _path(root)
-        if self.root is None and self.csv is not None:
-            self.root = self.csv.parent
+        self.root = _path(root) or self.csv and self.csv.parent
         self.val_root = _path(val_root)
         self.val_csv = find_csv(val_csv, self.val_root or self.root, "data.source.val_csv")
         self.val_fraction = val_fraction
         self.test_root = _path(test_root)
         self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.source.test_csv")
         self.balance_classes, self.skip_bad_images = balance_classes, skip_bad_images
-        self.epoch_repeats, self.epoch_images = epoch_repeats, epoch_images
-        self.cache, self.cache_key = cache, cache_key
+        self.epoch_images, self.cache, self.cache_key = epoch_images, cache, cache_key
 
     @cached_property
     def labelled(self) -> FolderLabels | CsvLabels:
@@ -146,23 +192,21 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         split = partial(self.split, data.class_names, stage, data.seed)
         train_index, val_index = once(data.trainer, split)
         augment = train_transform(data.image_size, data.augment)
-        # Random crops tolerate libjpeg's fast approximate decode (`read_image`)
-        size = augment.min_source_size()
-        train = ImageFolderDataset(*fields(train_index), augment, data.class_names, size, True)
-        val = eval_dataset(data, interleave_classes(val_index))  # any prefix: every class
-        if stage in ("fit", None) and (data.trainer is None or data.trainer.is_global_zero):
+        size = augment.min_source_size()  # random crops tolerate libjpeg's fast approximate decode
+        train = files_dataset(data, train_index, augment, size, approximate=True)
+        val = files_dataset(data, interleave_classes(val_index))  # any prefix: every class
+        fitting = stage in ("fit", None)
+        if fitting and (data.trainer is None or data.trainer.is_global_zero):
             warn_if_small(train.path, len(train), data.image_size, data.seed)
         everything = (train, val)  # what the pixel cache covers: before the skip
-        if self.skip_bad_images:
-            train, val = skip_unreadable(data, train, val)
+        train, val = skip_unreadable(data, train, val)
         if self.cache == "memmap":  # training only: validation resizes from the files, as predict
             progress = data.trainer is None or data.trainer.local_rank == 0
-            options = {"key": self.cache_key, "everything": everything, "progress": progress}
-            options |= {"skip_unreadable": self.skip_bad_images}
-            options["run_once"] = partial(once, data.trainer)
+            run_once = partial(once, data.trainer)
+            options = dict(key=self.cache_key, everything=everything, progress=progress)
+            options |= dict(skip_unreadable=self.skip_bad_images, run_once=run_once)
             train = cached(train, max(data.image_size, size), data.cache_dir, **options)
-        log_dir = data.log_dir()
-        if stage in ("fit", None) and log_dir is not None and data.trainer.is_global_zero:
+        if (log_dir := data.log_dir()) is not None and fitting and data.trainer.is_global_zero:
             path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, data.class_names)
             log.info("Validation split: %d images, listed in %s", len(val), path)
         return train, val
@@ -175,16 +219,14 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         root = self.test_root or self.root or self.test_csv.parent
         source = self._labelled(root, self.test_csv, "test", self.labelled)
         index = once(data.trainer, partial(source.index, data.class_names))
-        return readable(data, eval_dataset(data, index))
+        return skip_unreadable(data, files_dataset(data, index))[0]
 
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
         if not train:
             return super().loader(data, dataset, train)
         balance = (dataset.targets, data.num_classes, data.seed) if self.balance_classes else None
-        repeats = self.epoch_repeats  # passes per epoch: given, or by `epoch_images`
-        if self.epoch_images is not None:
-            repeats = max(1, round(self.epoch_images / max(len(dataset), 1)))
-        return super().loader(data, dataset, train, balance_classes=balance, repeats=repeats)
+        passes = 1 if self.epoch_images is None else round(self.epoch_images / max(len(dataset), 1))
+        return super().loader(data, dataset, train, balance_classes=balance, repeats=max(1, passes))
 
 
 class ClassFolders(_ImageFiles):
@@ -199,9 +241,9 @@ class ClassFolders(_ImageFiles):
         test_root: `test` images in class folders (or the image folder of `test_csv`).
         test_csv: test images named by a CSV, relative to `test_root` when set, else `root`.
         balance_classes: draw training images with a weighted sampler, each class equally often.
-        epoch_repeats: passes over the training images per epoch, each in an order of its own.
         epoch_images: draw about this many images per epoch: passes = max(1, round(epoch_images
-            / training images)), so that a preset keeps its steps per epoch on more data.
+            / training images)), each in an order of its own, so that a preset keeps its steps
+            per epoch on more data.
         skip_bad_images: decode every image at setup and leave out, with a warning, those that
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
         cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
@@ -237,23 +279,18 @@ class LabelsCsv(_ImageFiles):
         label_column: str = "label",
         label_kind: Literal["auto", "index", "name"] = "auto",
         balance_classes: bool = False,
-        epoch_repeats: int = 1,
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
         cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
-        if label_kind not in LABEL_KINDS:
-            kinds = ", ".join(LABEL_KINDS)
-            raise DataError(f"--data.source.label_kind must be one of {kinds}, got {label_kind!r}")
         if csv is None and root is not None:
             raise DataError(f"--data.source.root {root} needs --data.source.csv (the labels CSV)")
         self.csv = find_csv(csv, _path(root), "data.source.csv")
         self.filename_column, self.label_column = filename_column, label_column
         self.label_kind = label_kind
         shared = (val_root, val_csv, val_fraction, test_root, test_csv, balance_classes)
-        shared += (epoch_repeats, epoch_images, skip_bad_images, cache, cache_key)
-        super().__init__(root, *shared)
+        super().__init__(root, *shared, epoch_images, skip_bad_images, cache, cache_key)
 
 
 {% if cookiecutter.shards == "yes" -%}
