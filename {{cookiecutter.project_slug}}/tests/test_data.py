@@ -47,7 +47,7 @@ def test_classes_and_a_stratified_repeatable_split_written_beside_the_logs(
     again = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
     again.setup("fit")
     val, train = first.val_dataset, first.train_dataset
-    assert train.class_to_idx == {"ant": 0, "bee": 1, "cat": 2}
+    assert train.classes == ["ant", "bee", "cat"]
     assert train.path(int(np.flatnonzero(train.targets == 1)[0])).split(os.sep)[-2] == "bee"
     assert len(val) == 6 and len(train) == 18 and sorted(val.targets.tolist()) == [0, 0, 1, 1, 2, 2]
     assert (val.paths == again.val_dataset.paths).all() and not set(val.paths) & set(train.paths)

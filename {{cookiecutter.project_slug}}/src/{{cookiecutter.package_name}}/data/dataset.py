@@ -36,10 +36,6 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    @property
-    def class_to_idx(self) -> dict[str, int]:  # as torchvision's `ImageFolder` offers it
-        return {name: i for i, name in enumerate(self.classes)}
-
     def path(self, index: int) -> str:
         return os.path.join(self.root, os.fsdecode(self.paths[index]))
 
@@ -49,9 +45,8 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = self.read(index)
         seed_augmentation(index)
-        image = self.transform(image)
         label = int(index) if self.targets is None else int(self.targets[index])
-        return image, label
+        return self.transform(image), label
 
     def subset(self, keep: np.ndarray) -> ImageFolderDataset:
         """The same dataset (and class) restricted to the items where `keep` is true."""

@@ -25,9 +25,6 @@ class ImageIndex:
     paths: np.ndarray
     targets: np.ndarray | None
 
-    def __len__(self) -> int:
-        return len(self.paths)
-
     def subset(self, keep: np.ndarray) -> ImageIndex:
         targets = None if self.targets is None else self.targets[keep]
         return ImageIndex(self.root, self.paths[keep], targets)

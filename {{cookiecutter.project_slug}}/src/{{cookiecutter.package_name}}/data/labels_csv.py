@@ -52,8 +52,7 @@ class CsvLabels:
     def class_names(self) -> list[str]:
         return classes_from_labels(self.table, self.reading)
 
-    def where(self, row: int) -> str:
-        return self.table.where(row)
+    where = property(lambda self: self.table.where)
 
     def index(self, class_names: list[str]) -> ImageIndex:
         targets = encode_labels(self.table, class_names, self.reading, self.role)
@@ -204,7 +203,6 @@ def _as_indices(values: list[str]) -> np.ndarray:
 def find_missing(table: LabelsTable, root: Path) -> None:
     """Refuse a table naming files not under `root`: one listing answers for most rows, only
     those it misses (`./`, links) cost a `stat` each."""
-    check_dir(root, "data.source.root")
     present = set(map(os.fsencode, list_files(root, images_only=False)))
     missing = [
         row

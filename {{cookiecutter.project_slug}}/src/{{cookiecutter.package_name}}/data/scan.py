@@ -56,23 +56,21 @@ def _context() -> multiprocessing.context.BaseContext:
     return context
 
 
-_CHECK: _ReadCheck | None = None
+_CHECK: _ReadCheck | None = None  # in a child process: the images it reads
 
 
-def _start_worker(check: _ReadCheck) -> None:
+def _start_worker(check: _ReadCheck, pipe=None, index: int = 0) -> None:
+    """A child's start; with `pipe`, it reads image `index` alone and sends its message."""
     global _CHECK
     _CHECK = check
     torch.set_num_threads(1)  # as in DataLoader workers: the processes share the CPUs
     faulthandler.disable()  # a crash is reported as a line naming the file, not a stack dump
+    if pipe is not None:
+        pipe.send(_check_range(index, index + 1))
 
 
 def _check_range(start: int, stop: int) -> list[str]:
     return [_CHECK.message(i) for i in range(start, stop)]
-
-
-def _check_one_to(pipe, check: _ReadCheck, index: int) -> None:
-    _start_worker(check)
-    pipe.send(_check_range(index, index + 1))
 
 
 def find_unreadable(
@@ -130,7 +128,7 @@ def _alone(check: _ReadCheck, index: int) -> list[str] | int:
     """The message of image `index`, read in a fresh process; its exit code if it died."""
     context = _context()
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_check_one_to, args=(send, check, index))
+    process = context.Process(target=_start_worker, args=(check, send, index))
     process.start()
     send.close()
     try:
