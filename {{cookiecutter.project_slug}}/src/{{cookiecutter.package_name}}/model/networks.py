@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import torch
 import torchvision
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from {{ cookiecutter.package_name }}.errors import DataError, one_line
 from {{ cookiecutter.package_name }}.model.pretrained import (
@@ -100,7 +98,6 @@ def build_network(
             )
         network: nn.Module = CompactResNet(num_classes, image_size, width, tuple(depths), dropout)
     else:
-        check_runs(architecture, num_classes, image_size)
         if not _is_torchvision(architecture):
             network = timm_network(architecture, num_classes, dropout, pretrained)
         elif pretrained:  # torchvision's classifier (`classifier_of`) re-made for our classes
@@ -115,6 +112,8 @@ def build_network(
             network = _torchvision_network(architecture, num_classes)
     if weights is not None:
         load_weights(network, weights, architecture)
+    if architecture != COMPACT:
+        check_runs(network, architecture, num_classes, image_size)
     return network
 
 
@@ -170,69 +169,34 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
         )
 
 
-def check_runs(architecture: str, num_classes: int, image_size: int) -> None:
-    """Refuse, before anything trains or downloads, a torchvision or timm model that cannot train
-    at `image_size` (run on the meta device in both modes), naming a size that runs."""
-    if _is_torchvision(architecture):
-        build = partial(_torchvision_network, architecture, num_classes)
-    else:
-        build = partial(timm_network, architecture, num_classes, 0.0, False)
-    try:  # the network, its weights on the meta device
-        with _EmptyOnMeta():
-            network = build().to("meta")
-    except RuntimeError:
-        # Some run a part of themselves while being built (timm's hybrid ViTs, their CNN stem on
-        # a blank image, to learn its output size): that image must be on the meta device too.
-        try:
-            with torch.device("meta"):
-                network = build()
-        except RuntimeError:
-            return  # only a real model can tell
-    reason = _meta_failure(network, num_classes, image_size)
-    if reason is None:
-        return
-    sizes = {224}
-    if _is_torchvision(architecture):
-        sizes |= {w.meta["min_size"][0] for w in torchvision.models.get_model_weights(architecture)}
-    published = pretrained_inputs(architecture)
-    if published is not None:
-        sizes.add(published[0])
-    runs = [s for s in sorted(sizes) if _meta_failure(network, num_classes, s) is None]
-    way_out = f"--data.image_size {runs[0]} or " if runs else ""
-    raise DataError(
-        f"--model.architecture {architecture} does not run at --data.image_size {image_size} "
-        f"({reason}); use {way_out}another architecture"
-    )
+def check_runs(network: nn.Module, architecture: str, num_classes: int, image_size: int) -> None:
+    """Refuse, before training, a network that returns no logits per class, or an image size it
+    cannot run (one image, in eval mode), naming a size that runs."""
 
-
-class _EmptyOnMeta(TorchFunctionMode):
-    """`torch.empty` (layer weights) on the meta device; unlike `torch.device("meta")`, the small
-    tensors some models compute their layout from (RegNet's widths) stay real."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.empty:
-            kwargs["device"] = "meta"
-        return func(*args, **kwargs)
-
-
-def _meta_failure(network: nn.Module, num_classes: int, image_size: int) -> str | None:
-    """Why `network` (on the meta device) cannot train at `image_size` pixels, or None."""
-    images = torch.empty(2, 3, image_size, image_size, device="meta")
-    for training in (True, False):
-        network.train(training)
+    def failure(size: int) -> str | None:
+        training = network.training
         try:
             with torch.no_grad():
-                logits = network(images)
-        except NotImplementedError:
-            return None  # an operation without a meta kernel: only a real forward can tell
+                logits = network.eval()(torch.zeros(1, 3, size, size))
         except (RuntimeError, AssertionError, ValueError) as err:  # shapes that do not fit
-            lines = str(err).strip().splitlines() or [type(err).__name__]
-            return lines[0].rstrip("!.")[:160]
-        if not isinstance(logits, Tensor) or tuple(logits.shape) != (2, num_classes):
-            mode = "training" if training else "evaluation"
-            return f"in {mode} mode it returns {type(logits).__name__}, not logits per class"
-    return None
+            return one_line(err, 160).rstrip("!.")
+        finally:
+            network.train(training)
+        if not isinstance(logits, Tensor) or tuple(logits.shape) != (1, num_classes):
+            raise DataError(
+                f"--model.architecture {architecture} returns {type(logits).__name__}, not logits "
+                f"per class; use another architecture"
+            )
+        return None
+
+    reason = failure(image_size)
+    if reason is not None:
+        size = (pretrained_inputs(architecture) or (224,))[0]
+        way_out = f"--data.image_size {size} or " if failure(size) is None else ""
+        raise DataError(
+            f"--model.architecture {architecture} does not run at --data.image_size {image_size} "
+            f"({reason}); use {way_out}another architecture"
+        )
 
 
 def _is_torchvision(architecture: str) -> bool:
