@@ -151,11 +151,10 @@ class ImageCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         """LightningCLI's callbacks and ours; no checkpoint one if `enable_checkpointing false`."""
-        config = {**self.config_init[self.subcommand].trainer, **kwargs}
+        init = self.config_init[self.subcommand]
+        config = {**init.trainer, **kwargs}
         # The parser-level callbacks (`--checkpoint.*`, ...), in the order they were added.
-        callbacks = [
-            c for c in self.config_init[self.subcommand].values() if isinstance(c, Callback)
-        ]
+        callbacks = [c for c in init.values() if isinstance(c, Callback)]
         if config.get("enable_checkpointing") is False:
             kinds = (ModelCheckpoint, LastCheckpoint)
             callbacks = [c for c in callbacks if not isinstance(c, kinds)]
@@ -219,10 +218,8 @@ class ImageCLI(LightningCLI):
 def _follow_pretrained_inputs(config, typed) -> None:
     """The published weights' image size and normalisation, where not given."""
     given_by = next((name for name in ("pretrained", "weights") if config.model.get(name)), None)
-    if given_by is None:
-        return
-    inputs = pretrained_inputs(config.model.architecture)
-    if inputs is None:
+    inputs = given_by and pretrained_inputs(config.model.architecture)
+    if not inputs:
         return
     given = typed.get("data") or Namespace()
     chosen = []
@@ -308,14 +305,12 @@ def _saved_source(current, given, saved: dict) -> Namespace:
 
 def _check_resumed_classes(config, typed, checkpoint: dict) -> None:
     """Refuse to resume `fit` on data without the checkpoint's classes, before anything else."""
-    saved = _saved_data_options(config, typed, checkpoint, "fit")
-    options = {**config.data.as_dict(), **saved}
+    options = {**config.data.as_dict(), **_saved_data_options(config, typed, checkpoint, "fit")}
     source = source_from_config(options.pop("source"))
     data = ImageDataModule(**{**options, "source": source, "class_names": None})
-    given = [f"{name} {path}" for name, path in source.inputs() if path is not None]
+    where = [f"{name} {path}" for name, path in source.inputs() if path is not None]
     saved = list(checkpoint["hyper_parameters"]["class_names"])
-    where = given[0] if given else "the demo data"
-    check_classes_present(config.ckpt_path, saved, data.class_names, where)
+    check_classes_present(config.ckpt_path, saved, data.class_names, [*where, "the demo data"][0])
 
 
 def main(args: list[str] | None = None) -> None:

@@ -40,13 +40,8 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(Checkpoint):
-    """Save `last.ckpt` every `every_minutes`, after every training epoch, and when `fit` is
-    stopped by SIGTERM, Ctrl-C, SLURM's requeue signal (then `scontrol requeue`) or an error.
-
-    Not ModelCheckpoint's `save_last`, which since Lightning 2.6 skips epochs without a new best.
-    A signal only sets a flag (Lightning's and Python's handlers stop each DDP rank where it is, a
-    hang in a collective): after each gradient accumulation the ranks agree on it, save and stop
-    together. A second Ctrl-C ends at once, unsaved.
+    """`last.ckpt` every `every_minutes`, after every epoch, and when `fit` is stopped by SIGTERM,
+    Ctrl-C, SLURM's requeue signal (then `scontrol requeue`) or an error (docs/distributed.md).
 
     Args:
         every_minutes: also save mid-epoch once this long has passed since the last save, so a
@@ -155,8 +150,7 @@ class LastCheckpoint(Checkpoint):
         self._replaced = {}
 
     def save(self, trainer: L.Trainer) -> Path:
-        """Write `last.ckpt` whole or not at all, by a rename in its own folder (Lightning's writer
-        moves a file from the system's temporary folder: a copy, on another disk)."""
+        """Write `last.ckpt` whole or not at all: by a rename in its own folder."""
         path = self._path(trainer)
         staging = path.with_name(f".{path.name}.partial")
         trainer.save_checkpoint(staging, weights_only=False)  # every rank; rank zero writes

@@ -8,8 +8,7 @@ import torch
 
 
 def default_precision(accelerator: object) -> str | None:
-    """`bf16-mixed` where every CUDA GPU has native bf16 (8.0+), `16-mixed` on other CUDA GPUs,
-    None (fp32) elsewhere. Asked of NVML: CUDA must not start before DDP forks its workers."""
+    """None (fp32) off CUDA. Asked of NVML: CUDA must not start before DDP forks its workers."""
     if accelerator not in ("auto", "gpu", "cuda") or not torch.cuda.is_available():
         return None
     return precision_for(_compute_capabilities())

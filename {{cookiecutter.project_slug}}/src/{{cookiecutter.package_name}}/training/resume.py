@@ -21,9 +21,8 @@ RUN_KEY = "run"  # in every checkpoint: the run's configuration
 # How the data is read or the model run, not what is trained: free to change on resume.
 FREE_ON_RESUME = frozenset(
     {"num_workers", "predict_root", "cache_dir", "weights", "pretrained", "compile"}
-    | {"channels_last", "tta_flip", "source.test_root", "source.test_csv"}
+    | {"channels_last", "tta_flip", "source.test_root", "source.test_csv", "source.cache_limit"}
     | {"source.skip_bad_images", "source.cache", "source.cache_key"}
-    | {"source.cache_limit"}
 )
 # Where the data lives, not what it is (a cluster job may stage it anew each time): applied.
 MOVABLE = frozenset(
@@ -57,13 +56,10 @@ def resume_base(checkpoint: dict, typed) -> str | None:
 
 
 class ResumeInEpoch(Callback):
-    """Continue an interrupted epoch with exactly the images it had not trained on, in order.
-
-    Lightning restores the counters but restarts the loader at its first batch: our samplers
-    (`EpochShuffle`) draw a fixed order from (seed, epoch), so this sets the epoch and skips the
-    batches trained, and refuses a mid-epoch resume that changed what the order depends on. Not
-    torchdata's `StatefulDataLoader`: Lightning 2.6 drops its restored state when the schedule
-    asks for `estimated_stepping_batches` (#20550).{% if cookiecutter.shards == "yes" %} From
+    """Continue an interrupted epoch with exactly the images it had not trained on, in order:
+    Lightning restarts the loader at its first batch; `EpochShuffle`'s order is fixed by (seed,
+    epoch), so this skips the batches trained, refusing a resume that changed the order. Not
+    torchdata's `StatefulDataLoader`: Lightning drops its state (#20550).{% if cookiecutter.shards == "yes" %} From
     shards, LitData's loader state (in every checkpoint) is restored here for the same reason.{% endif %}
     """
 
@@ -107,7 +103,7 @@ class ResumeInEpoch(Callback):
             now, saved = _order_inputs(trainer, sampler), self._saved
             if done and saved is not None and saved != now:
                 changes = ", ".join(
-                    f"{_NAMES.get(key, key)} {saved.get(key)} -> {value}"
+                    f"{key} {saved.get(key)} -> {value}"
                     for key, value in now.items()
                     if saved.get(key) != value
                 )
@@ -164,13 +160,9 @@ def _order_inputs(trainer: L.Trainer, sampler: EpochShuffle) -> dict:
     return dict(processes=trainer.world_size, batch_size=size, images=images, sampler=kind.__name__)
 
 
-_NAMES = {"batch_size": "batch size", "images": "training images"}
-_NAMES["sampler"] = "sampler (--data.source.balance_classes)"
-
-
 def check_resume(config, typed, checkpoint: dict) -> None:
-    """Refuse typed `--model.*`/`--data.*` values that differ from the run's, name the typed
-    options applied, and end a run with nothing left to train (one line, exit status 0)."""
+    """Refuse typed `--model.*`/`--data.*` values that differ from the run's, name those applied,
+    and end a run with nothing left to train (one line, exit status 0)."""
     run = config.run or config.ckpt_path
     refused, applied = changed_options(typed, checkpoint)
     if refused:
@@ -192,8 +184,7 @@ def check_resume(config, typed, checkpoint: dict) -> None:
 
 def changed_options(typed, checkpoint: dict) -> tuple[list[str], list[str]]:
     """Options given that differ from the run's, as `--model.lr 0.5 (the run's: 0.003)`: those a
-    resume refuses, and those it applies (how or where data is read; `--trainer.*`, where
-    `ResumeInEpoch` refuses one that breaks an exact mid-epoch resume)."""
+    resume refuses, and those it applies (how or where data is read; `--trainer.*`)."""
     hparams = checkpoint.get("hyper_parameters", {})
     trainer = (yaml.safe_load(run_config(checkpoint) or "{}") or {}).get("trainer") or {}
     data = _flat(checkpoint.get("datamodule_hyper_parameters", {}))
@@ -224,8 +215,7 @@ def changed_options(typed, checkpoint: dict) -> tuple[list[str], list[str]]:
 
 
 def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | None:
-    """Why a `fit` resumed from `checkpoint` to these limits would train nothing (as Lightning's
-    fit loop decides, or EarlyStopping had), or None."""
+    """Why a `fit` resumed to these limits would train nothing (Lightning's or EarlyStopping's)."""
     loops = checkpoint.get("loops", {}).get("fit_loop", {})
     epochs = loops.get("epoch_progress", {}).get("current", {}).get("processed", 0)
     step = checkpoint.get("global_step", 0)

@@ -18,9 +18,9 @@ METRICS = "metrics.csv"
 
 
 class RunLogMark(Callback):
-    """Note in every checkpoint the CSV or TensorBoard logger's folder and how many rows
-    `metrics.csv` has: a resume logs on there keeping just those rows (Lightning alone starts a
-    new `version_N`, or deletes `metrics.csv`).{% if cookiecutter.logger in ("mlflow", "wandb") %} MLflow and W&B: `training/tracking.py`.{% endif %}"""
+    """Note in every checkpoint the CSV or TensorBoard logger's folder and `metrics.csv`'s rows: a
+    resume logs on there, keeping those rows (Lightning starts anew, or deletes the file).{% if cookiecutter.logger in ("mlflow", "wandb") %}
+    MLflow and W&B: `training/tracking.py`.{% endif %}"""
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         logger = trainer.logger
@@ -61,33 +61,24 @@ def resumed_version(logger, checkpoint: dict) -> None:
 def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
     """Before a resumed `fit`, on global rank zero: keep the rows of `metrics.csv` the checkpoint
     counted, and let Lightning's writer append to them."""
-    mark = checkpoint.get(_KEY) or {}
-    logger = trainer.logger
+    mark, logger = checkpoint.get(_KEY) or {}, trainer.logger
     if "rows" not in mark or not isinstance(logger, CSVLogger) or len(trainer.loggers) != 1:
         return
     if rank_zero_only.rank != 0 or os.environ.get("NODE_RANK", "0") != "0":
         return
-    if os.path.abspath(logger.root_dir) != mark["root_dir"]:
-        return
-    if version_folder(logger.version) != version_folder(mark["version"]):  # version_0 is 0
-        return
+    here = os.path.abspath(logger.root_dir), version_folder(logger.version)  # version_0 is 0
     path = Path(logger.log_dir) / METRICS
-    if not path.is_file():
+    if here != (mark["root_dir"], version_folder(mark["version"])) or not path.is_file():
         return
     with open(path, newline="") as file:
         reader = csv.reader(file)
-        header = next(reader, [])
-        rows = list(itertools.islice(reader, mark["rows"]))
-    staged = path.with_name(f".{METRICS}.partial")
-    with open(staged, "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(header)
-        writer.writerows(rows)
+        rows = [next(reader, []), *itertools.islice(reader, mark["rows"])]  # the header first
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Experiment logs directory")
         experiment = logger.experiment  # Lightning's writer deletes metrics.csv here
-    os.replace(staged, path)
-    experiment.metrics_keys = list(header)  # so that its rows append under the same columns
+    with open(path, "w", newline="") as file:
+        csv.writer(file).writerows(rows)
+    experiment.metrics_keys = list(rows[0])  # so that its rows append under the same columns
 
 
 def version_folder(version: int | str) -> str:

@@ -47,12 +47,9 @@ def slurm_run_name() -> str | None:
 
 
 def name_run(config, typed, subcommand: str) -> None:
-    """Settle the run's name and folder in `config` (the subcommand's).
-
-    An unnamed `fit` without a logger is `version_N`, as loggers name theirs; other commands use
-    `--run` to find a checkpoint only. The logger's folder{% if cookiecutter.logger == "mlflow" %} (and MLflow's local store){% endif %} goes under
-    `--trainer.default_root_dir` unless given, as Lightning's default logger does. `typed` is what
-    the command line and config files gave."""
+    """Settle the run's name and folder in `config`: an unnamed `fit` without a logger is the next
+    `version_N`; the logger's folder goes under `--trainer.default_root_dir` unless given.{% if cookiecutter.logger == "mlflow" %}
+    So does MLflow's store.{% endif %}"""
     root = config.trainer.default_root_dir
     kind, init_args = _logger(config)
     given = typed.get("trainer.logger.init_args.save_dir") is not None
@@ -142,8 +139,8 @@ def _next_version(folder: Path) -> str:
 
 
 class RunTrainer(L.Trainer):
-    """A Trainer whose `log_dir` is the run's own folder (the CLI sets `run_folder` for a named
-    `fit`): Lightning's, for {% if cookiecutter.logger in ("mlflow", "wandb") %}W&B, MLflow and {% endif %}no logger, is shared by every run."""
+    """`log_dir` is the run's own folder (`run_folder`, for a named `fit`): Lightning's, for
+    {% if cookiecutter.logger in ("mlflow", "wandb") %}W&B, MLflow and {% endif %}no logger, is shared by every run."""
 
     run_folder: str | None = None
 
@@ -169,9 +166,7 @@ def run_checkpoints(config) -> Path | None:
     """The run's checkpoint folder (None: a new, unnamed run)."""
     if config.checkpoint.dirpath:
         return Path(config.checkpoint.dirpath)
-    if config.get("run") is None:
-        return None
-    return runs_folder(config) / config.run / "checkpoints"
+    return None if config.get("run") is None else runs_folder(config) / config.run / "checkpoints"
 
 
 def refuse_run_taken(config) -> None:
