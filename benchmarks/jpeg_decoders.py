@@ -8,9 +8,8 @@ are the baked package's own (`<package>.data.images`): simplejpeg exact (validat
 with the fast IDCT and upsampling (training), and PIL (the fallback).
 Prints the median milliseconds per file over the rounds, and how far the training decode's pixels
 are from the exact decode's (mean and largest absolute difference, in levels of 0-255). With
-`--min-size`, for large files, it compares the reductions in libjpeg's DCT domain instead: PIL's
-`draft` (1/2, 1/4, 1/8; the exact path) against simplejpeg's n/8 scales (training), both keeping
-each side at least that size.
+`--min-size`, for large files, it compares the reductions in libjpeg's DCT domain instead:
+simplejpeg's n/8 scales, exact and fast, both keeping each side at least that size.
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     images = importlib.import_module(f"{args.package}.data.images")
 
-    # The bake's own entry point: a JPEG goes to simplejpeg (exact, or fast with `approximate`),
-    # or, reducible and exact, to PIL's draft mode.
+    # The bake's own entry point: a JPEG goes to simplejpeg (exact, or fast with `approximate`).
     def exact(data, size=0):
         return images.decode_image(data, "", size, approximate=False)
 
@@ -54,7 +52,7 @@ def main() -> None:
     if args.min_size:
         size = args.min_size
         decoders = {
-            f"PIL draft to >= {size} (exact)": lambda d: exact(d, size),
+            f"simplejpeg n/8 to >= {size} (exact)": lambda d: exact(d, size),
             f"simplejpeg n/8 to >= {size} (training)": lambda d: fast(d, size),
         }
     else:

@@ -41,43 +41,39 @@ def serve(dataset: ImageFolderDataset, size: int, cache_dir: Path, **options) ->
     return cached(dataset, size, cache_dir, 0, progress=False, **options)
 
 
-def stored(served: MemmapImageDataset, index: int) -> torch.Tensor:
-    return served.cache.image(int(served.positions[index]))
-
-
 def test_stored_pixels_are_the_files_at_the_size_asked_for(image_root: Path, tmp_path: Path):
     write_image(image_root / "ant" / "big.jpg", (200, 30, 30), size=(400, 300))
     dataset = folder_dataset(image_root)
     served = serve(dataset, 37, tmp_path / "cache")
     [big] = [i for i in range(len(dataset)) if dataset.path(i).endswith("big.jpg")]
-    assert stored(served, big).shape == (3, 37, 49)  # short side 37, aspect ratio kept
+    assert served.read(big).shape == (3, 37, 49)  # short side 37, aspect ratio kept
     image, label = served[big]  # the dataset's own transform, on the stored pixels
     assert image.shape == (3, 16, 16) and label == 0
     for i in {0, 5, len(dataset) - 1} - {big}:  # 40x30: smaller, never enlarged, exact
-        assert torch.equal(stored(served, i), read_image(dataset.path(i)))
+        assert torch.equal(served.read(i), read_image(dataset.path(i)))
     assert len(list((tmp_path / "cache").iterdir())) == 2  # the cache folder and its lock file
-    sizes = served.cache.index[:, 1] * served.cache.index[:, 2] * 3  # no byte wasted
-    assert (served.cache.folder / "pixels.u8").stat().st_size == sizes.sum()
+    sizes = served.index[:, 1] * served.index[:, 2] * 3  # no byte wasted
+    assert (served.folder / "pixels.u8").stat().st_size == sizes.sum()
     keep = np.zeros(len(served), dtype=bool)  # a subset, and a pickle, still served from it
     keep[[1, 5, 9]] = True
     part = served.subset(keep)
     assert isinstance(part, MemmapImageDataset) and len(part) == 3
-    assert torch.equal(stored(part, 1), stored(served, 5))
-    assert served.cache._pixels is not None  # mapped in this process; a pickle travels without
+    assert torch.equal(part.read(1), served.read(5))
+    assert served._pixels is not None  # mapped in this process; a pickle travels without
     copy = pickle.loads(pickle.dumps(served))
-    assert copy.cache._pixels is None and torch.equal(stored(copy, 3), stored(served, 3))
+    assert copy._pixels is None and torch.equal(copy.read(3), served.read(3))
 
 
 def test_a_new_size_file_or_content_selects_a_new_cache(image_root: Path, tmp_path: Path) -> None:
     """Even a same-size rewrite with the old mtime restored (`cp -p`, `touch -d`): ctime moves.
     `key="mtime"` reuses the cache of a dataset copied to scratch with its times (new inodes)."""
     copy = shutil.copytree(image_root, tmp_path / "scratch")  # copy2: times kept
-    by_mtime = serve(folder_dataset(copy), 64, tmp_path / "c", key="mtime").cache.folder
+    by_mtime = serve(folder_dataset(copy), 64, tmp_path / "c", key="mtime").folder
     shutil.rmtree(copy)
     shutil.copytree(image_root, copy)
-    assert serve(folder_dataset(copy), 64, tmp_path / "c", key="mtime").cache.folder == by_mtime
+    assert serve(folder_dataset(copy), 64, tmp_path / "c", key="mtime").folder == by_mtime
     before = serve(folder_dataset(image_root), 64, tmp_path)
-    folders = {before.cache.folder, serve(folder_dataset(image_root), 48, tmp_path).cache.folder}
+    folders = {before.folder, serve(folder_dataset(image_root), 48, tmp_path).folder}
     target = Path(folder_dataset(image_root).path(0))
     stat = target.stat()
     time.sleep(0.05)  # past the filesystem's timestamp granularity
@@ -87,14 +83,14 @@ def test_a_new_size_file_or_content_selects_a_new_cache(image_root: Path, tmp_pa
     target.write_bytes(content)
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (target.stat().st_size, target.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
-    folders.add(serve(folder_dataset(image_root), 64, tmp_path).cache.folder)
+    folders.add(serve(folder_dataset(image_root), 64, tmp_path).folder)
     write_image(target, (0, 0, 0))  # same name, new pixels
     after = serve(folder_dataset(image_root), 64, tmp_path)
-    assert torch.equal(stored(after, 0), read_image(str(target)))
-    assert not torch.equal(stored(after, 0), stored(before, 0))
+    assert torch.equal(after.read(0), read_image(str(target)))
+    assert not torch.equal(after.read(0), before.read(0))
     write_image(image_root / "ant" / "ant_new.jpg", (255, 30, 30))
     grown = serve(folder_dataset(image_root), 64, tmp_path)
-    assert len({*folders, after.cache.folder, grown.cache.folder}) == 5 and len(grown) == 25
+    assert len({*folders, after.folder, grown.folder}) == 5 and len(grown) == 25
 
 
 def test_cache_on_and_off_draw_the_same_crops(tmp_path: Path) -> None:
@@ -149,14 +145,14 @@ def test_datamodule_builds_the_cache_in_setup_and_reuses_it_for_other_splits(
     second.setup("fit")
     assert [p for p in (tmp_path / "c").iterdir() if p.is_dir()] == [folder]
     assert (folder / "pixels.u8").stat().st_mtime_ns == built
-    assert len(second.train_dataset.cache.index) == 24  # every file, validation's too
+    assert len(second.train_dataset.index) == 24  # every file, validation's too
     first_train = first.train_dataset
-    before = {first_train.path(i): stored(first_train, i) for i in range(len(first_train))}
+    before = {first_train.path(i): first_train.read(i) for i in range(len(first_train))}
     dataset = second.train_dataset
     shared = [i for i in range(len(dataset)) if dataset.path(i) in before]
     assert 0 < len(shared) < len(dataset)  # the second split trains on some first-split val
     for i in shared:  # each item, its own pixels
-        assert torch.equal(stored(dataset, i), before[dataset.path(i)])
+        assert torch.equal(dataset.read(i), before[dataset.path(i)])
 
 
 def test_one_process_builds_under_the_lock_and_a_killed_or_failed_build_is_never_used(
@@ -164,7 +160,7 @@ def test_one_process_builds_under_the_lock_and_a_killed_or_failed_build_is_never
 ) -> None:
     fcntl = pytest.importorskip("fcntl", reason="POSIX file locks; Windows builds without one")
     dataset, cache_dir = folder_dataset(image_root), tmp_path / "cache"
-    folder = serve(dataset, 16, cache_dir).cache.folder  # its name; then started over
+    folder = serve(dataset, 16, cache_dir).folder  # its name; then started over
     folder.rename(tmp_path / "built")
     leftover = cache_dir / f".{folder.name}-x1y2z3"  # as a build killed half-way leaves it
     leftover.mkdir()
@@ -179,10 +175,10 @@ def test_one_process_builds_under_the_lock_and_a_killed_or_failed_build_is_never
         (tmp_path / "built").rename(folder)  # the builder finishes, then lets go of the lock
         marker = (folder / "pixels.u8").stat().st_ino
     thread.join(timeout=30)
-    assert results[0].cache.folder == folder and (folder / "pixels.u8").stat().st_ino == marker
+    assert results[0].folder == folder and (folder / "pixels.u8").stat().st_ino == marker
     shutil.rmtree(folder)  # now only the killed build's leftover: swept, and built anew
     again = serve(dataset, 16, cache_dir)
-    assert again.cache.folder == folder and not leftover.exists()
+    assert again.folder == folder and not leftover.exists()
     assert torch.equal(again[len(dataset) - 1][0], dataset[len(dataset) - 1][0])
     (image_root / "bee" / "bee_3.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(DataError, match=r"bee_3\.jpg.*while building the image cache"):
@@ -240,6 +236,6 @@ def test_without_file_locks_a_cache_is_built_and_the_first_finished_wins(
         served = serve(dataset, 16, cache_dir)
     assert f"No file locks in {cache_dir} ([Errno {errno.ENOLCK}] No locks" in caplog.text
     folder, inode = finished_first
-    assert served.cache.folder == folder and (folder / "pixels.u8").stat().st_ino == inode
+    assert served.folder == folder and (folder / "pixels.u8").stat().st_ino == inode
     assert torch.equal(served[5][0], dataset[5][0])
     assert not list(cache_dir.glob(f".{folder.name}-*"))

@@ -163,7 +163,7 @@ class Recorder(BoringModel):  # trains nothing: notes what each rank's data modu
         seen = {name: [d.path(i) for i in range(len(d))]
                 for name, d in (("train", data.train_dataset), ("val", data.val_dataset))}
         with open(f"{sys.argv[2]}/rank{self.global_rank}.json", "w") as file:
-            json.dump({"calls": calls, **seen, "cache": str(data.train_dataset.cache.folder)}, file)
+            json.dump({"calls": calls, **seen, "cache": str(data.train_dataset.folder)}, file)
 
 if __name__ == "__main__":
     source = ClassFolders(root=sys.argv[1], skip_bad_images=True, cache="memmap")

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -32,43 +32,29 @@ except ImportError:  # pragma: no cover - Windows: built without a lock
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 5  # part of the key: bump when the stored format or resampling changes
+CACHE_VERSION = 6  # part of the key: bump when the stored format or resampling changes
 _PROBE = 64  # images decoded before the disk space the whole cache needs is estimated
 
 
-class PixelCache:
-    """One built cache folder, its pixels mapped on first use in each worker (not pickled)."""
+class MemmapImageDataset(ImageFolderDataset):
+    """An `ImageFolderDataset` served from the cache `folder`: item i is its image `positions[i]`,
+    a (3, H, W) view of the map (no copy), mapped on first use in each worker (not pickled)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
+    def __init__(self, dataset: ImageFolderDataset, folder: Path, positions: np.ndarray) -> None:
+        args = (dataset.root, dataset.paths, dataset.targets, dataset.transform, dataset.classes)
+        super().__init__(*args, dataset.min_size, dataset.approximate_decode)
+        self.folder, self.positions, self._pixels = Path(folder), positions, None
         self.index = np.load(self.folder / "index.npy")  # (N, 3) int64: offset, height, width
-        self._pixels: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_pixels": None}
 
-    def image(self, position: int) -> torch.Tensor:
-        """Image `position` as a (3, H, W) view of the map (no copy), stored channels last."""
+    def read(self, index: int) -> torch.Tensor:
         if self._pixels is None:  # copy-on-write: writable for torch, never written back
             self._pixels = np.memmap(self.folder / "pixels.u8", np.uint8, mode="c")
-        offset, height, width = (int(v) for v in self.index[position])
-        flat = self._pixels[offset : offset + height * width * 3]
+        offset, height, width = (int(v) for v in self.index[self.positions[index]])
+        flat = self._pixels[offset : offset + height * width * 3]  # stored channels last
         return torch.from_numpy(flat).view(height, width, 3).permute(2, 0, 1)
-
-
-class MemmapImageDataset(ImageFolderDataset):
-    """An `ImageFolderDataset` whose images come from a `PixelCache`: item i at `positions[i]`."""
-
-    def __init__(
-        self, dataset: ImageFolderDataset, cache: PixelCache, positions: np.ndarray
-    ) -> None:
-        args = (dataset.root, dataset.paths, dataset.targets, dataset.transform, dataset.classes)
-        super().__init__(*args, dataset.min_size, dataset.approximate_decode)
-        self.cache = cache
-        self.positions = positions
-
-    def read(self, index: int) -> torch.Tensor:
-        return self.cache.image(int(self.positions[index]))
 
     def subset(self, keep: np.ndarray) -> MemmapImageDataset:
         subset = super().subset(keep)
@@ -96,7 +82,7 @@ def cached(
     workers = usable_cpus() if num_workers is None else num_workers
     build(index, folder, size, workers, progress, skip_unreadable)
     positions = np.searchsorted(index.paths, dataset.paths)
-    return MemmapImageDataset(dataset, PixelCache(folder), positions)
+    return MemmapImageDataset(dataset, folder, positions)
 
 
 def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
@@ -126,12 +112,19 @@ def build(
     except OSError as err:
         raise DataError(f"cannot create --data.cache_dir {folder.parent}: {err.strerror}") from err
     with open(folder.parent / f".{folder.name}.lock", "a") as lock:
-        locked = _lock(lock, folder)
-        if (folder / "index.npy").exists():
-            return
-        if locked:  # only we may build this cache now: a staging folder of it is a dead build's
+        try:  # held after any other holder
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.warning("Waiting for another process to build the image cache %s", folder)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except (AttributeError, OSError) as err:  # no fcntl (Windows); NFS without lockd; Lustre
+            log.warning("No file locks in %s (%s): processes may each build it", folder.parent, err)
+        else:  # only we may build this cache now: a staging folder of it is a dead build's
             for leftover in folder.parent.glob(f".{folder.name}-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
+        if (folder / "index.npy").exists():
+            return
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
             _write(dataset, staging, size, workers, progress, skip)
@@ -142,20 +135,6 @@ def build(
                     raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-
-
-def _lock(file: IO, folder: Path) -> bool:
-    """Hold `file`'s exclusive lock, after any other holder; False where locks do not work."""
-    try:
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("Waiting for another process to build the image cache %s", folder)
-            fcntl.flock(file, fcntl.LOCK_EX)
-    except (AttributeError, OSError) as err:  # no fcntl (Windows); NFS without lockd; Lustre
-        log.warning("No file locks in %s (%s): processes may each build it", folder.parent, err)
-        return False
-    return True
 
 
 class _Decoded(ImageFolderDataset):

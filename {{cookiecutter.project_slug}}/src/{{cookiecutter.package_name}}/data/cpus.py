@@ -53,27 +53,20 @@ def cgroup_cpu_limit() -> float | None:
     except OSError:  # not Linux
         return None
     limits = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    for _, controllers, path in (line.split(":", 2) for line in lines):
         if controllers == "":  # the v2 hierarchy; /unified beside v1 controllers in hybrid mode
             unified = (CGROUP_ROOT / "cgroup.controllers").exists()
-            base, v2 = (CGROUP_ROOT if unified else CGROUP_ROOT / "unified"), True
+            base, files = CGROUP_ROOT if unified else CGROUP_ROOT / "unified", ["cpu.max"]
         elif "cpu" in controllers.split(","):
-            base, v2 = CGROUP_ROOT / controllers, False
+            base, files = CGROUP_ROOT / controllers, ["cpu.cfs_quota_us", "cpu.cfs_period_us"]
         else:
             continue
-        folder = base / path.lstrip("/")  # its folder, then each parent up to `base`
-        folders = [base, *(f for f in (folder, *folder.parents) if base in f.parents)]
-        limits += [q for folder in folders if (q := _quota(folder, v2)) is not None]
+        own = base / path.lstrip("/")  # its folder, then each parent up to `base`
+        for folder in [base, *(f for f in (own, *own.parents) if base in f.parents)]:
+            try:  # v2: "max" or "<quota> <period>"; v1: a quota (-1: none), a period
+                quota, period = " ".join((folder / name).read_text() for name in files).split()
+                if quota != "max" and int(quota) > 0:
+                    limits.append(int(quota) / int(period))
+            except (OSError, ValueError):  # no such folder or file, or a format we do not know
+                pass
     return min(limits, default=None)
-
-
-def _quota(folder: Path, v2: bool) -> float | None:
-    try:
-        if v2:
-            quota, period = (folder / "cpu.max").read_text().split()
-            return None if quota == "max" else int(quota) / int(period)
-        quota = int((folder / "cpu.cfs_quota_us").read_text())
-        return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):  # no such folder or file, or a format we do not know
-        return None

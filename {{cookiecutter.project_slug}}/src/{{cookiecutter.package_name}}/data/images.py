@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import math
 import os
 import struct
 import sys
@@ -17,15 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import simplejpeg  # libjpeg-turbo, with its fast IDCT and chroma upsampling selectable
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from {{ cookiecutter.package_name }}.errors import DataError
-
-try:
-    import simplejpeg  # libjpeg-turbo, with its fast IDCT and chroma upsampling selectable
-except ImportError:  # pragma: no cover - a dependency, but PIL reads JPEGs without it
-    simplejpeg = None
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 # PIL decodes these (IMG_EXTENSIONS') only, never its dozens of others: EPS runs Ghostscript.
@@ -55,25 +50,17 @@ def decode_image(
         try:
             width, height, orientation = image_header(data, path)
             if data[:2] == b"\xff\xd8":
-                reducible = bool(min_size) and min(width, height) >= 2 * min_size
-                if simplejpeg is not None and (approximate or not reducible):
-                    try:  # the smallest n/8 scale with both sides >= min_size; ValueError on damage
-                        side = min_size if reducible else 0
-                        fast = {"fastdct": approximate, "fastupsample": approximate}
-                        sizes = {"min_height": side, "min_width": side}
-                        rgb = simplejpeg.decode_jpeg(data, colorspace="RGB", **fast, **sizes)
-                        if orientation >= 5:  # Exif orientation undone, as PIL's exif_transpose
-                            rgb = rgb.transpose(1, 0, 2)
-                        flip = (orientation - 1) % 4  # none, mirrored, both, upside down
-                        rgb = rgb[:: -1 if flip >= 2 else 1, :: -1 if flip in (1, 2) else 1]
-                        return _as_tensor(rgb)
-                    except ValueError:
-                        pass  # damaged, or a flaw libjpeg decodes through: PIL decides, quietly
-                if reducible:  # the largest DCT reduction (1/2, 1/4, 1/8) keeping min_size
-                    scale = min(width, height) / min_size
-                    with _open(data) as image:
-                        image.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
-                        return _pil_pixels(image)
+                # At least twice min_size: the smallest n/8 scale keeping both sides >= min_size
+                side = min_size if min_size and min(width, height) >= 2 * min_size else 0
+                try:  # fast IDCT and upsampling or not, min height and width; ValueError on damage
+                    rgb = simplejpeg.decode_jpeg(data, "RGB", approximate, approximate, side, side)
+                    if orientation >= 5:  # Exif orientation undone, as PIL's exif_transpose
+                        rgb = rgb.transpose(1, 0, 2)
+                    flip = (orientation - 1) % 4  # none, mirrored, both, upside down
+                    rgb = rgb[:: -1 if flip >= 2 else 1, :: -1 if flip in (1, 2) else 1]
+                    return _as_tensor(rgb)
+                except ValueError:
+                    pass  # damaged, or a flaw libjpeg decodes through: PIL decides, in full
             with _libtiff_quiet(data, path), _open(data) as image:
                 return _pil_pixels(image)
         except DataError:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from {{ cookiecutter.package_name }}.data.transforms import Draw
@@ -35,26 +36,24 @@ def make_loader(
     seed: int = 0,
     repeats: int = 1,
 ) -> DataLoader:
-    """A loader of uint8 batches: with `train`, shuffled (or balanced by `balance_classes`: targets,
-    classes, seed) in an order fixed by `seed` and the epoch (a resumed run draws the same), in
-    `repeats` passes; without, in order. Under DDP, shard is (rank, world size) of this process."""
+    """uint8 batches; for training, shuffled (or balanced: `balance_classes` is targets, classes,
+    seed) in an order fixed by seed and epoch, `repeats` passes. `shard`: (rank, world size)."""
     sampler, place = None, shard or (0, 1)
     if train and balance_classes is not None:
         targets, num_classes, seed = balance_classes
         weights = 1.0 / np.bincount(targets, minlength=num_classes)[targets]  # classes alike
         sampler = BalancedSampler(torch.from_numpy(weights), seed, *place, repeats)
-    elif train:
-        # Not the DataLoader's shuffle, seeded by the global random state, which a resumed run
-        # reaches in another state; Lightning leaves a DistributedSampler in place under DDP.
+    elif train:  # not the DataLoader's shuffle: the global random state differs on resume
         sampler = EpochShuffle(dataset, seed, *place, repeats)
-    if not train and shard is not None:
-        sampler = EvalShardSampler(dataset, *shard)
+    elif shard is not None:
         if 0 < len(dataset) < shard[1]:  # a process without a batch would leave others waiting
             raise DataError(
                 f"{len(dataset)} images to validate, test or predict cannot be shared among "
                 f"{shard[1]} processes: each process needs at least one; give more images, or "
                 "run fewer processes (--trainer.devices, --trainer.num_nodes)"
             )
+        # Every image once over all ranks (torch's DistributedSampler pads with repeats).
+        sampler = UnrepeatedDistributedSampler(dataset, shard[1], shard[0], shuffle=False)
     # No last partial training batch: BatchNorm away from tiny ones (a share under one batch: kept).
     drop_last = train and len(sampler) > batch_size
     return DataLoader(
@@ -74,7 +73,9 @@ def worker_options(num_workers: int, rank: int, ranks: int, preload: str) -> dic
     where a fork can hang (`FORK_CAN_HANG`: on a thread DDP runs), forked by a thread-free server
     that imported `preload`, in the loader's environment (docs/performance.md)."""
     init = partial(_worker_init, rank=rank, owner=os.getpid())
-    if not (num_workers and _forks()):
+    # Started by fork? Read without fixing the start method (the default is listed first).
+    method = multiprocessing.get_start_method(True) or multiprocessing.get_all_start_methods()[0]
+    if not (num_workers and _SIGWAIT and method == "fork"):
         return {"worker_init_fn": init}
     if ranks > 1 and FORK_CAN_HANG:
         context = _ServeWithSigtermBlocked()
@@ -133,13 +134,6 @@ def _worker_init(worker_id: int, rank: int, owner: int) -> None:
         pl_worker_init_function(worker_id, rank)
 
 
-def _forks() -> bool:
-    """Whether loader workers start by fork here (read without fixing the start method, as
-    `multiprocessing.get_context()` would; the default is listed first)."""
-    method = multiprocessing.get_start_method(allow_none=True)
-    return _SIGWAIT and (method or multiprocessing.get_all_start_methods()[0]) == "fork"
-
-
 class _SigtermBlocked:
     """A loader worker started with SIGTERM blocked (a fork keeps the mask): the threads torch
     starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from` too,
@@ -174,19 +168,6 @@ def _end_on_sigterm_from(owner: int) -> None:
     while signal.sigwaitinfo([signal.SIGTERM]).si_pid != owner:
         pass
     os._exit(0)
-
-
-class EvalShardSampler(DistributedSampler):
-    """Images `rank`, `rank + world`, ... of an evaluation set: every image once over all ranks
-    (torch's `DistributedSampler` pads the shards with repeats, which metrics count twice)."""
-
-    def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
-        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=False)
-        self.num_samples = len(range(rank, len(dataset), world_size))
-        self.total_size = len(dataset)
-
-    def __iter__(self):
-        return iter(range(self.rank, self.total_size, self.num_replicas))
 
 
 class EpochShuffle(DistributedSampler):

@@ -30,11 +30,9 @@ class BatchNormalizer:
             torch.set_num_threads(threads)
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """`scale`, `bias` with `(x / 255 - mean) / std == x * scale + bias`, made once per device
-        (no host-to-device copy a batch)."""
+        """`scale`, `bias` with `(x / 255 - mean) / std == x * scale + bias`, once per device."""
         if device not in self._constants:
-            mean = torch.tensor(self.mean, dtype=torch.float64).view(1, 3, 1, 1)
-            std = torch.tensor(self.std, dtype=torch.float64).view(1, 3, 1, 1)
-            scale, bias = 1 / (255 * std), -mean / std
-            self._constants[device] = tuple(t.to(device, torch.float32) for t in (scale, bias))
+            mean, std = torch.tensor([self.mean, self.std], dtype=torch.float64).view(2, 1, 3, 1, 1)
+            pair = (1 / (255 * std), -mean / std)
+            self._constants[device] = tuple(t.to(device, torch.float32) for t in pair)
         return self._constants[device]

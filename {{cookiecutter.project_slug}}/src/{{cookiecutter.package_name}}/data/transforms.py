@@ -73,33 +73,26 @@ def train_transform(image_size: int, augment: Augment | None = None) -> RandomRe
 
 
 class RandomResizedCropFlip:
-    """`v2.RandomResizedCrop(size, scale, ratio, antialias=True)`, `v2.RandomHorizontalFlip()`:
-    written out (same sampling and kernel), as v2's per-call overhead costs more than the resize on
-    small images. Draws from `random`, seeded per `Draw`, as does the torch seed of `extra`."""
+    """`v2.RandomResizedCrop(size, scale, antialias=True)`, `v2.RandomHorizontalFlip()`: written
+    out (same sampling and kernel), as v2's per-call overhead costs more than the resize on small
+    images. Draws from `random`, seeded per `Draw`, as does the torch seed of `extra`."""
 
-    def __init__(
-        self,
-        size: int,
-        scale: tuple[float, float] = (0.6, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        hflip: bool = False,
-        extra: list | None = None,
-    ) -> None:
-        self.size, self.scale, self.ratio, self.hflip = size, scale, ratio, hflip
-        self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    ratio = (3 / 4, 4 / 3)  # of width to height, as v2's default
+
+    def __init__(self, size: int, scale=(0.6, 1.0), hflip: bool = False, extra=None) -> None:
+        self.size, self.scale, self.hflip = size, scale, hflip
         self.extra = v2.Compose(extra) if extra else None
 
     def min_source_size(self) -> int:
         """The short side a source needs so that no crop is enlarged (large JPEGs decode to it)."""
-        narrowest = min(self.ratio[0], 1 / self.ratio[1], 1.0)
-        return math.ceil(self.size / math.sqrt(self.scale[0] * narrowest))
+        return math.ceil(self.size / math.sqrt(self.scale[0] * self.ratio[0]))
 
     def crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
         """(top, left, height, width) of a random crop, as `v2.RandomResizedCrop` draws it."""
         area = height * width
         for _ in range(10):
             target = area * random.uniform(*self.scale)
-            aspect = math.exp(random.uniform(*self.log_ratio))
+            aspect = math.exp(random.uniform(math.log(self.ratio[0]), math.log(self.ratio[1])))
             w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
             if 0 < w <= width and 0 < h <= height:
                 # One uniform draw per offset (not `randint`): the same crop on its cached copy

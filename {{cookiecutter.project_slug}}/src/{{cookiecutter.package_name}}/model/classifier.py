@@ -110,7 +110,7 @@ class ImageClassifier(L.LightningModule):
             MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
         )
         self.val_confusion = MulticlassConfusionMatrix(num_classes)
-        # Losses averaged over images: exact under DDP's uneven shards (EvalShardSampler).
+        # Losses averaged over images: exact under DDP's uneven shards (loaders.make_loader).
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
