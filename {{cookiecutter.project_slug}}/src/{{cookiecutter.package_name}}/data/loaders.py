@@ -37,7 +37,7 @@ def make_loader(
     repeats: int = 1,
 ) -> DataLoader:
     """uint8 batches; for training, shuffled (or balanced: `balance_classes` is targets, classes,
-    seed) in an order fixed by seed and epoch, `repeats` passes. `shard`: (rank, world size)."""
+    seed), by seed and epoch, `repeats` passes. Under DDP, shard is (rank, world size)."""
     sampler, place = None, shard or (0, 1)
     if train and balance_classes is not None:
         targets, num_classes, seed = balance_classes
