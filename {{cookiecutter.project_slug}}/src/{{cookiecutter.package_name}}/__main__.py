@@ -20,10 +20,9 @@ WORKER_DIED = (
 
 
 def usage() -> str:
-    width = max(len(name) for name in COMMANDS)
-    lines = [USAGE, "", "commands (each with its own --help):"]
-    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    return "\n".join(lines)
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join([USAGE, "", "commands (each with its own --help):", *lines])
 
 
 def main(args: list[str] | None = None) -> None:
@@ -33,21 +32,18 @@ def main(args: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return
-    name = argv[0]
-    if name.startswith("-"):  # options before the command (`--config FILE fit`): LightningCLI's
-        module = "cli"
-    elif name in COMMANDS:
-        module = COMMANDS[name][0]
-    else:
-        print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+    # options before the command (`--config FILE fit`): LightningCLI's
+    module = "cli" if argv[0].startswith("-") else COMMANDS.get(argv[0], (None,))[0]
+    if module is None:
+        print(f"error: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         sys.exit(2)
     command = importlib.import_module(f"{{ cookiecutter.package_name }}.commands.{module}")
     try:
         code = command.main(argv if module == "cli" else argv[1:])
     except DataError as err:  # bad input: one line, without the traceback of a loader worker's
         text = str(err)
-        if "DataLoader worker" in text and "DataError: " in text:
-            text = text.rsplit("DataError: ", 1)[1]
+        if "DataLoader worker" in text:
+            text = text.rsplit("DataError: ", 1)[-1]
         print(f"error: {text.strip()}", file=sys.stderr)
         sys.exit(2)
     except RuntimeError as err:

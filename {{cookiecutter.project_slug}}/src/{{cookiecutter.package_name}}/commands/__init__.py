@@ -43,18 +43,15 @@ def short_spellings(argv: list[str]) -> list[str]:
     """`argv` with each flat source option (`--data.root DIR`, also with `=`) spelt in full; one
     that names a kind of source (`labels_csv`) puts `--data.source KIND` before the first source
     option, as jsonargparse needs."""
-    out: list[str] = []
-    chosen, first = None, None
+    out, chosen, first = [], None, None
     for arg in argv:
         option, equals, value = arg.partition("=")
-        name = option.removeprefix("--data.") if option.startswith("--data.") else None
-        if name in SOURCE_OPTIONS or name in SOURCE_CHOOSING:
+        name = option.removeprefix("--data.")
+        if option.startswith("--data.") and (name in SOURCE_OPTIONS or name in SOURCE_CHOOSING):
             kind, name = SOURCE_CHOOSING.get(name, (None, name))
             chosen = chosen or kind
             arg = f"--data.source.{name}{equals}{value}"
         if first is None and arg.startswith("--data.source."):
             first = len(out)
         out.append(arg)
-    if chosen is not None:
-        out[first:first] = ["--data.source", chosen]
-    return out
+    return out if chosen is None else [*out[:first], "--data.source", chosen, *out[first:]]

@@ -1,6 +1,5 @@
 """`export --ckpt_path best.ckpt [--format pt2|onnx] [--output PATH]`: one file that serves without
-this project, uint8 images in, logits out, with its metadata inside and beside it (`model.json`).
-docs/inference.md has the formats and what a server must do."""
+this project, uint8 images in, logits out, its metadata inside and beside it (docs/inference.md)."""
 
 from __future__ import annotations
 
@@ -22,13 +21,12 @@ from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
 from {{ cookiecutter.package_name }}.model.classifier import flip_average
 from {{ cookiecutter.package_name }}.training.outputs import check_output
 
-FORMATS = {"pt2": ("torch.export", ".pt2"), "onnx": ("onnx", ".onnx")}  # metadata name, suffix
+FORMATS = {"pt2": "torch.export", "onnx": "onnx"}  # --format -> the metadata's "format"
 _DYNAMIC_BATCH = {"images": {0: torch.export.Dim.DYNAMIC}}
 
 
 class ExportedClassifier(nn.Module):
-    """The network behind the training normalisation: uint8 `(N, 3, H, W)` -> logits (with
-    `tta_flip`, their `flip_average`)."""
+    """The network behind the training normalisation: uint8 `(N, 3, H, W)` -> logits (averaged)."""
 
     def __init__(self, net: nn.Module, mean, std, tta_flip: bool = False) -> None:
         super().__init__()
@@ -60,7 +58,7 @@ def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedCl
         return {k: v for k, v in (checkpoint.get(key) or {}).items() if k != "_instantiator"}
 
     metadata = {
-        "format": FORMATS[fmt][0],
+        "format": FORMATS[fmt],
         "class_names": list(hp.class_names),
         "image_size": size,
         "mean": list(hp.mean),
@@ -86,27 +84,21 @@ def export_checkpoint(
 ) -> list[Path]:
     """Write the checkpoint as `fmt` to `output` (default `model.<fmt>`), its metadata beside it
     (`.json`); return both paths. Refuses to write over a file export did not write."""
-    if fmt not in FORMATS:
-        raise DataError(f"--format {fmt} is not one of {', '.join(FORMATS)}")
-    output = Path(output if output is not None else "model" + FORMATS[fmt][1])
+    output = Path(output or f"model.{fmt}")
     if output.suffix == ".json":
         raise DataError(f"--output {output}: .json is the name of the metadata file beside it")
     sidecar = output.with_suffix(".json")
     check = partial(check_output, overwrite=overwrite, inputs=[("--ckpt_path", ckpt_path)])
     check(output, "--output", ours=is_export, what="a model that export wrote")
-    what = "export's metadata"
-    check(sidecar, f"--output {output}: its metadata file", ours=is_export_metadata, what=what)
-    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    option = f"--output {output}: its metadata file"
+    check(sidecar, option, ours=is_metadata, what="export's metadata")
+    missing = " and ".join(m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None)
     if fmt == "onnx" and missing:
-        raise DataError(
-            f"--format onnx needs {' and '.join(missing)}: install the onnx extra "
-            "(pip install '.[onnx]')"
-        )
+        raise DataError(f"--format onnx needs {missing}: install its extra, pip install '.[onnx]'")
     module, metadata = load_for_export(ckpt_path, fmt)
     output.parent.mkdir(parents=True, exist_ok=True)
-    size = metadata["image_size"]
+    size, text = metadata["image_size"], json.dumps(metadata)
     example = (torch.randint(0, 256, (2, 3, size, size), dtype=torch.uint8),)
-    text = json.dumps(metadata)
     with torch.no_grad():
         if fmt == "pt2":
             program = torch.export.export(module, example, dynamic_shapes=_DYNAMIC_BATCH)
@@ -130,9 +122,7 @@ def is_export(path: Path) -> bool:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
                 return any(name.endswith("/" + METADATA_FILE) for name in archive.namelist())
-        if path.suffix.lower() != ".onnx" or importlib.util.find_spec("onnx") is None:
-            return False
-        import onnx
+        import onnx  # not installed: no ONNX model is known as export's
 
         props = onnx.load(path, load_external_data=False).metadata_props
     except Exception:  # unreadable, or not the protobuf an ONNX model is: not ours
@@ -140,20 +130,15 @@ def is_export(path: Path) -> bool:
     return any(prop.key == METADATA_FILE for prop in props)
 
 
-def is_export_metadata(path: Path) -> bool:
+def is_metadata(path: Path) -> bool:
     """Whether `path` is a `.json` export wrote: its format, class names and preprocessing."""
     try:
-        if path.stat().st_size > 1 << 24:  # far larger than any metadata export writes
-            return False
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        with open(path, "rb") as file:  # 16 MiB: far more than any metadata export writes
+            metadata = json.loads(file.read(1 << 24))
+    except (OSError, ValueError):
         return False
-    return (
-        isinstance(metadata, dict)
-        and metadata.get("format") in {name for name, _ in FORMATS.values()}
-        and isinstance(metadata.get("class_names"), list)
-        and isinstance(metadata.get("preprocessing"), dict)
-    )
+    ours = isinstance(metadata, dict) and "class_names" in metadata and "preprocessing" in metadata
+    return ours and metadata.get("format") in FORMATS.values()
 
 
 def main(args: list[str] | None = None) -> None:
@@ -166,12 +151,8 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--output", metavar="PATH", help="default: model.pt2 or model.onnx")
     parser.add_argument("--overwrite", action="store_true", help="replace a file not export's")
     options = parser.parse_args(args)
-    suffix = FORMATS[options.format][1]
-    if options.output is not None and Path(options.output).suffix != suffix:
-        print(
-            f"note: writing {options.format} to {options.output}: --format decides the format, "
-            f"not the name ({suffix} is the usual suffix)",
-            file=sys.stderr,
-        )
+    if options.output and Path(options.output).suffix != (suffix := f".{options.format}"):
+        note = f"--format decides the format, not the name ({suffix} is the usual suffix)"
+        print(f"note: writing {options.format} to {options.output}: {note}", file=sys.stderr)
     paths = export_checkpoint(options.ckpt_path, options.output, options.format, options.overwrite)
     print("\n".join(f"wrote {path}" for path in paths))

@@ -5,12 +5,15 @@ model as `predict` does, without Lightning (docs/inference.md). Load only models
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import itertools
 import json
 import os
 import sys
 import zipfile
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -43,8 +46,7 @@ class ExportedModel:
 
 def load_exported(path: str | Path) -> ExportedModel:
     """The model `export` wrote to `path`, in either format; else a DataError naming the file."""
-    path = Path(path)
-    where = f"--model {path}"
+    path, where = Path(path), f"--model {path}"
     if not path.is_file():
         raise DataError(f"{where} is not a file: {'a directory' if path.is_dir() else 'missing'}")
     if zipfile.is_zipfile(path):
@@ -90,37 +92,30 @@ def load_exported(path: str | Path) -> ExportedModel:
 
 
 def _metadata(text: str, where: str) -> dict:
-    try:
-        metadata = json.loads(text or "null")
-    except json.JSONDecodeError:
-        metadata = None
-    if not (
-        isinstance(metadata, dict)
-        and isinstance(metadata.get("class_names"), list)
-        and isinstance(metadata.get("image_size"), int)
-    ):
-        raise DataError(
-            f"{where} has no {METADATA_FILE} with class_names and image_size: not written by "
-            f"`{EXPORT}`"
-        )
-    return metadata
+    with contextlib.suppress(ValueError, KeyError, TypeError):  # not JSON, or not export's
+        metadata = json.loads(text)
+        if isinstance(metadata["class_names"], list) and isinstance(metadata["image_size"], int):
+            return metadata
+    raise DataError(
+        f"{where} has no {METADATA_FILE} with class_names and image_size: not written by `{EXPORT}`"
+    )
 
 
-def find_images(inputs: list[str]) -> tuple[list[str], list[str]]:
-    """The files named and every image below the folders named; a line per input giving none."""
-    paths, problems = [], []
+def find_images(inputs: list[str], report: Callable[[str], None]) -> list[str]:
+    """The files named and every image below the folders named; `report` gets a line per input
+    giving none."""
+    paths = []
     for name in inputs:
         if Path(name).is_dir():
             found = list_images(Path(name))
-            if not found:
-                accepted = " ".join(IMG_EXTENSIONS)
-                problems.append(f"{name}: a folder with no images (accepted: {accepted})")
             paths += [os.path.join(name, relative) for relative in found]  # as predict joins them
+            if not found:
+                report(f"{name}: a folder with no images (accepted: {' '.join(IMG_EXTENSIONS)})")
         elif Path(name).exists():
             paths.append(name)  # named explicitly: tried whatever its extension
         else:
-            problems.append(f"cannot read image {name}: no such file or folder")
-    return paths, problems
+            report(f"cannot read image {name}: no such file or folder")
+    return paths
 
 
 def classify(
@@ -129,8 +124,7 @@ def classify(
     """(path, class probabilities) for each image that can be read, `batch_size` at a time;
     `report` gets a line about each image that cannot."""
     transform = eval_transform(model.image_size)
-    batch: list[str] = []
-    images: list[Tensor] = []
+    batch, images = [], []
     for number, path in enumerate(paths, 1):
         try:  # as validation reads it: large JPEGs decoded reduced, no lower than the size
             images.append(transform(read_image(path, model.image_size)))
@@ -144,10 +138,8 @@ def classify(
 
 def top_classes(probabilities: Tensor, class_names: list[str]) -> list[tuple[str, float]]:
     """The `TOP_K` likeliest classes and their probabilities, the likeliest first (also serve's)."""
-    top_probs, top_labels = probabilities.topk(min(TOP_K, len(class_names)))
-    return [
-        (class_names[c], p) for c, p in zip(top_labels.tolist(), top_probs.tolist(), strict=True)
-    ]
+    probs, labels = probabilities.topk(min(TOP_K, len(class_names)))
+    return [(class_names[c], p) for c, p in zip(labels.tolist(), probs.tolist(), strict=True)]
 
 
 def main(args: list[str] | None = None) -> int:
@@ -160,43 +152,33 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--csv", metavar="FILE", help="write predict's CSV instead of printing")
     parser.add_argument("--overwrite", action="store_true", help="replace a --csv not ours")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="(32)")
-    options = parser.parse_args(args)
-    if options.batch_size < 1:
-        parser.error(f"--batch-size must be at least 1, got {options.batch_size}")
-    if options.csv is not None:  # before anything is read or written
-        check_output(
-            options.csv,
-            "--csv",
-            ours=lambda path: starts_with_line(path, ",".join(HEADER)),
-            what="a predictions CSV that predict or infer wrote",
-            overwrite=options.overwrite,
-            inputs=[("--model", options.model), *(("IMAGE", name) for name in options.images)],
-        )
-
-    model = load_exported(options.model)
-    paths, problems = find_images(options.images)
-    for line in problems:
-        print(line, file=sys.stderr)
+    cfg = parser.parse_args(args)
+    if cfg.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.csv is not None:  # before anything is read or written
+        inputs = [("--model", cfg.model), *(("IMAGE", name) for name in cfg.images)]
+        what = "a predictions CSV that predict or infer wrote"
+        ours = partial(starts_with_line, line=",".join(HEADER))
+        check_output(cfg.csv, "--csv", ours=ours, what=what, overwrite=cfg.overwrite, inputs=inputs)
+    model, problems = load_exported(cfg.model), []
 
     def report(line: str) -> None:
         problems.append(line)
         print(line, file=sys.stderr)
 
-    classified = classify(model, paths, options.batch_size, report)
+    classified = classify(model, find_images(cfg.images, report), cfg.batch_size, report)
     rows = (_row(path, probs, model.class_names) for path, probs in classified)
-    if options.csv is None:
+    if cfg.csv is None:
         try:
             for row in rows:
                 print("\t".join(row), flush=True)
         except BrokenPipeError:  # `infer ... | head`: the reader has all it wants
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     else:
-        Path(options.csv).parent.mkdir(parents=True, exist_ok=True)
-        with open(options.csv, "w", newline="") as file:
-            writer = csv.writer(file)
-            writer.writerow(HEADER)
-            writer.writerows(rows)
-        print(f"predictions: {options.csv}")
+        Path(cfg.csv).parent.mkdir(parents=True, exist_ok=True)
+        with open(cfg.csv, "w", newline="") as file:
+            csv.writer(file).writerows(itertools.chain([HEADER], rows))
+        print(f"predictions: {cfg.csv}")
     return 1 if problems else 0
 
 

@@ -10,11 +10,7 @@ import sys
 import yaml
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.data.datamodule import (
-    DEFAULT_SOURCE,
-    ImageDataModule,
-    add_data_arguments,
-)
+from {{ cookiecutter.package_name }}.data.datamodule import DEFAULT_SOURCE, ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -25,12 +21,8 @@ PROG = "python -m {{ cookiecutter.package_name }} scan"
 def main(args: list[str] | None = None) -> int:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_data_arguments(parser)
-    args = sys.argv[1:] if args is None else list(args)
-    try:
-        args = _with_config_defaults(parser, args)
-    except (OSError, yaml.YAMLError) as err:  # as any DataError: one `error:` line, exit 2
-        raise DataError(f"--config: {err}") from err
-    config = parser.parse_args(args)
+    args = sys.argv[1:] if args is None else args
+    config = parser.parse_args(_with_config_defaults(parser, args))
     source = source_from_config(config.data.source, files_for="scan")
     source.skip_bad_images = False  # what scan is for: every unreadable file listed
     datamodule = ImageDataModule(**{**config.data.as_dict(), "source": source})
@@ -42,25 +34,24 @@ def main(args: list[str] | None = None) -> int:
     bad = find_unreadable(datasets, datamodule.resolve_num_workers(), progress=True)
     for _, message in bad:
         print(message)
-    total = sum(len(dataset) for dataset in datasets)
-    print(f"scanned {total} images: {len(bad)} unreadable", file=sys.stderr)
+    print(f"scanned {sum(map(len, datasets))} images: {len(bad)} unreadable", file=sys.stderr)
     return 1 if bad else 0
 
 
 def _with_config_defaults(parser: ArgumentParser, args: list[str]) -> list[str]:
-    """The `data:` section of a `--config FILE` as defaults (its `trainer:`, `model:` mean nothing
-    here)."""
-    for i, arg in enumerate(args):
-        if arg == "--config" and i + 1 < len(args):
-            config_file, rest = args[i + 1], args[:i] + args[i + 2 :]
-        elif arg.startswith("--config="):
-            config_file, rest = arg.split("=", 1)[1], args[:i] + args[i + 1 :]
-        else:
+    """`args` less each `--config FILE`, whose `data:` section becomes the parser's defaults (its
+    `trainer:`, `model:` mean nothing here); also shard's."""
+    rest, args = [], iter(args)
+    for arg in args:
+        if arg != "--config" and not arg.startswith("--config="):
+            rest.append(arg)
             continue
-        with open(config_file, encoding="utf-8") as file:
-            data = (yaml.safe_load(file) or {}).get("data") or {}
+        try:
+            with open(arg[9:] or next(args, ""), encoding="utf-8") as file:  # --config[=]FILE
+                data = (yaml.safe_load(file) or {}).get("data") or {}
+        except (OSError, yaml.YAMLError) as err:  # as any DataError: one `error:` line, exit 2
+            raise DataError(f"--config: {err}") from err
         if isinstance(data.get("source"), dict):  # options alone: of the default source
             data["source"] = {**DEFAULT_SOURCE, **data["source"]}
         parser.set_defaults({f"data.{key}": value for key, value in data.items()})
-        return _with_config_defaults(parser, rest)
-    return args
+    return rest
