@@ -10,7 +10,11 @@ import sys
 import yaml
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.data.datamodule import DEFAULT_SOURCE, ImageDataModule, add_data_arguments
+from {{ cookiecutter.package_name }}.data.datamodule import (
+    DEFAULT_SOURCE,
+    ImageDataModule,
+    add_data_arguments,
+)
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
