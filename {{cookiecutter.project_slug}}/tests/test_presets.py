@@ -18,7 +18,7 @@ from conftest import tiny_run_options, write_corrupt, write_image
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import load_for_export
-from {{ cookiecutter.package_name }}.model.mixing import BatchMixer
+from {{ cookiecutter.package_name }}.model.classifier import BatchMixer
 from {{ cookiecutter.package_name }}.training.ema import warmed_up_ema
 
 RECIPES = Path(__file__).parents[1] / "configs" / "recipes"

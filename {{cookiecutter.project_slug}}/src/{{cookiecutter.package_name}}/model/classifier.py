@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchvision.transforms import v2
 
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.model.mixing import BatchMixer
 from {{ cookiecutter.package_name }}.model.networks import COMPACT, build_network
 from {{ cookiecutter.package_name }}.model.optim import (
     check_layer_decay,
@@ -94,10 +94,9 @@ class ImageClassifier(L.LightningModule):
             architecture, num_classes, image_size, width, depths, dropout, weights, pretrained
         )
         hp = self.hparams
-        for name in ("freeze_backbone_epochs", "mix_off_epochs", "mixup_alpha", "cutmix_alpha"):
-            if hp[name] < 0:
-                raise DataError(f"--model.{name} must be at least 0, got {hp[name]}")
-        for name, least in (("backbone_lr_scale", 0), ("lr_reference_batch", 1)):
+        names = "freeze_backbone_epochs mix_off_epochs mixup_alpha cutmix_alpha backbone_lr_scale"
+        for name in [*names.split(), "lr_reference_batch"]:
+            least = 1 if name == "lr_reference_batch" else 0
             if hp[name] is not None and hp[name] < least:
                 raise DataError(f"--model.{name} must be at least {least}, got {hp[name]}")
         check_layer_decay(self.net, architecture, layer_decay)
@@ -120,11 +119,8 @@ class ImageClassifier(L.LightningModule):
         self._resumed: tuple | None = None  # the schedule a fit resumes, until it is rebuilt
 
     def setup(self, stage: str) -> None:
-        hp = self.hparams
-        channels_last = hp.channels_last
-        if channels_last is None:
-            channels_last = isinstance(self.trainer.accelerator, CUDAAccelerator)
-        if channels_last:
+        hp, cuda = self.hparams, isinstance(self.trainer.accelerator, CUDAAccelerator)
+        if hp.channels_last or (hp.channels_last is None and cuda):
             self.net.to(memory_format=torch.channels_last)
             self._channels_last = True
         if stage == "fit":
@@ -240,15 +236,9 @@ class ImageClassifier(L.LightningModule):
         total = max(1, int(self.trainer.estimated_stepping_batches))  # sets up the train data
         lr = hp.lr
         if hp.lr_reference_batch is not None:  # scaled by the global batch, said on rank zero
-            batch_size = getattr(self.trainer.datamodule, "batch_size", None) or getattr(
-                self.trainer.train_dataloader, "batch_size", None
-            )
-            if batch_size is None:
-                raise DataError(
-                    "--model.lr_reference_batch: the training data's batch size is unknown; "
-                    "give --data.batch_size"
-                )
-            batch = batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
+            trainer = self.trainer
+            batch = trainer.datamodule.batch_size * trainer.world_size
+            batch *= trainer.accumulate_grad_batches
             lr = hp.lr * batch / hp.lr_reference_batch
             rank_zero_info(
                 f"learning rate {hp.lr:g} x {batch}/{hp.lr_reference_batch} = {lr:g} "
@@ -294,3 +284,23 @@ def flip_average(net: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
     logits = net(torch.cat([images, images.flip(-1)])).float()
     views = logits.log_softmax(dim=1).unflatten(0, (2, -1))  # -1: a batch of any size exports
     return views.logsumexp(dim=0) - math.log(2)
+
+
+class BatchMixer:
+    """torchvision's `v2.MixUp` and/or `v2.CutMix` (with both, one of the two per batch): images
+    and class indices in, mixed images and class probabilities out, drawn from a key (seed, epoch,
+    batch, rank), not the global random state: a run resumed mid-epoch mixes as before."""
+
+    def __init__(self, num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> None:
+        mixers: list[v2.Transform] = []
+        if mixup_alpha > 0:
+            mixers.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
+        if cutmix_alpha > 0:
+            mixers.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
+        self.transform = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
+
+    def __call__(self, images: Tensor, targets: Tensor, key: tuple[int, ...]) -> tuple:
+        # Every draw (mixer, weight, box) from the CPU generator, seeded by `key`, then put back.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(hash(key))  # ints hash the same in every process, unlike str
+            return self.transform(images, targets)
