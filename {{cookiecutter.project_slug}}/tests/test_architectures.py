@@ -84,23 +84,13 @@ def test_a_local_weights_file_loads_with_the_classifier_re_made(
     assert isinstance(logits, torch.Tensor) and logits.shape == (2, 7)
 
 
-@pytest.mark.parametrize(
-    ("architecture", "why", "size"),
-    [
-        ("alexnet", ".+", 224),
-        ("vit_tiny_patch16_224", r"Input height \(16\) doesn't match model \(224\)", 224),  # timm
-    ],
-    ids=["alexnet", "vit_tiny_patch16_224"],
-)
 def test_fit_refuses_a_model_that_cannot_run_at_the_image_size_in_one_line(
-    architecture: str, why: str, size: int, image_root: Path, tmp_path: Path, run_main
+    image_root: Path, tmp_path: Path, run_main
 ) -> None:
-    if architecture.startswith("vit"):
-        pytest.importorskip("timm", reason="the timm extra: pip install '.[timm]'")
-    options = ["--model.architecture", architecture, "--trainer.max_epochs", "1"]
+    options = ["--model.architecture", "alexnet", "--trainer.max_epochs", "1"]
     fit = run_main("fit", *tiny_run_options(image_root), *options, cwd=tmp_path)
-    said = rf"error: --model.architecture {architecture} does not run at --data.image_size 16 "
-    said += rf"\({why}\); use --data.image_size {size} or another architecture"
+    said = r"error: --model.architecture alexnet does not run at --data.image_size 16 \(.+\); "
+    said += "use --data.image_size 224 or another architecture"
     assert re.fullmatch(said, one_error(fit.returncode, fit.stderr))
     assert not list(tmp_path.rglob("*.ckpt"))
 

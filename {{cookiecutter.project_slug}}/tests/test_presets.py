@@ -34,14 +34,6 @@ def short_run(root: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def readme_finetune_command() -> str:
-    """The README's fine-tune command (its second code block)."""
-    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"\*\*Fine-tune a pretrained backbone\*\*.*?```bash\n(.*?)```", text, re.S)
-    (line,) = [line for line in block.group(1).splitlines() if line.startswith("python -m ")]
-    return line
-
-
 @pytest.mark.slow
 def test_readme_finetune_command_trains_from_a_hub_cache(
     image_root: Path, tmp_path: Path, run_main, monkeypatch: pytest.MonkeyPatch
@@ -55,7 +47,10 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
     architecture = yaml.safe_load((RECIPES / "finetune.yaml").read_text())["model"]["architecture"]
     assert timm.is_model(architecture)
     hub_cache(hub_home(tmp_path, monkeypatch, offline=True), architecture)
-    argv = shlex.split(readme_finetune_command().replace("path/to/images", str(image_root)))
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"\*\*Fine-tune a pretrained backbone\*\*.*?```bash\n(.*?)```", text, re.S)
+    (line,) = [line for line in block.group(1).splitlines() if line.startswith("python -m ")]
+    argv = shlex.split(line.replace("path/to/images", str(image_root)))
     mixed_epochs, mix = [], BatchMixer.__call__
 
     def counted(mixer: BatchMixer, images, targets, key: tuple[int, ...]) -> tuple:

@@ -20,9 +20,8 @@ def param_groups(
     backbone_lr_scale: float = 1.0,
     layer_decay: float | None = None,
 ) -> list[dict]:
-    """AdamW's groups over every parameter, frozen or not, weight decay by timm's rule (not on 1-D
-    parameters, biases, `no_weight_decay()`); with a backbone scale or `layer_decay`, named, the
-    classifier's first (the history logs the first group's rate)."""
+    """AdamW's groups over every parameter, frozen or not, weight decay by timm's rule; with a
+    backbone scale or `layer_decay`, named, the classifier's first (the history logs its rate)."""
     skip = getattr(network, "no_weight_decay", set)()
     decays = {
         id(p): not (p.ndim <= 1 or name.endswith(".bias") or any(fnmatch(name, s) for s in skip))
@@ -61,11 +60,10 @@ def param_groups(
 
 def check_layer_decay(network: nn.Module, architecture: str, layer_decay: float | None) -> None:
     """Refuse `layer_decay` out of (0, 1], or for a network without timm's layer groups."""
-    if layer_decay is None:
-        return
-    if not 0.0 < layer_decay <= 1.0:
+    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
         raise DataError(f"--model.layer_decay must be in (0, 1], got {layer_decay}")
-    if not (type(network).__module__.startswith("timm.") and hasattr(network, "group_matcher")):
+    timm = type(network).__module__.startswith("timm.") and hasattr(network, "group_matcher")
+    if layer_decay is not None and not timm:
         raise DataError(
             f"--model.layer_decay needs a timm architecture (its layer groups); "
             f"--model.architecture {architecture} is not one"

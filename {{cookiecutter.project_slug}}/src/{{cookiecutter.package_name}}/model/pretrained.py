@@ -16,9 +16,7 @@ from torch import nn
 from {{ cookiecutter.package_name }}.errors import DataError, one_line
 
 TIMM_PREFIX = "timm/"  # as the Hugging Face hub names timm's weights: timm/convnext_nano.in12k
-# Seconds a download over urllib (torch's hub: torchvision's weights, timm's few URL-only ones)
-# may wait to connect or for the next bytes; urllib's own default is to wait for ever.
-DOWNLOAD_TIMEOUT = 30.0
+DOWNLOAD_TIMEOUT = 30.0  # seconds a download through torch's hub (urllib) waits for bytes
 
 
 def _timm(architecture: str):
@@ -40,9 +38,7 @@ def _timm(architecture: str):
     return timm, name
 
 
-def timm_network(
-    architecture: str, num_classes: int, dropout: float, pretrained: bool
-) -> nn.Module:
+def timm_network(architecture: str, num_classes: int, dropout: float, pretrained: bool):
     """timm's `architecture` with a fresh classifier of `num_classes`, from its published
     weights when `pretrained` (timm then leaves the old classifier out)."""
     timm, name = _timm(architecture)
@@ -55,9 +51,8 @@ def timm_network(
                 f"--model.architecture {architecture}: timm does not build it as a classifier "
                 f"({one_line(err)}); use another architecture"
             ) from err
-    try:
+    try:  # from the cache file itself: no network call at all when the weights are here
         cached = _cached_or_reachable(timm, name)
-        # From the cache file itself: no network call at all when the weights are already here.
         cfg = {"file": cached, "source": ""} if cached else None
         with _download_timeout():
             return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=cfg, **options)
@@ -74,8 +69,7 @@ def timm_network(
 
 def _cached_or_reachable(timm, name: str) -> str | None:
     """The weights file of timm's `name` in the Hugging Face cache, if there; else OSError if the
-    hub cannot be reached, asked once by a metadata request (no retries, `HF_HUB_ETAG_TIMEOUT`):
-    an uncached download retries for 45 s offline."""
+    hub cannot be reached, asked once (an uncached download retries for 45 s offline)."""
     import huggingface_hub as hub
     from huggingface_hub import constants
     from huggingface_hub.utils import HfHubHTTPError
@@ -93,7 +87,7 @@ def _cached_or_reachable(timm, name: str) -> str | None:
     try:
         hub.get_hf_file_metadata(url, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     except HfHubHTTPError:
-        return None  # the hub answered (a file timm then looks past, say): it can be reached
+        pass  # the hub answered (a file timm then looks past, say): it can be reached
     except Exception as err:  # httpx's (or requests') connection errors, timeouts, proxies
         raise OSError(f"{constants.ENDPOINT} cannot be reached: {one_line(err)}") from err
     return None
@@ -101,8 +95,8 @@ def _cached_or_reachable(timm, name: str) -> str | None:
 
 @contextlib.contextmanager
 def _download_timeout() -> Iterator[None]:
-    """Downloads over urllib (torch's hub takes no timeout) give up after `DOWNLOAD_TIMEOUT` s
-    idle: the process-wide socket default, set only while the model is built, then put back."""
+    """The process-wide socket timeout `DOWNLOAD_TIMEOUT` while a model is built (torch's hub
+    takes none), then put back."""
     before = socket.getdefaulttimeout()
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT)
     try:
@@ -128,15 +122,13 @@ def torchvision_pretrained(architecture: str) -> nn.Module:
 
 
 def pretrained_inputs(architecture: str) -> tuple[int, tuple, tuple] | None:
-    """(image size, mean, std) the published weights of `architecture` were trained with, or
-    None for a model without them (the compact CNN)."""
+    """(image size, mean, std) of the published weights of `architecture`, or None."""
     if architecture in torchvision.models.list_models(module=torchvision.models):
         preset = torchvision.models.get_model_weights(architecture).DEFAULT.transforms()
         return int(preset.crop_size[0]), tuple(preset.mean), tuple(preset.std)
     if architecture == "compact_resnet":
         return None
     timm, name = _timm(architecture)
-    config = timm.get_pretrained_cfg(name)
-    if config is None:
+    if (config := timm.get_pretrained_cfg(name)) is None:
         return None
     return int(config.input_size[-1]), tuple(config.mean), tuple(config.std)
