@@ -1,7 +1,5 @@
-"""Data-loading benchmark: `python -m {{ cookiecutter.package_name }} bench [--data.* options as for fit]`.
-
-Times the training loader on your files against the naive tutorial pipeline in the same run, per
-`num_workers`: images/s of model-ready batches, the ratio and the `num_workers` to use."""
+"""Time the training loader on your files (`--data.*` as for fit) against the naive tutorial
+pipeline, per `num_workers`: images/s of model-ready batches, the ratio, the workers to use."""
 
 from __future__ import annotations
 
@@ -115,7 +113,7 @@ def recommend(rates: dict[tuple[str, int], float], loader: str) -> int:
 
 
 def main(args: list[str] | None = None) -> None:
-    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=PROG, description=__doc__)
     add_data_arguments(parser)
 {%- if cookiecutter.shards == "yes" %}
     parser.add_argument("--shards", type=str | None, help="also time these shards (folder, s3://)")

@@ -1,7 +1,6 @@
 """Decode every image of a dataset once, in parallel, and list those that cannot be read.
 
-`--data.*` options as for fit (or a `--config FILE`'s `data:` section); exit code 1 if any is
-unreadable, 2 for an error in the options or the data (docs/data.md)."""
+`--data.*` as for fit, or a `--config FILE`'s `data:`; exit code 1 if any is unreadable."""
 
 from __future__ import annotations
 
