@@ -7,19 +7,14 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-import torch
 from conftest import CLASSES, quiet_trainer, tiny_run_options
+from test_runs import progress
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 from {{ cookiecutter.package_name }}.training.checkpoints import LastCheckpoint
-
-
-def saved_progress(path: Path) -> tuple[int, int]:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    return checkpoint["epoch"], checkpoint["global_step"]
 
 
 class SavedStep(L.Callback):
@@ -31,7 +26,7 @@ class SavedStep(L.Callback):
         self.steps: list[int | None] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, *args) -> None:
-        self.steps.append(saved_progress(self.path)[1] if self.path.exists() else None)
+        self.steps.append(progress(self.path)[1] if self.path.exists() else None)
 
 
 def test_last_checkpoint_is_written_during_epochs_as_time_passes(
@@ -45,7 +40,7 @@ def test_last_checkpoint_is_written_during_epochs_as_time_passes(
     trainer = quiet_trainer(tmp_path, max_epochs=2, enable_checkpointing=True, callbacks=callbacks)
     trainer.fit(model, data)
     assert recorder.steps == [None, 1, 2, 3, 4, 5, 6, 7]  # 18 images in batches of 4
-    assert saved_progress(tmp_path / "last.ckpt")[1] == 8
+    assert progress(tmp_path / "last.ckpt")[1] == 8
     assert not list(tmp_path.glob(".*partial"))  # each written whole, then renamed
 
 
@@ -69,10 +64,10 @@ def test_a_fault_inside_a_gradient_accumulation_keeps_the_last_file_to_resume(
     last = tmp_path / "last.ckpt"
     said = capsys.readouterr().out
     assert f"inside a gradient accumulation: resume with --ckpt_path {last}" in said
-    assert saved_progress(last) == (0, 2)  # epoch 0's end: 4 batches, 2 optimizer steps
+    assert progress(last) == (0, 2)  # epoch 0's end: 4 batches, 2 optimizer steps
     resumed = quiet_trainer(tmp_path, **options, callbacks=[LastCheckpoint(every_minutes=0)])
     resumed.fit(ImageClassifier(list(CLASSES), image_size=16), data, ckpt_path=last)
-    assert saved_progress(last) == (1, 4)
+    assert progress(last) == (1, 4)
 
 
 def test_a_negative_checkpoint_interval_is_refused(image_root: Path, capsys) -> None:

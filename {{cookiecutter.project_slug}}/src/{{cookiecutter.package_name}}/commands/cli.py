@@ -50,7 +50,6 @@ from {{ cookiecutter.package_name }}.training.run_log import (
 from {{ cookiecutter.package_name }}.training.runs import (
     RunTrainer,
     hold_run,
-    known_runs,
     name_run,
     refuse_run_among,
     refuse_run_taken,
@@ -261,7 +260,7 @@ def _run_last(config, subcommand: str) -> str | None:
     if found:
         notice = f"{'resuming' if fit else 'using'} run {run} from {last}"
     elif folder is None:
-        runs = known_runs(config)
+        runs = sorted(p.parts[-3] for p in runs_folder(config).glob("*/checkpoints/last.ckpt"))
         named = f" (runs here: {', '.join(runs)})" if runs else ""
         refusal = f"name the run with --run NAME{named}"
         notice = f"a new run has no last.ckpt; to resume one, name it with --run NAME{named}"

@@ -213,19 +213,13 @@ def hold_run(config) -> None:
         lock.close()
         return
     lock.truncate(0)
-    lock.write(f"fit, pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
+    print(f"fit, pid {os.getpid()} on {socket.gethostname()}", file=lock, flush=True)
     _HELD.append(lock)
 
 
 def release_runs() -> None:  # for commands run in-process
     while _HELD:
         _HELD.pop().close()
-
-
-def known_runs(config) -> list[str]:  # the runs beside this one with a `last.ckpt`
-    found = runs_folder(config).glob("*/checkpoints/last.ckpt")
-    return sorted(path.parent.parent.name for path in found)
 
 
 def _logger(config) -> tuple[str | None, object]:
