@@ -34,7 +34,7 @@ def tiny_fit(folder: Path) -> list[str]:
     """Two epochs of 12 steps (over Lightning's logging interval, which warns below it)."""
     write_classes(folder / "images", count=10)
     options = [*tiny_run_options(folder / "images", batch_size=2), "--trainer.max_epochs", "2"]
-    return ["fit", *options, "--progress.every_n_steps", "1"]
+    return ["fit", *options, "--progress.every_n_seconds", "0"]
 
 
 def test_fit_prints_progress_lines_then_validate_runs_from_the_best_checkpoint(

@@ -74,10 +74,9 @@ def test_the_wait_is_measured_without_validation_and_a_starved_run_warned_once(
         trainer = quiet_trainer(tmp_path, **options)
         trainer.fit(TinyModel(step, copy, clock), *loaders)
     assert clock.now > 4  # the validations ran on the clock
-    wait = 2 * load + copy
-    assert monitor.fraction == pytest.approx(wait / (wait + step))
-    metrics = trainer.callback_metrics
-    assert metrics["data_wait_fraction"] == pytest.approx(monitor.fraction)
+    wait, metrics = 2 * load + copy, trainer.callback_metrics
+    assert monitor.measurement["data_wait_fraction"] == pytest.approx(wait / (wait + step))
+    assert metrics["data_wait_fraction"] == pytest.approx(wait / (wait + step))
     assert metrics["train_images_per_s"] == pytest.approx(2 / (wait + step))
     advice = [str(w.message) for w in record if "waited for data" in str(w.message)]
     assert len(advice) == starved  # two starved epochs, one warning

@@ -22,7 +22,7 @@ TINY = ["--data.image_size", "16", "--data.batch_size", "4", "--data.num_workers
 ONE_EPOCH = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu"]
 # Files a run writes into its folder, and a user may have in the working folder
 RUN_FILES = ("config.yaml", "metrics.csv", "hparams.yaml", "val_files.csv", "history.json")
-RUN_FILES += ("report.html", "learning_curves.png", "predictions.csv")
+RUN_FILES += ("report.html", "predictions.csv")
 
 
 def snapshot(root: Path) -> dict[Path, bytes | None]:

@@ -1,13 +1,9 @@
-"""Write a run's report again, from the `history.json` that `fit` keeps in its run folder.
-
-`fit` writes the same at its end (docs/report.md); this redraws it, e.g. for an interrupted run.
-"""
+"""Write a run's report again, from the `history.json` that `fit` keeps in its run folder."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from {{ cookiecutter.package_name }}.training.report import NothingToReport, write_report
 
@@ -15,22 +11,18 @@ from {{ cookiecutter.package_name }}.training.report import NothingToReport, wri
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m {{ cookiecutter.package_name }} report",
-        description=__doc__.splitlines()[0],
+        description=__doc__,
         epilog="Exits with code 1 when the run stopped before its first epoch ended (nothing to "
         "report yet); 2, saying why, when the folder is not a fit's or its history is unreadable.",
     )
     parser.add_argument("run_dir", help="the run folder of a fit: lightning_logs/version_N")
     parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a report.html or PNG of the report's names that no report wrote",
+        "--overwrite", action="store_true", help="replace a report.html that no report wrote"
     )
-    config = parser.parse_args(sys.argv[1:] if args is None else list(args))
-    started = time.perf_counter()
+    config = parser.parse_args(sys.argv[1:] if args is None else args)
     try:  # any other DataError becomes one `error:` line in __main__
-        path = write_report(config.run_dir, config.overwrite)
+        write_report(config.run_dir, config.overwrite)
     except NothingToReport as stopped:
         print(f"report: {stopped}", file=sys.stderr)
         return 1
-    print(f"report: {path} (written in {time.perf_counter() - started:.1f} s)")
     return 0

@@ -10,23 +10,19 @@ import sys
 import time
 import warnings
 from datetime import timedelta
-from importlib.util import find_spec
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar, TQDMProgressBar
 
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 
 
-class _RunName(ProgressBar):
-    """A progress bar showing the run's whole name where Lightning's shows `v_num` (its end)."""
-
-    run: str | None = None
+class RunTQDMProgressBar(TQDMProgressBar):
+    """Lightning's bar, showing the run's whole name where it shows `v_num` (its end)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # On every process: `RunTrainer.log_dir` may broadcast.
-        self.run = os.path.basename(trainer.log_dir) if trainer.loggers else None
+        self.run = _run_name(trainer)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)
@@ -34,23 +30,14 @@ class _RunName(ProgressBar):
         return {"run": self.run, **items} if self.run else items
 
 
-class RunTQDMProgressBar(_RunName, TQDMProgressBar):
-    """Lightning's TQDM bar, with the run's name."""
-
-
-class RunRichProgressBar(_RunName, RichProgressBar):
-    """Lightning's Rich bar, with the run's name."""
-
-
-class ProgressLines(_RunName):
+class ProgressLines(ProgressBar):
     """Progress as plain lines for a log (nohup, SLURM, CI): the run's length, then every
-    `every_n_seconds` (or `every_n_steps`) the step, images/s, data wait, time left and training
-    metrics; each validation's metrics. Rank zero prints."""
+    `every_n_seconds` the step, images/s and data wait (this epoch's so far), time left and
+    training metrics; each validation's metrics. Rank zero prints (Lightning disables others)."""
 
-    def __init__(self, every_n_seconds: float = 30.0, every_n_steps: int | None = None) -> None:
+    def __init__(self, every_n_seconds: float = 30.0) -> None:
         super().__init__()
-        self.every_n_seconds, self.every_n_steps = every_n_seconds, every_n_steps
-        self.enabled = True
+        self.every_n_seconds, self.enabled = every_n_seconds, True
 
     def disable(self) -> None:
         self.enabled = False
@@ -59,9 +46,10 @@ class ProgressLines(_RunName):
         self.enabled = True
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = self._last = (time.monotonic(), trainer.global_step)
-        monitors = [c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor)]
-        self._monitor = monitors[0] if monitors else None
+        self._start = (time.monotonic(), trainer.global_step)
+        self._last = self._start[0]
+        monitors = (c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor))
+        self._monitor = next(monitors, None)
         batch = getattr(trainer.train_dataloader, "batch_size", None) or 0
         step_images = batch * trainer.accumulate_grad_batches * trainer.world_size
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
@@ -71,31 +59,20 @@ class ProgressLines(_RunName):
             length = "until stopped"
         elif total == epochs * per_epoch:
             length = f"{epochs} epoch{'s' * (epochs != 1)}: {total * step_images:,} images"
-        run = f"fit {self.run}" if self.run else "fit"
+        run = " ".join(filter(None, ["fit", _run_name(trainer)]))
         self._print(f"{run}: {per_epoch:,} steps an epoch of {step_images} images, {length}")
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._measured = (0, 0.0, 0.0)  # the monitor counts each epoch afresh
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        now, step = time.monotonic(), trainer.global_step
-        since, last_step = self._last
-        n = self.every_n_steps
-        due = step - last_step >= n if n else now - since >= self.every_n_seconds
-        if not (self.enabled and due):
+        now, step, total = time.monotonic(), trainer.global_step, trainer.estimated_stepping_batches
+        if not self.enabled or now - self._last < self.every_n_seconds:
             return
-        self._last = (now, step)
-        total = trainer.estimated_stepping_batches
+        self._last, (started, first_step) = now, self._start
         of = f"/{total:,}" if math.isfinite(total) else ""
         line = [f"epoch {trainer.current_epoch}", f"step {step:,}{of}"]
-        if self._monitor is not None:
-            measured = self._monitor.epoch_so_far()
-            images, seconds, waited = (a - b for a, b in zip(measured, self._measured, strict=True))
-            self._measured = measured
-            if seconds > 0:  # this rank's images: the others' batches are as large
-                line.append(f"{images * trainer.world_size / seconds:,.0f} images/s")
-                line.append(f"data wait {waited / seconds:.0%}")
-        started, first_step = self._start
+        images, seconds, waited = self._monitor.epoch_so_far() if self._monitor else (0, 0, 0)
+        if seconds > 0:  # this rank's images: the others' batches are as large
+            line.append(f"{images * trainer.world_size / seconds:,.0f} images/s")
+            line.append(f"data wait {waited / seconds:.0%}")
         if step > first_step and math.isfinite(total):
             left = (now - started) / (step - first_step) * (total - step)
             line.append(f"ETA {timedelta(seconds=round(left))}")
@@ -108,7 +85,7 @@ class ProgressLines(_RunName):
 
     def _metrics(self, trainer, pl_module, validation: bool) -> list[str]:
         items = self.get_metrics(trainer, pl_module)
-        items.pop("run", None)
+        items.pop("v_num", None)
         return [f"{k} {v:.4g}" for k, v in items.items() if k.startswith("val") == validation]
 
     def _print(self, line: str) -> None:
@@ -117,8 +94,7 @@ class ProgressLines(_RunName):
 
 
 class ModelSummaryNoFlops(ModelSummary):
-    """Lightning's model summary without a FLOPs column of zeros (counted only with an
-    `example_input_array`); `quiet_lightning` drops the "0 Total Flops" line."""
+    """Lightning's summary without a FLOPs column of zeros (no `example_input_array`)."""
 
     @staticmethod
     def summarize(summary_data: list, *totals, total_flops: int, **kwargs) -> None:
@@ -133,13 +109,16 @@ def callbacks(callbacks: list, trainer_options: dict) -> list:
     lines = next(c for c in callbacks if isinstance(c, ProgressLines))
     callbacks = [c for c in callbacks if c is not lines]
     if trainer_options.get("enable_progress_bar") is not False:
-        if sys.stdout.isatty():
-            lines = RunRichProgressBar() if find_spec("rich") else RunTQDMProgressBar()
-        callbacks.append(lines)
+        callbacks.append(RunTQDMProgressBar() if sys.stdout.isatty() else lines)
     if trainer_options.get("enable_model_summary") is not False:
         callbacks.append(ModelSummaryNoFlops())
         trainer_options["enable_model_summary"] = False
     return callbacks
+
+
+def _run_name(trainer: L.Trainer) -> str | None:
+    # Every process asks: `RunTrainer.log_dir` may broadcast.
+    return os.path.basename(trainer.log_dir) if trainer.loggers else None
 
 
 def _not_an_advert(record: logging.LogRecord) -> bool:

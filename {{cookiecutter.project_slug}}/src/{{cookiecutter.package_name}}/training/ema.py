@@ -14,9 +14,7 @@ from {{ cookiecutter.package_name }}.errors import DataError
 
 class EMAWeights(WeightAveraging):
     """The average of the weights and BatchNorm statistics on Lightning's `WeightAveraging`
-    (validated, checkpointed, exported; resumed with the raw weights). Not `EMAWeightAveraging`,
-    whose decay does not warm up (docs/training.md): the n-th update uses
-    min(decay, (1 + n) / (10 + n)), as timm's EMA."""
+    (validated, checkpointed, exported), its decay warmed up as timm's (docs/training.md)."""
 
     def __init__(self, decay: float = 0.999) -> None:
         if not 0.0 <= decay < 1.0:

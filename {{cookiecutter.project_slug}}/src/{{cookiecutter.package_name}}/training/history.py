@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import lightning as L
@@ -20,30 +19,26 @@ NO_VALIDATION = {"val_loss": None, "val_acc": None}
 
 class RunHistory(Callback):
     """Each epoch's losses, accuracy, learning rate and data wait, and the latest validation's
-    confusion matrix and most confident mistakes (over all DDP ranks), rewritten into the run
-    folder's `history.json` each epoch and kept in checkpoints; the report at the end of `fit`.
+    confusion matrix and most confident mistakes (over all DDP ranks), in the run folder's
+    `history.json` and in checkpoints.
 
     Args:
-        report: write `report.html` and its PNGs into the run folder at the end of `fit`.
+        report: write `report.html` into the run folder at the end of `fit`.
         wrong_images: how many misclassified validation images the report shows.
     """
 
     def __init__(self, report: bool = True, wrong_images: int = 24) -> None:
-        self.report = report
-        self.wrong_images = wrong_images
+        self.report, self.wrong_images = report, wrong_images
         self.epochs: list[dict] = []
         self.validation: dict | None = None  # of the latest validation epoch
-        self.folder: Path | None = None
         self._pending = NO_VALIDATION  # this epoch's validation numbers, until the epoch ends
         self._batches: list[tuple[torch.Tensor, ...]] = []
-        self._lr: float | None = None
 
     def state_dict(self) -> dict:
         return {"epochs": self.epochs, "validation": self.validation}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.epochs = list(state_dict.get("epochs", []))
-        self.validation = state_dict.get("validation")
+        self.epochs, self.validation = state_dict.get("epochs", []), state_dict.get("validation")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The run's own folder (`RunTrainer`); `log_dir` broadcasts: every rank must ask.
@@ -51,20 +46,16 @@ class RunHistory(Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pending = NO_VALIDATION
-        optimizers = trainer.optimizers
-        self._lr = float(optimizers[0].param_groups[0]["lr"]) if optimizers else None
+        self._lr = next((float(o.param_groups[0]["lr"]) for o in trainer.optimizers), None)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._batches = []
 
-    def on_validation_batch_end(
-        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        if not _fitting(trainer) or not isinstance(outputs, torch.Tensor):
-            return
-        # Kept on the device until the epoch ends: no synchronisation per batch.
-        confidence, predicted = outputs.detach().float().softmax(dim=1).max(dim=1)
-        self._batches.append((batch[1], predicted, confidence))
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, *_) -> None:
+        if _fitting(trainer) and isinstance(outputs, torch.Tensor):
+            # Kept on the device until the epoch ends: no synchronisation per batch.
+            confidence, predicted = outputs.detach().float().softmax(dim=1).max(dim=1)
+            self._batches.append((batch[1], predicted, confidence))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not _fitting(trainer):
@@ -73,47 +64,33 @@ class RunHistory(Callback):
         metrics = trainer.callback_metrics  # computing synced metrics is collective too
         self._pending = {key: _number(metrics.get(key)) for key in NO_VALIDATION}
         confusion = getattr(pl_module, "confusion", None)
-        self.validation = {
-            "epoch": trainer.current_epoch,
-            "confusion": confusion.tolist() if confusion is not None else None,
-            "wrong": wrong,
-        }
+        confusion = confusion.tolist() if confusion is not None else None
+        self.validation = {"epoch": trainer.current_epoch, "confusion": confusion, "wrong": wrong}
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
             return
         train_loss = _number(trainer.callback_metrics.get("train_loss_epoch"))  # every rank
-        monitors = [c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor)]
-        # This epoch's numbers, not stale ones (were the monitor to run after this callback).
-        measured = next((c.measurement for c in monitors if c.measurement), None)
-        measured = measured if measured and measured["epoch"] == trainer.current_epoch else None
-        row = {
-            "epoch": trainer.current_epoch,
-            "step": trainer.global_step,
-            "train_loss": train_loss,
-            **self._pending,
-            "lr": self._lr,
-            "data_wait_fraction": measured["data_wait_fraction"] if measured else None,
-            "starved": bool(measured and measured["starved"]),
-            "starvation": measured,
-        }
+        monitors = (c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor))
+        measured = next((c.measurement for c in monitors), None)
+        if measured and measured["epoch"] != trainer.current_epoch:  # stale: not this epoch's
+            measured = None
+        row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}
+        row |= {"train_loss": train_loss, **self._pending, "starvation": measured}
+        row["data_wait_fraction"] = measured["data_wait_fraction"] if measured else None
         self.epochs = [e for e in self.epochs if e["epoch"] < row["epoch"]] + [row]
         self._pending = NO_VALIDATION
         if trainer.is_global_zero:  # written whole: into a file beside it, then renamed
             history = {"class_names": list(getattr(pl_module, "class_names", []))}
             history |= {"epochs": self.epochs, "validation": self.validation}
-            path = self.folder / HISTORY_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            staging = path.with_name(f".{path.name}.partial")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            staging = self.folder / f".{HISTORY_FILE}.partial"
             staging.write_text(json.dumps(history, indent=1))
-            os.replace(staging, path)
+            os.replace(staging, self.folder / HISTORY_FILE)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not (self.report and trainer.is_global_zero and self.epochs) or trainer.fast_dev_run:
-            return
-        started = time.perf_counter()
-        path = write_report(self.folder)
-        print(f"report: {path} (written in {time.perf_counter() - started:.1f} s)")
+        if self.report and trainer.is_global_zero and self.epochs and not trainer.fast_dev_run:
+            write_report(self.folder)
 
     def _most_confident_mistakes(self, trainer: L.Trainer) -> list[dict]:
         """This epoch's misclassified images, most confident first, over all processes."""
@@ -136,9 +113,11 @@ class RunHistory(Callback):
             for position in top.tolist():
                 index = position if order is None else int(order[position])
                 path = dataset.path(index) if hasattr(dataset, "path") else None
-                row = {"index": index, "path": os.path.abspath(path) if path is not None else None}
-                row |= {"true": int(targets[position]), "predicted": int(predicted[position])}
-                rows.append(row | {"confidence": float(confidence[position])})
+                rows.append(
+                    {"index": index, "path": path and os.path.abspath(path)}
+                    | {"true": int(targets[position]), "predicted": int(predicted[position])}
+                    | {"confidence": float(confidence[position])}
+                )
         self._batches = []
         if trainer.world_size > 1:
             shards: list = [None] * trainer.world_size

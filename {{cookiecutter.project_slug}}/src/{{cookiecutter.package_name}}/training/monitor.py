@@ -13,8 +13,7 @@ from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 class DataStarvationMonitor(L.Callback):
     """Logs `data_wait_fraction` and `train_images_per_s` each training epoch; warns once, with
     advice, when the wait is high. The wait is the host time from the end of one training step to
-    the start of the next (fetch, copy, `on_after_batch_transfer`), without validation and each
-    epoch's first batch (warm-up); no CUDA synchronisation is added (docs/performance.md).
+    the start of the next, without validation and each epoch's first batch (warm-up).
 
     Args:
         threshold: warn when the fraction of the epoch spent waiting exceeds this.
@@ -24,7 +23,6 @@ class DataStarvationMonitor(L.Callback):
     def __init__(self, threshold: float = 0.2, min_steps: int = 10) -> None:
         self.threshold, self.min_steps = threshold, min_steps
         self.warned = False
-        self.fraction: float | None = None  # of the last finished epoch
         self.measurement: dict | None = None  # of the epoch that just ended; None: not measured
         self.on_train_epoch_start()
 
@@ -37,16 +35,14 @@ class DataStarvationMonitor(L.Callback):
         now = time.perf_counter()
         if self._mark is not None:
             self._wait += now - self._mark - self._paused
-        self._paused = 0.0
-        self._step_start = now
+        self._paused, self._step_start = 0.0, now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         now = time.perf_counter()
         if self._mark is not None:  # the first step of the epoch is warm-up: not counted
             self._step += now - self._step_start
             self._steps += 1
-            images = batch[0] if isinstance(batch, (list, tuple)) else batch
-            self._images += len(images) if hasattr(images, "__len__") else 0
+            self._images += len(batch[0] if isinstance(batch, (list, tuple)) else batch)
         self._mark = now
 
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -57,28 +53,26 @@ class DataStarvationMonitor(L.Callback):
             self._paused += time.perf_counter() - self._validation_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log the epoch's numbers; keep them with the loader's setup in `measurement`, plain
-        values that the run history keeps, so that `report` gives the same advice later."""
+        """Log the epoch's numbers; keep them with the loader's setup in `measurement` (plain
+        values, kept in the run history: `report` gives the same advice later)."""
         total = self._wait + self._step
         self.measurement = None
         if self._steps == 0 or total <= 0:
             return
-        self.fraction = self._wait / total
+        fraction = self._wait / total
         self.measurement = measured = {
             "epoch": trainer.current_epoch,
-            "data_wait_fraction": self.fraction,
+            "data_wait_fraction": fraction,
             "images_per_s": self._images / total,
             "step_images_per_s": self._images / self._step if self._step else None,
-            "steps": self._steps,
             "threshold": self.threshold,
             "num_workers": getattr(trainer.train_dataloader, "num_workers", None),
             "suggested_workers": auto_num_workers(trainer.num_devices),
             "num_devices": trainer.num_devices,
             "cache": getattr(trainer.datamodule, "cache", None),
-            "package": __name__.split(".")[0],
-            "starved": self.fraction > self.threshold and self._steps >= self.min_steps,
+            "starved": fraction > self.threshold and self._steps >= self.min_steps,
         }
-        pl_module.log("data_wait_fraction", self.fraction, rank_zero_only=True)
+        pl_module.log("data_wait_fraction", fraction, rank_zero_only=True)
         pl_module.log("train_images_per_s", measured["images_per_s"], rank_zero_only=True)
         if measured["starved"] and not self.warned:
             self.warned = True
@@ -89,10 +83,9 @@ class DataStarvationMonitor(L.Callback):
         return self._images, self._wait + self._step, self._wait
 
 
-def starvation_advice(measurement: dict) -> str:
-    """The advice for one epoch's `DataStarvationMonitor.measure`: what to change, and why."""
-    m = measurement
-    step_rate = m["step_images_per_s"] if m["step_images_per_s"] is not None else float("inf")
+def starvation_advice(m: dict) -> str:
+    """The advice for one epoch's `DataStarvationMonitor.measurement`: what to change, and why."""
+    step_rate = m["step_images_per_s"] or float("inf")
     lines = [
         f"Training waited for data {m['data_wait_fraction']:.0%} of epoch {m['epoch']}: it "
         f"ran at {m['images_per_s']:.0f} images/s, about the loader's ceiling, while the training "
@@ -110,7 +103,7 @@ def starvation_advice(measurement: dict) -> str:
             "pre-decoded pixels."
         )
     lines.append(
-        f"- Measure the loader ceiling and the best num_workers with "
-        f"`python -m {m['package']} bench` and the same --data options."
+        "- Measure the loader ceiling and the best num_workers with "
+        "`python -m {{ cookiecutter.package_name }} bench` and the same --data options."
     )
     return "\n".join(lines)

@@ -22,12 +22,8 @@ def check_output(
     instead: str = "choose another name",
     inputs: Iterable[tuple[str, str | Path | None]] = (),
 ) -> Path:
-    """`path` as a Path once it is known safe to write, else a DataError naming `option`.
-
-    `ours` tells this project's earlier output (`what`, for the error line); `way_out` and
-    `instead` are the ways out the error names; `inputs` are (option, path) of what the command
-    reads (None and URLs skipped).
-    """
+    """`path` once known safe to write, else a DataError naming `option`: `ours` tells this
+    project's earlier output (`what`); `inputs` are the (option, path) the command reads."""
     path = Path(path)
     refuse_overlap(path, option, inputs)
     if path.is_dir():
@@ -44,12 +40,10 @@ def refuse_overlap(
     path: str | Path,
     option: str,
     inputs: Iterable[tuple[str, str | Path | None]],
-    *,
-    folder: bool = False,
     way_out: str = "write it elsewhere (a command never writes among the files it reads)",
 ) -> None:
-    """Refuse (DataError) an output that is one of `inputs` ((option, path)) or lies inside one;
-    with `folder` (an output folder that may be emptied), also one that contains an input."""
+    """Refuse (DataError) an output that is one of `inputs` ((option, path); None and URLs
+    skipped) or lies inside one."""
     if "://" in str(path):
         return  # object storage: the inputs are local files
     out = Path(path).expanduser().resolve()
@@ -61,21 +55,16 @@ def refuse_overlap(
             same = out == source or os.path.samefile(out, source)
         except OSError:  # one of them does not exist
             same = False
-        if same:
-            relation = "is"
-        elif source in out.parents:
-            relation = "lies inside"
-        elif folder and out in source.parents:
-            relation = "contains"
-        else:
-            continue
-        raise DataError(f"{option} {path} {relation} {name} {given}: {way_out}")
+        if same or source in out.parents:
+            relation = "is" if same else "lies inside"
+            raise DataError(f"{option} {path} {relation} {name} {given}: {way_out}")
 
 
 def starts_with_line(path: Path, line: str) -> bool:
     """Whether the file's first line is exactly `line` (False if it cannot be read)."""
-    head = _head(path, len(line.encode()) + 2)
-    return head.startswith((f"{line}\r\n".encode(), f"{line}\n".encode()))
+    return _head(path, len(line.encode()) + 2).startswith(
+        (f"{line}\r\n".encode(), f"{line}\n".encode())
+    )
 
 
 def holds(path: Path, mark: bytes, within: int = 4096) -> bool:

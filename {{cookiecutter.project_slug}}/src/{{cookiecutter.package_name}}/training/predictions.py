@@ -19,35 +19,26 @@ PART_MARK = ",".join(["index", *HEADER])
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Write `predict` results to a CSV file, batch by batch, and print where it is.
-
-    Columns: `path`{{ " (from shards, `--data.source Shards`: the path relative to the folder sharded)" if cookiecutter.shards == "yes" else "" }},
-    `label` (the predicted class name), `probability` (of that class) and
-    `top_k` (the `top_k` most likely classes as `name:probability` joined by spaces).
+    """Write `predict` results to a CSV file, batch by batch, and print where it is. Columns:
+    `path`{{ " (from shards: relative to the folder sharded)" if cookiecutter.shards == "yes" else "" }},
+    `label` (the predicted class), `probability` (of that class), `top_k` (the `top_k` most
+    likely classes as `name:probability` joined by spaces).
 
     Args:
-        output: the CSV file; unset: `predictions.csv` in the run folder. Under DDP each rank
-            writes a `.rankN.csv` of its share, which rank zero merges in the images' order.
-            Refused among the inputs, or over a file that is not a predictions CSV.
+        output: the CSV file; unset: `predictions.csv` in the run folder. Refused among the
+            inputs, or over a file that is not a predictions CSV.
         top_k: how many classes the `top_k` column lists.
         overwrite: replace an existing `output` that is not a CSV of predict or infer.
     """
 
-    def __init__(
-        self, output: str | Path | None = None, top_k: int = 5, overwrite: bool = False
-    ) -> None:
+    def __init__(self, output: str | None = None, top_k: int = 5, overwrite: bool = False) -> None:
         super().__init__(write_interval="batch")
-        self.output = Path(output) if output is not None else None
-        self.top_k = top_k
-        self.overwrite = overwrite
-        self.path: Path | None = None
-        self._file = None
-        self._writer = None
-        self._sharded = False
+        self.output, self.top_k, self.overwrite = output, top_k, overwrite
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = self.output or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
-        self.path = path
+        folder = Path(trainer.log_dir or trainer.default_root_dir)
+        self.path = path = Path(self.output or folder / "predictions.csv")
+        # Under DDP each rank writes a `.rankN.csv` of its share; rank zero merges them.
         self._sharded = trainer.world_size > 1
         self._check(trainer, path, MARK)
         if self._sharded:
@@ -77,9 +68,7 @@ class PredictionWriter(BasePredictionWriter):
             self._writer.writerow([index, *row] if self._sharded else row)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._file.close()
         if self._sharded:
             trainer.strategy.barrier("predictions written")
             if trainer.is_global_zero:
@@ -89,8 +78,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def _check(self, trainer: L.Trainer, path: Path, mark: str) -> None:
         """Refuse, on every rank alike, a CSV among the inputs or over a file not predict's."""
-        datamodule = trainer.datamodule
-        inputs = datamodule.inputs() if hasattr(datamodule, "inputs") else []
+        inputs = getattr(trainer.datamodule, "inputs", list)()
         check_output(
             path,
             "--predictions.output" if self.output is not None else "predictions CSV",
@@ -105,8 +93,7 @@ class PredictionWriter(BasePredictionWriter):
     def _merge(self, world_size: int) -> None:
         """Rank zero: the ranks' files as one CSV, in the images' order; the parts removed."""
         rows = []
-        for rank in range(world_size):
-            part = self.path.with_suffix(f".rank{rank}.csv")
+        for part in (self.path.with_suffix(f".rank{rank}.csv") for rank in range(world_size)):
             with open(part, newline="") as file:
                 rows += [(int(row[0]), row[1:]) for row in list(csv.reader(file))[1:]]
             part.unlink()
