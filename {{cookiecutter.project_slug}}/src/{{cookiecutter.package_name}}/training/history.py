@@ -33,6 +33,7 @@ class RunHistory(Callback):
         self.validation: dict | None = None  # of the latest validation epoch
         self._pending = NO_VALIDATION  # this epoch's validation numbers, until the epoch ends
         self._batches: list[tuple[torch.Tensor, ...]] = []
+        self._lr: float | None = None  # at the epoch's start (not seen when resumed mid-epoch)
 
     def state_dict(self) -> dict:
         return {"epochs": self.epochs, "validation": self.validation}

@@ -40,10 +40,13 @@ def refuse_overlap(
     path: str | Path,
     option: str,
     inputs: Iterable[tuple[str, str | Path | None]],
+    *,
+    folder: bool = False,
     way_out: str = "write it elsewhere (a command never writes among the files it reads)",
 ) -> None:
     """Refuse (DataError) an output that is one of `inputs` ((option, path); None and URLs
-    skipped) or lies inside one."""
+    skipped) or lies inside one; with `folder` (an output folder that may be emptied), also one
+    that contains an input."""
     if "://" in str(path):
         return  # object storage: the inputs are local files
     out = Path(path).expanduser().resolve()
@@ -55,8 +58,10 @@ def refuse_overlap(
             same = out == source or os.path.samefile(out, source)
         except OSError:  # one of them does not exist
             same = False
-        if same or source in out.parents:
-            relation = "is" if same else "lies inside"
+        relation = "is" if same else "lies inside" if source in out.parents else None
+        if folder and out in source.parents:
+            relation = "contains"
+        if relation:
             raise DataError(f"{option} {path} {relation} {name} {given}: {way_out}")
 
 
