@@ -1,6 +1,5 @@
-"""The pixel cache (`--data.source.cache memmap`, docs/performance.md): each image of a dataset
-folder decoded once to uint8 (H, W, 3) in `pixels.u8`, `index.npy` its (offset, height, width).
-Keyed by the files' stat (`key="stat"`: only a same-size rewrite in one clock tick goes unseen)."""
+"""The pixel cache (`--data.source.cache memmap`, docs/performance.md): each image decoded once to
+uint8 (H, W, 3) in `pixels.u8`, `index.npy` its (offset, height, width); keyed by files' stat."""
 
 from __future__ import annotations
 
@@ -73,9 +72,8 @@ def cached(
     key: Literal["stat", "mtime"] = "stat",
     run_once: Callable = lambda compute: compute(),
 ) -> MemmapImageDataset:
-    """`dataset` served from its cache in `cache_dir`, built first if missing: the cache covers the
-    files of `everything` in its root too (unreadable ones empty, with `skip_unreadable`).
-    `run_once` (under DDP, `data.once`) runs the key's `stat` of every file."""
+    """`dataset` from its cache in `cache_dir`, built first if missing, covering the files of
+    `everything` in its root too (unreadable: empty, with `skip_unreadable`); `run_once`: DDP's."""
     covered = [d.paths for d in (dataset, *everything) if d.root == dataset.root]
     index = ImageFolderDataset(dataset.root, np.unique(np.concatenate(covered)), None, None)
     folder = Path(cache_dir) / run_once(partial(cache_key, index, size, key))
@@ -102,9 +100,8 @@ def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
 def build(
     dataset: ImageFolderDataset, folder: Path, size: int, workers: int, progress: bool, skip: bool
 ) -> None:
-    """Decode every image of `dataset` into `folder` unless it is there. The holder of its lock
-    builds in a staging folder renamed into place when whole; the others wait, then find it.
-    Where locks do not work, processes may build side by side: the first rename wins."""
+    """Decode `dataset` into `folder` unless there: the lock's holder builds in a staging folder
+    renamed into place when whole, the others wait; without working locks the first rename wins."""
     if (folder / "index.npy").exists():
         return
     try:

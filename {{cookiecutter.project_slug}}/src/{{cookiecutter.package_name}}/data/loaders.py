@@ -69,9 +69,8 @@ def make_loader(
 
 
 def worker_options(num_workers: int, rank: int, ranks: int, preload: str) -> dict:
-    """A loader's workers: `_worker_init`, started with SIGTERM blocked where they fork. Under DDP,
-    where a fork can hang (`FORK_CAN_HANG`: on a thread DDP runs), forked by a thread-free server
-    that imported `preload`, in the loader's environment (docs/performance.md)."""
+    """Workers run `_worker_init`, forked with SIGTERM blocked; under DDP where a fork can hang
+    (`FORK_CAN_HANG`), by a thread-free server, in the loader's environment."""
     init = partial(_worker_init, rank=rank, owner=os.getpid())
     # Started by fork? Read without fixing the start method (the default is listed first).
     method = multiprocessing.get_start_method(True) or multiprocessing.get_all_start_methods()[0]
@@ -122,9 +121,8 @@ FORK_CAN_HANG = sys.version_info < (3, 11, 10)
 
 
 def _worker_init(worker_id: int, rank: int, owner: int) -> None:
-    """Ignore the stop signals (training stops at a batch end, its workers with it), and SIGTERM
-    but from `owner`, the loader's process, which ends its workers so (torch's own handler dies
-    of the job's SIGTERM; without `sigwaitinfo`, as on macOS, it stays). Then seed as Lightning."""
+    """Ignore the stop signals (training stops at a batch end), and SIGTERM but from `owner`, which
+    ends its workers so (torch's handler dies of a job's SIGTERM); then seed as Lightning does."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     if _SIGWAIT:
@@ -135,9 +133,8 @@ def _worker_init(worker_id: int, rank: int, owner: int) -> None:
 
 
 class _SigtermBlocked:
-    """A loader worker started with SIGTERM blocked (a fork keeps the mask): the threads torch
-    starts in it before `_worker_init` leave the job's SIGTERM to `_end_on_sigterm_from` too,
-    instead of dying of torch's handler (a group SIGTERM after a resume killed one)."""
+    """A worker started with SIGTERM blocked (a fork keeps the mask): threads torch starts before
+    `_worker_init` do not die of a job's SIGTERM either (a group SIGTERM killed one)."""
 
     def start(self) -> None:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])

@@ -1,5 +1,4 @@
-"""The uint8 transforms run in the Dataset: random resized crops (and any `Augment`) for training,
-resize and centre crop for evaluation."""
+"""uint8 transforms in the loader workers: random resized crops (and `Augment`), or resize+crop."""
 
 from __future__ import annotations
 
@@ -73,9 +72,8 @@ def train_transform(image_size: int, augment: Augment | None = None) -> RandomRe
 
 
 class RandomResizedCropFlip:
-    """`v2.RandomResizedCrop(size, scale, antialias=True)`, `v2.RandomHorizontalFlip()`: written
-    out (same sampling and kernel), as v2's per-call overhead costs more than the resize on small
-    images. Draws from `random`, seeded per `Draw`, as does the torch seed of `extra`."""
+    """`v2.RandomResizedCrop(size, scale, antialias=True)`, `v2.RandomHorizontalFlip()` written out:
+    v2's per-call overhead outweighs small resizes. Draws from `random`, seeded per `Draw`."""
 
     ratio = (3 / 4, 4 / 3)  # of width to height, as v2's default
 
