@@ -104,15 +104,13 @@ class ImageClassifier(L.LightningModule):
         self.loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         mixing = mixup_alpha > 0 or cutmix_alpha > 0
         self.mixer = BatchMixer(num_classes, mixup_alpha, cutmix_alpha) if mixing else None
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        # Of validation or test, whichever runs; the loss averaged over images: exact under DDP's
+        # uneven shards (loaders.make_loader).
+        self.accuracy = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc_top5 = (
             MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
         )
-        self.val_confusion = MulticlassConfusionMatrix(num_classes)
-        # Losses averaged over images: exact under DDP's uneven shards (loaders.make_loader).
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_confusion = MulticlassConfusionMatrix(num_classes)
+        self.confusion_matrix, self.mean_loss = MulticlassConfusionMatrix(num_classes), MeanMetric()
         self.confusion: np.ndarray | None = None  # of the latest validation epoch
         self._channels_last = False
         self._schedule_total: int | None = None  # steps the learning-rate schedule spans
@@ -165,28 +163,23 @@ class ImageClassifier(L.LightningModule):
     def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         images, targets = batch
         logits = self._scores(images)
-        accuracy, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
-        accuracy(logits, targets)
-        getattr(self, f"{stage}_confusion").update(logits, targets)
-        loss.update(self.loss(logits, targets), weight=len(targets))
-        self.log(f"{stage}_loss", loss, prog_bar=stage == "val")
-        self.log(f"{stage}_acc", accuracy, prog_bar=stage == "val")
+        self.accuracy(logits, targets)
+        self.confusion_matrix.update(logits, targets)
+        self.mean_loss.update(self.loss(logits, targets), weight=len(targets))
+        self.log(f"{stage}_loss", self.mean_loss, prog_bar=stage == "val")
+        self.log(f"{stage}_acc", self.accuracy, prog_bar=stage == "val")
         return logits
 
-    def on_test_epoch_end(self) -> None:
-        matrix = self.test_confusion.compute().cpu().numpy()  # every rank: compute syncs them
-        self.test_confusion.reset()
-        if self.trainer.is_global_zero:
-            print(per_class_table(matrix, self.class_names))
-
-    def on_validation_epoch_end(self) -> None:
-        matrix = self.val_confusion.compute().cpu().numpy()  # every rank: compute syncs them
-        self.val_confusion.reset()
+    def on_validation_epoch_end(self) -> None:  # and a test epoch's
+        matrix = self.confusion_matrix.compute().cpu().numpy()  # every rank: compute syncs them
+        self.confusion_matrix.reset()
         if self.trainer.sanity_checking:
             return
         self.confusion = matrix
-        if self.trainer.state.fn == TrainerFn.VALIDATING and self.trainer.is_global_zero:
+        if self.trainer.state.fn != TrainerFn.FITTING and self.trainer.is_global_zero:
             print(per_class_table(matrix, self.class_names))
+
+    on_test_epoch_end = on_validation_epoch_end
 
     def on_fit_end(self) -> None:  # the last validation's per-class table
         if self.confusion is not None and self.trainer.is_global_zero:

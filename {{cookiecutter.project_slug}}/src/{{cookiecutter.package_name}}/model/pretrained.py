@@ -22,18 +22,15 @@ DOWNLOAD_TIMEOUT = 30.0  # seconds a download through torch's hub (urllib) waits
 def _timm(architecture: str):
     try:
         import timm
-    except ImportError as err:
-        raise DataError(
-            f"--model.architecture {architecture!r} is neither compact_resnet nor a torchvision "
-            f"classification model; for timm's models install the timm extra: "
-            f'pip install ".[timm]"'
-        ) from err
+    except ImportError:
+        timm = None
     name = architecture.removeprefix(TIMM_PREFIX)
-    if not timm.is_model(name):
+    if timm is None or not timm.is_model(name):
+        how = "timm.list_models() lists them" if timm else 'needs pip install ".[timm]"'
         raise DataError(
             f"--model.architecture {architecture!r} is neither compact_resnet, a torchvision "
             f"classification model (e.g. resnet18) nor a timm model (e.g. convnext_nano.in12k; "
-            f"timm.list_models() lists them)"
+            f"{how})"
         )
     return timm, name
 
