@@ -41,7 +41,7 @@ def test_classes_and_a_stratified_repeatable_split_written_beside_the_logs(
     (image_root / "__MACOSX" / "ant").mkdir(parents=True)  # left by unzipping a macOS archive
     (image_root / "__MACOSX" / "ant" / "._ant_0.jpg").write_bytes(b"\0")
     first = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), batch_size=3)
-    assert first.class_names == list(CLASSES) and first.num_classes == 3
+    assert first.class_names == list(CLASSES) and len(first.class_names) == 3
     first.trainer = L.Trainer(logger=CSVLogger(tmp_path, name="logs"), accelerator="cpu")
     first.setup("fit")
     again = ImageDataModule(ClassFolders(image_root, val_fraction=0.25), num_workers=0)
@@ -234,7 +234,7 @@ def test_balanced_draws_classes_equally_by_seed_epoch_and_rank(tmp_path: Path) -
     assert list(resumed) == epochs[3] != list(other_seed)
     dm = ImageDataModule(source, batch_size=8, num_workers=0)
     dm.setup("fit")
-    options = dict(train=True, balance_classes=(dm.train_dataset.targets, 2, 0))
+    options = dict(train=True, balance_classes=dm.train_dataset.targets)
     for rank in (0, 1):  # each draw with its place's augmentation seed too
         share = make_loader(dm.train_dataset, 8, 0, False, shard=(rank, 2), **options).sampler
         share.set_epoch(3)

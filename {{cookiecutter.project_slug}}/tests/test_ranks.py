@@ -42,7 +42,7 @@ def training_loaders(size: int, ranks: int, batch: int, **options) -> list:
 def test_each_of_16_ranks_trains_its_share_in_batches_of_64(size, balanced, per_rank) -> None:
     """800 images: 50 a rank, one batch of 50 each, every image once; 2,000: 125 a rank, one full
     batch of 64 each, 61 left for other epochs."""
-    options = {"balance_classes": (np.arange(size) % 4, 4, 0)} if balanced else {}
+    options = {"balance_classes": np.arange(size) % 4} if balanced else {}
     ranks = [[b.tolist() for b in loader] for loader in training_loaders(size, 16, 64, **options)]
     assert [[len(batch) for batch in batches] for batches in ranks] == [[per_rank]] * 16
     if size == 800 and not balanced:  # balanced draws repeat images by design
@@ -57,7 +57,7 @@ def test_passes_per_epoch_go_over_each_ranks_share_that_many_times(balanced: boo
     every image once over the ranks, in an order of its own."""
     with pytest.raises(DataError, match="--data.source.epoch_images must be at least 1, got 0"):
         ClassFolders(epoch_images=0)
-    options = {"balance_classes": (np.arange(100) % 4, 4, 0)} if balanced else {}
+    options = {"balance_classes": np.arange(100) % 4} if balanced else {}
     loaders = training_loaders(100, 2, 8, repeats=3, **options)
     assert [[len(batch) for batch in loader] for loader in loaders] == [[8] * 18] * 2
     for loader in loaders:

@@ -17,9 +17,6 @@ from {{ cookiecutter.package_name }}.data.sources import ClassFolders, Source, p
 from {{ cookiecutter.package_name }}.data.transforms import Augment
 from {{ cookiecutter.package_name }}.errors import DataError
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
 
 class ImageDataModule(L.LightningDataModule):
     """Images from a source (class folders by default; else the demo set), as uint8 batches.
@@ -47,8 +44,8 @@ class ImageDataModule(L.LightningDataModule):
         seed: int = 0,
         predict_root: str | Path | None = None,
         class_names: list[str] | None = None,
-        mean: tuple[float, float, float] = IMAGENET_MEAN,
-        std: tuple[float, float, float] = IMAGENET_STD,
+        mean: tuple[float, float, float] = (0.485, 0.456, 0.406),  # ImageNet's
+        std: tuple[float, float, float] = (0.229, 0.224, 0.225),
         cache_dir: str | Path | None = None,
         augment: Augment = Augment(),  # noqa: B008 (frozen: one instance can be shared)
     ) -> None:
@@ -84,10 +81,6 @@ class ImageDataModule(L.LightningDataModule):
     def class_names(self) -> list[str]:
         """Class names in label order: given, else the source's."""
         return self._class_names if self._class_names is not None else self.source.class_names()
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
 
     def prepare_data(self) -> None:
         self.source.prepare(predicting=self.trainer is not None and self.trainer.predicting)

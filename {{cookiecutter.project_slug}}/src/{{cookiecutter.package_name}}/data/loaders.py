@@ -31,17 +31,16 @@ def make_loader(
     num_workers: int,
     pin_memory: bool,
     train: bool = False,
-    balance_classes: tuple[np.ndarray, int, int] | None = None,
+    balance_classes: np.ndarray | None = None,
     shard: tuple[int, int] | None = None,
     seed: int = 0,
     repeats: int = 1,
 ) -> DataLoader:
-    """uint8 batches; for training, shuffled (or balanced: `balance_classes` is targets, classes,
-    seed), by seed and epoch, `repeats` passes. Under DDP, shard is (rank, world size)."""
+    """uint8 batches; for training, shuffled (or balanced by `balance_classes`, the targets) by seed
+    and epoch, `repeats` passes. Under DDP, shard is (rank, world size)."""
     sampler, place = None, shard or (0, 1)
     if train and balance_classes is not None:
-        targets, num_classes, seed = balance_classes
-        weights = 1.0 / np.bincount(targets, minlength=num_classes)[targets]  # classes alike
+        weights = 1.0 / np.bincount(balance_classes)[balance_classes]  # each class drawn alike
         sampler = BalancedSampler(torch.from_numpy(weights), seed, *place, repeats)
     elif train:  # not the DataLoader's shuffle: the global random state differs on resume
         sampler = EpochShuffle(dataset, seed, *place, repeats)

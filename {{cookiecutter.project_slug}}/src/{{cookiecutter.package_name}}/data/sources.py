@@ -224,7 +224,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
         if not train:
             return super().loader(data, dataset, train)
-        balance = (dataset.targets, data.num_classes, data.seed) if self.balance_classes else None
+        balance = dataset.targets if self.balance_classes else None
         passes = 1 if self.epoch_images is None else round(self.epoch_images / max(len(dataset), 1))
         return super().loader(data, dataset, train, balance_classes=balance, repeats=max(1, passes))
 
