@@ -44,19 +44,17 @@ def test_fit_writes_a_self_contained_report_and_report_writes_it_again(
     history = json.loads((fit_run / "history.json").read_text())
     assert history["class_names"] == list(CLASSES)
     assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2]
-    for epoch in history["epochs"]:
-        for key in ("train_loss", "val_loss", "val_acc", "lr", "data_wait_fraction"):
-            assert isinstance(epoch[key], float), (key, epoch)
+    keys = ("train_loss", "val_loss", "val_acc", "lr", "data_wait_fraction")
+    assert all(isinstance(e[k], float) for e in history["epochs"] for k in keys), history
     assert history["epochs"][0]["lr"] > history["epochs"][-1]["lr"]  # cosine, read per epoch
     text = page(fit_run)
     assert not set(re.findall(r"<(\w+)", text)) & {"script", "link", "iframe", "object"}
     assert text.count("<svg") == 5 and not re.search(r"https?://", text)
     references = re.findall(r'(?:href|src)="([^"]*)"', text)  # the mistakes' thumbnails
-    assert len(references) == 4 and all(
-        ref.startswith("data:image/png;base64,") for ref in references
-    )
-    for ref in references:
-        Image.open(io.BytesIO(base64.b64decode(ref.split(",", 1)[1]))).verify()
+    assert len(references) == 4, references
+    for kind, data in (ref.split(",", 1) for ref in references):
+        assert kind == "data:image/png;base64"
+        Image.open(io.BytesIO(base64.b64decode(data))).verify()
     (fit_run / "report.html").unlink()
     done = run_main("report", fit_run, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -104,12 +102,9 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     assert {i % 2 for i in mistakes} == {0, 1}  # in rank 0's shard and in rank 1's
     assert len(mistakes) > 4  # the 6 mislabelled images at least: one run cuts the list
     expected = mistakes[np.argsort(-confidence[mistakes], kind="stable")][:shown]
-    assert [item["index"] for item in wrong] == expected.tolist()
-    for item in wrong:
-        index = item["index"]
-        assert item["path"] == paths[index]
-        assert item["true"] == true[index] != item["predicted"] == predicted[index]
-        assert item["confidence"] == pytest.approx(confidence[index], abs=1e-4)
+    found = [(m["index"], m["path"], m["true"], m["predicted"]) for m in wrong]
+    assert found == [(i, paths[i], true[i], predicted[i]) for i in expected]
+    assert [m["confidence"] for m in wrong] == pytest.approx(confidence[expected], abs=1e-4)
     cells = table(run_dir, "mistakes")
     assert [row[1] for row in cells] == [item["path"] for item in wrong]
     names = [[CLASSES[item["true"]], CLASSES[item["predicted"]]] for item in wrong]
@@ -123,9 +118,8 @@ def run_folder(folder: Path) -> Path:
         | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": 0.5}
         for e in range(2)
     ]
-    measured = dict(epoch=1, data_wait_fraction=0.5, images_per_s=10, step_images_per_s=40)
-    measured |= dict(threshold=0.2, num_workers=0, suggested_workers=3, num_devices=1)
-    epochs[1]["starvation"] = measured | {"cache": "none", "starved": True}
+    advice = "Training waited for data 50% of epoch 1 ...\n- Raise --data.num_workers from 0 to 3"
+    epochs[1]["starvation"] = dict(epoch=1, threshold=0.2, starved=True, advice=advice)
     moved = {"index": 9, "path": str(folder / "moved.jpg"), "true": 1, "predicted": 2}
     validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]]}
     validation["wrong"] = [moved | {"confidence": 0.9}]

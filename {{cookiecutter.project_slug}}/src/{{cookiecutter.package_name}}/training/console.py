@@ -33,17 +33,15 @@ class RunTQDMProgressBar(TQDMProgressBar):
 class ProgressLines(ProgressBar):
     """Progress as plain lines for a log (nohup, SLURM, CI): the run's length, then every
     `every_n_seconds` the step, images/s and data wait (this epoch's so far), time left and
-    training metrics; each validation's metrics. Rank zero prints (Lightning disables others)."""
+    training metrics; each validation's metrics. Rank zero prints."""
 
     def __init__(self, every_n_seconds: float = 30.0) -> None:
         super().__init__()
-        self.every_n_seconds, self.enabled = every_n_seconds, True
+        self.every_n_seconds = every_n_seconds
 
-    def disable(self) -> None:
-        self.enabled = False
+    def disable(self) -> None: ...  # Lightning's, on the other ranks: `_print` asks the rank
 
-    def enable(self) -> None:
-        self.enabled = True
+    def enable(self) -> None: ...
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = (time.monotonic(), trainer.global_step)
@@ -64,7 +62,7 @@ class ProgressLines(ProgressBar):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         now, step, total = time.monotonic(), trainer.global_step, trainer.estimated_stepping_batches
-        if not self.enabled or now - self._last < self.every_n_seconds:
+        if now - self._last < self.every_n_seconds:
             return
         self._last, (started, first_step) = now, self._start
         of = f"/{total:,}" if math.isfinite(total) else ""
@@ -89,7 +87,7 @@ class ProgressLines(ProgressBar):
         return [f"{k} {v:.4g}" for k, v in items.items() if k.startswith("val") == validation]
 
     def _print(self, line: str) -> None:
-        if self.enabled:
+        if self.trainer.is_global_zero:
             print(line, flush=True)
 
 

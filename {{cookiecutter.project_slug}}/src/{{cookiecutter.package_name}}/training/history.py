@@ -14,8 +14,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.report import HISTORY_FILE, write_report
 
-NO_VALIDATION = {"val_loss": None, "val_acc": None}
-
 
 class RunHistory(Callback):
     """Each epoch's losses, accuracy, learning rate and data wait, and the latest validation's
@@ -31,7 +29,6 @@ class RunHistory(Callback):
         self.report, self.wrong_images = report, wrong_images
         self.epochs: list[dict] = []
         self.validation: dict | None = None  # of the latest validation epoch
-        self._pending = NO_VALIDATION  # this epoch's validation numbers, until the epoch ends
         self._batches: list[tuple[torch.Tensor, ...]] = []
         self._lr: float | None = None  # at the epoch's start (not seen when resumed mid-epoch)
 
@@ -46,7 +43,6 @@ class RunHistory(Callback):
         self.folder = Path(trainer.log_dir or trainer.default_root_dir)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._pending = NO_VALIDATION
         self._lr = next((float(o.param_groups[0]["lr"]) for o in trainer.optimizers), None)
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -63,10 +59,10 @@ class RunHistory(Callback):
             return
         wrong = self._most_confident_mistakes(trainer)  # collective under DDP: every rank
         metrics = trainer.callback_metrics  # computing synced metrics is collective too
-        self._pending = {key: _number(metrics.get(key)) for key in NO_VALIDATION}
         confusion = getattr(pl_module, "confusion", None)
         confusion = confusion.tolist() if confusion is not None else None
         self.validation = {"epoch": trainer.current_epoch, "confusion": confusion, "wrong": wrong}
+        self.validation |= {key: _number(metrics.get(key)) for key in ("val_loss", "val_acc")}
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
@@ -77,10 +73,11 @@ class RunHistory(Callback):
         if measured and measured["epoch"] != trainer.current_epoch:  # stale: not this epoch's
             measured = None
         row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}
-        row |= {"train_loss": train_loss, **self._pending, "starvation": measured}
+        validated = self.validation and self.validation["epoch"] == trainer.current_epoch
+        row |= {k: self.validation.get(k) if validated else None for k in ("val_loss", "val_acc")}
+        row |= {"train_loss": train_loss, "starvation": measured}
         row["data_wait_fraction"] = measured["data_wait_fraction"] if measured else None
         self.epochs = [e for e in self.epochs if e["epoch"] < row["epoch"]] + [row]
-        self._pending = NO_VALIDATION
         if trainer.is_global_zero:  # written whole: into a file beside it, then renamed
             history = {"class_names": list(getattr(pl_module, "class_names", []))}
             history |= {"epochs": self.epochs, "validation": self.validation}

@@ -27,15 +27,15 @@ class DataStarvationMonitor(L.Callback):
         self.on_train_epoch_start()
 
     def on_train_epoch_start(self, trainer=None, pl_module=None) -> None:
-        self._wait = self._step = self._step_start = self._paused = self._validation_start = 0.0
+        self._wait = self._step = self._step_start = self._validation_start = 0.0
         self._images = self._steps = 0
         self._mark: float | None = None  # end of the last step; None before the first
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         now = time.perf_counter()
         if self._mark is not None:
-            self._wait += now - self._mark - self._paused
-        self._paused, self._step_start = 0.0, now
+            self._wait += now - self._mark
+        self._step_start = now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         now = time.perf_counter()
@@ -49,61 +49,49 @@ class DataStarvationMonitor(L.Callback):
         self._validation_start = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.state.fn == "fit" and self._mark is not None:
-            self._paused += time.perf_counter() - self._validation_start
+        if trainer.state.fn == "fit" and self._mark is not None:  # validating is no wait
+            self._mark += time.perf_counter() - self._validation_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log the epoch's numbers; keep them with the loader's setup in `measurement` (plain
-        values, kept in the run history: `report` gives the same advice later)."""
-        total = self._wait + self._step
-        self.measurement = None
+        """Log the epoch's numbers; keep them in `measurement`, with the advice if starved (plain
+        values, kept in the run history for the report)."""
+        total, self.measurement = self._wait + self._step, None
         if self._steps == 0 or total <= 0:
             return
-        fraction = self._wait / total
-        self.measurement = measured = {
-            "epoch": trainer.current_epoch,
-            "data_wait_fraction": fraction,
-            "images_per_s": self._images / total,
-            "step_images_per_s": self._images / self._step if self._step else None,
-            "threshold": self.threshold,
-            "num_workers": getattr(trainer.train_dataloader, "num_workers", None),
-            "suggested_workers": auto_num_workers(trainer.num_devices),
-            "num_devices": trainer.num_devices,
-            "cache": getattr(trainer.datamodule, "cache", None),
-            "starved": fraction > self.threshold and self._steps >= self.min_steps,
-        }
+        fraction, rate = self._wait / total, self._images / total
+        starved = fraction > self.threshold and self._steps >= self.min_steps
+        self.measurement = {"epoch": trainer.current_epoch, "data_wait_fraction": fraction}
+        self.measurement |= {"threshold": self.threshold, "starved": starved}
         pl_module.log("data_wait_fraction", fraction, rank_zero_only=True)
-        pl_module.log("train_images_per_s", measured["images_per_s"], rank_zero_only=True)
-        if measured["starved"] and not self.warned:
+        pl_module.log("train_images_per_s", rate, rank_zero_only=True)
+        if not starved:
+            return
+        step_rate = self._images / self._step if self._step else float("inf")
+        advice = [
+            f"Training waited for data {fraction:.0%} of epoch {trainer.current_epoch}: it ran at "
+            f"{rate:.0f} images/s, about the loader's ceiling, while the training step alone "
+            f"would take {step_rate:.0f} images/s."
+        ]
+        workers = getattr(trainer.train_dataloader, "num_workers", None)
+        if workers is not None and workers < (suggested := auto_num_workers(trainer.num_devices)):
+            advice.append(
+                f"- Raise --data.num_workers from {workers} to {suggested} (the usable CPUs "
+                f"divided among the {trainer.num_devices} local process(es), minus one)."
+            )
+        if getattr(trainer.datamodule, "cache", None) == "none":
+            advice.append(
+                "- Turn on --data.source.cache memmap: every image is decoded once, later epochs "
+                "read pre-decoded pixels."
+            )
+        advice.append(
+            "- Measure the loader ceiling and the best num_workers with "
+            "`python -m {{ cookiecutter.package_name }} bench` and the same --data options."
+        )
+        self.measurement["advice"] = "\n".join(advice)
+        if not self.warned:
             self.warned = True
-            rank_zero_warn(starvation_advice(measured))
+            rank_zero_warn(self.measurement["advice"])
 
     def epoch_so_far(self) -> tuple[int, float, float]:
         """This epoch's timed steps so far: images, seconds, and seconds of those spent waiting."""
         return self._images, self._wait + self._step, self._wait
-
-
-def starvation_advice(m: dict) -> str:
-    """The advice for one epoch's `DataStarvationMonitor.measurement`: what to change, and why."""
-    step_rate = m["step_images_per_s"] or float("inf")
-    lines = [
-        f"Training waited for data {m['data_wait_fraction']:.0%} of epoch {m['epoch']}: it "
-        f"ran at {m['images_per_s']:.0f} images/s, about the loader's ceiling, while the training "
-        f"step alone would take {step_rate:.0f} images/s.",
-    ]
-    workers, suggested = m["num_workers"], m["suggested_workers"]
-    if workers is not None and workers < suggested:
-        lines.append(
-            f"- Raise --data.num_workers from {workers} to {suggested} (the usable CPUs "
-            f"divided among the {m['num_devices']} local process(es), minus one)."
-        )
-    if m["cache"] == "none":
-        lines.append(
-            "- Turn on --data.source.cache memmap: every image is decoded once, later epochs read "
-            "pre-decoded pixels."
-        )
-    lines.append(
-        "- Measure the loader ceiling and the best num_workers with "
-        "`python -m {{ cookiecutter.package_name }} bench` and the same --data options."
-    )
-    return "\n".join(lines)

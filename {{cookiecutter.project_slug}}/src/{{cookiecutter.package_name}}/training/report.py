@@ -16,7 +16,6 @@ from PIL import Image
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.reports import precision_recall
-from {{ cookiecutter.package_name }}.training.monitor import starvation_advice
 from {{ cookiecutter.package_name }}.training.outputs import check_output, holds
 
 HISTORY_FILE = "history.json"  # written by training/history.py, RunHistory
@@ -32,9 +31,11 @@ class NothingToReport(DataError):
     """A fit's run folder without a finished epoch: the run stopped before its first ended."""
 
 
-def read_history(folder: str | Path) -> dict:
-    """The `history.json` of a run folder, or a DataError saying what is wrong with it."""
-    folder, path = Path(folder), Path(folder) / HISTORY_FILE
+def write_report(folder: str | Path, overwrite: bool = False) -> Path:
+    """Write `report.html` from the run folder's `history.json`, over a file that is not an
+    earlier report (its page carries `GENERATOR`) only with `overwrite`; print where, how long."""
+    started, folder = time.perf_counter(), Path(folder)
+    path = folder / HISTORY_FILE
     if not folder.is_dir():
         raise DataError(f"run folder {folder} does not exist")
     if not path.is_file() and not (folder / "config.yaml").is_file():  # fit writes it first
@@ -44,21 +45,13 @@ def read_history(folder: str | Path) -> dict:
         )
     try:
         history = json.loads(path.read_text()) if path.is_file() else {}
-        history.get("epochs")  # an AttributeError when not a JSON object
+        epochs = history.get("epochs")  # an AttributeError when not a JSON object
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
         raise DataError(f"{path} cannot be read as a run history: {err}") from None
-    if not history.get("epochs"):
+    if not epochs:
         raise NothingToReport(
             f"{folder}: the run stopped before its first epoch ended: nothing to report yet"
         )
-    return history
-
-
-def write_report(folder: str | Path, overwrite: bool = False) -> Path:
-    """Write `report.html` into the run folder, over a file of that name that is not an earlier
-    report (its page carries `GENERATOR`) only with `overwrite`; print where, and how long."""
-    started, folder = time.perf_counter(), Path(folder)
-    history = read_history(folder)
     page = check_output(
         folder / "report.html",
         "the report's file",
@@ -68,7 +61,7 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
         way_out=f"run `python -m {{ cookiecutter.package_name }} report {folder} --overwrite`",
         instead="move it away",
     )
-    epochs, validation = history["epochs"], history.get("validation") or {}
+    validation = history.get("validation") or {}
     names = [html.escape(name) for name in history["class_names"]]
     body = ["<h2>Learning curves</h2>", *(_curve(epochs, *item) for item in CURVES.items())]
     rows = [[e["epoch"], e["step"], *(_number(e.get(key)) for key in CURVES)] for e in epochs]
@@ -92,17 +85,11 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
         ]
         header = ["index", "file", "true", "predicted", "confidence", "image"]
         body += ["<h2>Most confident mistakes</h2>", _table("mistakes", header, rows)]
-    title = f"Run report: {html.escape(str(folder.resolve()))}"
-    head = f"{len(epochs)} epochs, {epochs[-1]['step']} steps"
-    if epochs[-1].get("val_acc") is not None:
-        head += f"; last validation accuracy {epochs[-1]['val_acc']:.3f}"
-    page.write_text(
-        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8">{GENERATOR}<title>{title}</title>\n'
-        f"<style>{STYLE}</style></head>\n<body><h1>{title}</h1>\n<p>{head}</p>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n",
-        encoding="utf-8",
-    )
+    title, last = f"Run report: {html.escape(str(folder.resolve()))}", epochs[-1]
+    head = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8">{GENERATOR}<title>{title}</title>'
+    head += f"<style>{STYLE}</style></head>\n<body><h1>{title}</h1>\n<p>{len(epochs)} epochs, "
+    head += f"{last['step']} steps; last validation accuracy {_number(last.get('val_acc'))}</p>"
+    page.write_text("\n".join([head, *body, "</body></html>\n"]), encoding="utf-8")
     print(f"report: {page} (written in {time.perf_counter() - started:.1f} s)")
     return page
 
@@ -129,7 +116,7 @@ def _data_wait(epochs: list[dict]) -> str:
     threshold, starved = measured[-1]["threshold"], [m for m in measured if m["starved"]]
     if not starved:
         return f"<p>No epoch waited for data more than {threshold:.0%} of its time.</p>"
-    advice = f"<pre>{html.escape(starvation_advice(starved[-1]))}</pre>"
+    advice = f"<pre>{html.escape(starved[-1]['advice'])}</pre>"
     return f"<p>{len(starved)} epoch(s) waited more than {threshold:.0%}. Latest:</p>{advice}"
 
 
