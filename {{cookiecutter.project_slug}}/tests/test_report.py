@@ -111,24 +111,6 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     assert [row[2:4] for row in cells] == names
 
 
-def run_folder(folder: Path) -> Path:
-    """A history.json of two epochs, the second starved, with one mistake whose image has moved."""
-    epochs = [
-        {"epoch": e, "step": 3 * (e + 1), "train_loss": 1.0 - e / 4, "val_loss": 1.0 - e / 5}
-        | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": 0.5}
-        for e in range(2)
-    ]
-    advice = "Training waited for data 50% of epoch 1 ...\n- Raise --data.num_workers from 0 to 3"
-    epochs[1]["starvation"] = dict(epoch=1, threshold=0.2, starved=True, advice=advice)
-    moved = {"index": 9, "path": str(folder / "moved.jpg"), "true": 1, "predicted": 2}
-    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]]}
-    validation["wrong"] = [moved | {"confidence": 0.9}]
-    history = {"class_names": list(CLASSES), "epochs": epochs, "validation": validation}
-    folder.mkdir(parents=True)
-    (folder / "history.json").write_text(json.dumps(history))
-    return folder
-
-
 def test_report_refuses_in_one_line_and_keeps_a_users_files(tmp_path: Path, run_main) -> None:
     for folder, message in [
         (tmp_path, "has no history.json: give the run folder of a `fit`"),
@@ -141,7 +123,20 @@ def test_report_refuses_in_one_line_and_keeps_a_users_files(tmp_path: Path, run_
     assert done.returncode != 0 and "cannot be read as a run history" in done.stderr
     assert not (tmp_path / "report.html").exists()
 
-    run = run_folder(tmp_path / "version_0")
+    # A history of two epochs, the second starved, with one mistake whose image has moved.
+    (run := tmp_path / "version_0").mkdir()
+    epochs = [
+        {"epoch": e, "step": 3 * (e + 1), "train_loss": 1.0 - e / 4, "val_loss": 1.0 - e / 5}
+        | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": 0.5}
+        for e in range(2)
+    ]
+    advice = "Training waited for data 50% of epoch 1 ...\n- Raise --data.num_workers from 0 to 3"
+    epochs[1]["starvation"] = dict(epoch=1, threshold=0.2, starved=True, advice=advice)
+    moved = {"index": 9, "path": str(run / "moved.jpg"), "true": 1, "predicted": 2}
+    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]]}
+    validation["wrong"] = [moved | {"confidence": 0.9}]
+    history = {"class_names": list(CLASSES), "epochs": epochs, "validation": validation}
+    (run / "history.json").write_text(json.dumps(history))
     users = b"the user's own notes\n"
     (run / "report.html").write_bytes(users)
     done = run_main("report", run, cwd=tmp_path)
