@@ -24,7 +24,6 @@ OPTIONAL = {
     "tests/test_serve.py": CONTEXT["serve"] == "yes",
     "scripts/serve_bench.py": CONTEXT["serve"] == "yes",
     f"src/{PACKAGE}/commands/shard.py": CONTEXT["shards"] == "yes",
-    f"src/{PACKAGE}/data/shard_output.py": CONTEXT["shards"] == "yes",
     f"src/{PACKAGE}/data/shards.py": CONTEXT["shards"] == "yes",
     "tests/test_shards.py": CONTEXT["shards"] == "yes",
     "tests/test_shard_safety.py": CONTEXT["shards"] == "yes",

@@ -45,7 +45,6 @@ OPTION_FILES = {
     },
     ("shards", "yes"): {
         "src/{{cookiecutter.package_name}}/commands/shard.py",
-        "src/{{cookiecutter.package_name}}/data/shard_output.py",
         "src/{{cookiecutter.package_name}}/data/shards.py",
         "tests/test_shards.py",
         "tests/test_shard_safety.py",

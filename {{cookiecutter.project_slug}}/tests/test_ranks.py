@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 {% if cookiecutter.shards == "yes" %}
-from {{ cookiecutter.package_name }}.commands.shard import write_shards
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 {%- endif %}
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
@@ -93,11 +92,11 @@ def test_streamed_batches_fit_each_process_share(image_root: Path, tmp_path: Pat
     folders = ImageDataModule(ClassFolders(image_root), image_size=16, num_workers=0)
     folders.setup("fit")
     datasets = {"train": folders.train_dataset, "val": folders.val_dataset}
-    write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1)
+    shards = require_shards()
+    shards.write_shards(datasets, folders.class_names, str(tmp_path / "shards"), None, 1)
     streamed = ImageDataModule(Shards(str(tmp_path / "shards")), image_size=16, num_workers=0)
     streamed.setup("fit")
     train, val = streamed.train_dataset, streamed.val_dataset
-    shards = require_shards()
     assert (len(train), len(val)) == (18, 6)
     for dataset, processes, batch_size in ((train, 16, 1), (train, 4, 4), (val, 4, 1)):
         loader = shards.streaming_loader(dataset, 64, 0, False, (0, processes))

@@ -24,7 +24,6 @@ from conftest import one_error, write_image
 from test_mid_epoch import colour_images, recorded, stopped_and_resumed, whole_run
 
 from {{ cookiecutter.package_name }}.__main__ import main
-from {{ cookiecutter.package_name }}.data import shard_output
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 needs_litdata = pytest.mark.skipif(
@@ -67,12 +66,9 @@ def shards(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         write_image(folder / "unlabelled" / f"u{i}.png", (50 * i, 100, 150))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tempfile, "tempdir", str(folder / "tmp"))  # LitData's workers fork
-        main(["shard", "--data.source.root", str(colours), *unlabelled(folder)])
+        options = ["--data.predict_root", f"{folder}/unlabelled", "--output", f"{folder}/out"]
+        main(["shard", "--data.source.root", str(colours), *options])
     return folder / "out"
-
-
-def unlabelled(folder: Path) -> list[str]:  # `shard`'s options for the fixture's shards
-    return ["--data.predict_root", str(folder / "unlabelled"), "--output", str(folder / "out")]
 
 
 @needs_litdata
@@ -230,6 +226,8 @@ def test_an_s3_prefix_of_shards_own_objects_is_replaced_whole(
 @needs_litdata
 def test_s3_lists_and_deletes_go_a_page_at_a_time(s3, monkeypatch: pytest.MonkeyPatch) -> None:
     """S3 deletes at most `PAGE` (1,000) keys per request, moto any number: counted, with 2."""
+    from {{ cookiecutter.package_name }}.data import shards as shard_output
+
     monkeypatch.setattr(shard_output, "PAGE", 2)
     names = [f"train/chunk-0-{i}.bin" for i in range(5)]
     for name in names:

@@ -13,10 +13,7 @@ COMMANDS = {
 {%- endif %}
     "scan": ("scan", "list the images of a dataset that cannot be read"),
 {%- if cookiecutter.shards == "yes" %}
-    "shard": (
-        "shard",
-        "write a dataset as LitData shards (a folder or s3://) for --data.source Shards",
-    ),
+    "shard": ("shard", "write a dataset as LitData shards (folder, s3://) for Shards"),
 {%- endif %}
     "bench": ("bench", "time the data loader against a naive baseline, per num_workers"),
     "report": ("report", "write a run's HTML report: curves, confusion matrix, mistakes"),

@@ -1,7 +1,6 @@
-"""`serve --model model.pt2`: the model over HTTP with LitServe; POST an image, get `infer`'s top
-classes (docs/inference.md). `read_upload`, a FastAPI dependency, reads and decodes the upload in
-the HTTP process, so that a bad one is answered 4xx there and never joins a batch: LitServe
-0.2.19 fails every request of a batch when `decode_request` raises for one."""
+"""`serve --model model.pt2`: POST an image, get `infer`'s top classes (docs/inference.md). The
+upload is read and decoded by `read_upload`, a FastAPI dependency, in the HTTP process: a bad one
+is answered 4xx there, not failing a batch (LitServe 0.2.19 fails all if decode_request raises)."""
 
 import asyncio
 import functools
@@ -63,8 +62,8 @@ async def read_upload(request: "Request") -> np.ndarray:
 
 
 async def _body(request: "Request", max_bytes: int) -> bytearray:
-    """The body. One too large is read to its end (up to DRAIN times the limit) before the 413,
-    as http.client sends it all before it reads; curl's 100-continue is answered at once."""
+    """The body; one too large read to its end (up to DRAIN times the limit) before the 413, as
+    http.client sends it all before it reads; curl's 100-continue answered at once."""
     declared = int(request.headers.get("content-length") or 0)  # uvicorn checks it is one
     waits = request.headers.get("expect", "").lower() == "100-continue"
     body, size = bytearray(), 0
@@ -110,11 +109,7 @@ def _pixels(body: bytearray, form_type: str | None, options) -> np.ndarray:
 
 
 class ImageClassifierAPI(litserve.LitAPI if litserve else object):
-    """The inference worker: `read_upload`'s pixels through the model, in batches, as answers."""
-
-    def __init__(self, model: str, max_batch_size: int, batch_timeout: float) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-        self.model_path = model
+    """The inference worker: `read_upload`'s pixels through the model (`model_path`) in batches."""
 
     def setup(self, device: str) -> None:
         # in the (spawned) worker: a SIGTERM to the process group leaves it to answer the
@@ -132,8 +127,7 @@ class ImageClassifierAPI(litserve.LitAPI if litserve else object):
     ) -> Tensor:
         return torch.from_numpy(request)
 
-    def predict(self, images: Tensor) -> Tensor:
-        """Probabilities of LitServe's stack of images, or of one image without batching."""
+    def predict(self, images: Tensor) -> Tensor:  # a stack of images, or one without batching
         batch = images if images.dim() == 4 else images[None]
         self.batch_size = len(batch)  # LitServe encodes a batch's answers before the next batch
         probabilities = self.model.probabilities(batch.to(self.device)).cpu()
@@ -146,9 +140,8 @@ class ImageClassifierAPI(litserve.LitAPI if litserve else object):
 
 
 def _stop_on_sigterm(main_pid: int, signum: int, frame) -> None:
-    """SIGTERM as Ctrl-C: LitServe stops its HTTP servers first (uvicorn answers the requests in
-    flight while the inference worker runs), then the others. Forked children ignore it (an
-    HTTP server's uvicorn has its own handler)."""
+    """SIGTERM as Ctrl-C: LitServe stops its HTTP servers (uvicorn answers the requests in flight)
+    before the inference worker. Forked children ignore it (uvicorn has its own handler)."""
     if os.getpid() == main_pid:
         signal.signal(signum, signal.SIG_IGN)  # one stop at a time
         raise KeyboardInterrupt
@@ -164,9 +157,11 @@ def main(args: list[str] | None = None) -> int:
     except OSError as err:
         where = f"--port {options.port}: cannot listen on {options.host}"
         raise DataError(f"{where}: {err.strerror}") from None
-    # loaded here too, so that a bad file stops with one line before any process starts
-    options.image_size = load_exported(options.model).image_size
-    api = ImageClassifierAPI(str(options.model), options.max_batch_size, options.batch_timeout)
+    options.image_size = load_exported(options.model).image_size  # a bad file: one line, here
+    api = ImageClassifierAPI(
+        max_batch_size=options.max_batch_size, batch_timeout=options.batch_timeout
+    )
+    api.model_path = options.model
     server = litserve.LitServer(api, accelerator=options.accelerator)
     server.app.state.options, server.app.state.decoding = options, asyncio.Semaphore(DECODERS)
     signal.signal(signal.SIGTERM, functools.partial(_stop_on_sigterm, os.getpid()))

@@ -340,13 +340,12 @@ class Shards(Source):
 def require_shards(needed_by: str = "--data.source Shards"):
     """The shards module (`data/shards.py`), once LitData, an optional dependency, is found."""
     try:
-        import litdata  # noqa: F401
-    except ImportError as err:
-        raise DataError(
-            f'{needed_by} needs LitData: pip install ".[stream]" (the stream extra)'
-        ) from err
-    from {{ cookiecutter.package_name }}.data import shards
-
+        from {{ cookiecutter.package_name }}.data import shards
+    except ModuleNotFoundError as err:
+        if err.name != "litdata":
+            raise
+        extra = 'pip install ".[stream]" (the stream extra)'
+        raise DataError(f"{needed_by} needs LitData: {extra}") from err
     return shards
 
 

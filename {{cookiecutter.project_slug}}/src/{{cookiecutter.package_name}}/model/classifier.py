@@ -215,9 +215,7 @@ class ImageClassifier(L.LightningModule):
         """Class probabilities of `(images, indices)`, or `(images, indices, paths)` (shards)."""
         images, indices, *paths = batch
         out = {"index": indices, "probs": self._scores(images).float().softmax(dim=1)}
-        if paths:
-            out["path"] = paths[0]
-        return out
+        return out | ({"path": paths[0]} if paths else {})
 {%- else %}
         """Class probabilities of `(images, indices)`."""
         images, indices = batch

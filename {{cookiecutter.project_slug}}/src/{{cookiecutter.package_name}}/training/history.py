@@ -102,8 +102,7 @@ class RunHistory(Callback):
             # The n-th image this process validated is the n-th its sampler gave.
             dataset = loader.dataset
 {%- if cookiecutter.shards == "yes" %}
-            # Shards come through an IterableDataset: no sampler, no file path.
-            streamed = isinstance(dataset, torch.utils.data.IterableDataset)
+            streamed = isinstance(dataset, torch.utils.data.IterableDataset)  # shards: no sampler
             order = None if streamed else list(loader.sampler)
 {%- else %}
             order = list(loader.sampler)

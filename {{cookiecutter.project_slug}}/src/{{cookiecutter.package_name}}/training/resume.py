@@ -133,11 +133,10 @@ class ResumeInEpoch(Callback):
 {%- if cookiecutter.shards == "yes" %}
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module) -> None:
-        loader = trainer.train_dataloader
-        if getattr(loader, "restore", False):
-            # LitData ends a restored pass when asked for a batch past its last; Lightning, which
-            # knows the epoch's length, never asks, and the next epoch would continue this one.
-            loader.restore = False
+        # LitData ends a restored pass when asked for a batch past its last; Lightning, which knows
+        # the epoch's length, never asks, and the next epoch would continue this one.
+        if getattr(trainer.train_dataloader, "restore", False):
+            trainer.train_dataloader.restore = False
 {%- endif %}
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
