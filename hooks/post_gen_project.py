@@ -27,7 +27,6 @@ OPTIONAL = {
     f"src/{PACKAGE}/data/shards.py": CONTEXT["shards"] == "yes",
     "tests/test_shards.py": CONTEXT["shards"] == "yes",
     "tests/test_shard_safety.py": CONTEXT["shards"] == "yes",
-    "tests/test_stream_eval.py": CONTEXT["shards"] == "yes",
 }
 
 # The answers, in cookiecutter's replay format, so that `cookiecutter --replay-file` (or cruft)

@@ -48,7 +48,6 @@ OPTION_FILES = {
         "src/{{cookiecutter.package_name}}/data/shards.py",
         "tests/test_shards.py",
         "tests/test_shard_safety.py",
-        "tests/test_stream_eval.py",
     },
 }
 # Files that exist for any of several values of an option.
@@ -465,7 +464,7 @@ def test_gitignore_keeps_outputs_out_and_the_package_in(cookies) -> None:
 # of a default bake, and the package with every bake-time capability. Issue 40 asks for 4,500,
 # 5,000 and 6,000; these are the sizes reached so far (7,702, 8,738 and 8,779 before the
 # first cuts), a ratchet to lower as code goes.
-SIZE_LIMITS = {"package": 5528, "tests": 5365, "package with every capability": 6161}
+SIZE_LIMITS = {"package": 5528, "tests": 5365, "package with every capability": 6130}
 # Names of other packages that start with `_` (private: any release may move them). Documented
 # names that only look private are not counted.
 PUBLIC_UNDERSCORED = {"_exit", "_asdict", "_replace", "_fields", "_make"}

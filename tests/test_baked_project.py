@@ -49,7 +49,6 @@ OPTION_TESTS = {
         [
             "tests/test_shards.py",
             "tests/test_shard_safety.py",
-            "tests/test_stream_eval.py",
             "tests/test_stop.py::test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running[shards]",
         ],
         "stream",
