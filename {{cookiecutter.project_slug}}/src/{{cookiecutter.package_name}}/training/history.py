@@ -45,9 +45,6 @@ class RunHistory(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._lr = next((float(o.param_groups[0]["lr"]) for o in trainer.optimizers), None)
 
-    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._batches = []
-
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, *_) -> None:
         if _fitting(trainer) and isinstance(outputs, torch.Tensor):
             # Kept on the device until the epoch ends: no synchronisation per batch.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -49,7 +48,7 @@ class PredictionWriter(BasePredictionWriter):
         self._writer = csv.writer(self._file)
         self._writer.writerow(["index", *HEADER] if self._sharded else HEADER)
 
-    def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any], *_) -> None:
+    def write_on_batch_end(self, trainer, pl_module, prediction: dict, *_) -> None:
         dataset = trainer.predict_dataloaders.dataset
         names = pl_module.class_names
         k = min(self.top_k, len(names))
