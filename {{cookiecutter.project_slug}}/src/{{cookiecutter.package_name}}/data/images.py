@@ -50,10 +50,10 @@ def decode_image(
         try:
             width, height, orientation = image_header(data, path)
             if data[:2] == b"\xff\xd8":
-                # At least twice min_size: the smallest n/8 scale keeping both sides >= min_size
                 side = min_size if min_size and min(width, height) >= 2 * min_size else 0
-                try:  # fast IDCT and upsampling or not, min height and width; ValueError on damage
-                    rgb = simplejpeg.decode_jpeg(data, "RGB", approximate, approximate, side, side)
+                fast = {"fastdct": approximate, "fastupsample": approximate}
+                try:  # the smallest n/8 scale with both sides >= side; ValueError on damage
+                    rgb = simplejpeg.decode_jpeg(data, **fast, min_height=side, min_width=side)
                     if orientation >= 5:  # Exif orientation undone, as PIL's exif_transpose
                         rgb = rgb.transpose(1, 0, 2)
                     flip = (orientation - 1) % 4  # none, mirrored, both, upside down
