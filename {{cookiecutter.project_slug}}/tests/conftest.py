@@ -256,9 +256,8 @@ def labelled_fit(folder: Path, *options: str) -> Path:
 
 @pytest.fixture(scope="session")
 def fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One process, 3 epochs, the report showing 4 mistakes (test_report, test_cpus)."""
-    options = ["--trainer.max_epochs", "3", "--history.wrong_images", "4"]
-    return labelled_fit(tmp_path_factory.mktemp("fit"), *options)
+    """One process, 3 epochs (test_report, test_cpus)."""
+    return labelled_fit(tmp_path_factory.mktemp("fit"), "--trainer.max_epochs", "3")
 
 
 DDP = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
@@ -267,9 +266,8 @@ DDP = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
 @pytest.fixture(scope="session")
 def ddp_fit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two DDP processes, 2 epochs in batches of 64 (each process's 12 images under one batch);
-    the report shows every mistake (test_report, test_cpus)."""
+    (test_report, test_cpus)."""
     options = [*DDP, "--data.batch_size", "64", "--trainer.max_epochs", "2"]
-    options += ["--history.wrong_images", "20"]
     return labelled_fit(tmp_path_factory.mktemp("ddp_fit"), *options)
 
 

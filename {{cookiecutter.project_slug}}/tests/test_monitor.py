@@ -1,8 +1,8 @@
-"""The starvation monitor: measures the wait for data, logs it, and warns once with advice."""
+"""The starvation monitor: measures the wait for data, logs it, and warns once in one line."""
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 import pytest
 from conftest import quiet_trainer
@@ -59,18 +59,18 @@ class TinyModel(BoringModel):
     [(0.05, 0.0, 0.01, True), (0.0, 0.01, 0.09, False)],  # seconds an image, a batch, a step
 )
 def test_the_wait_is_measured_without_validation_and_a_starved_run_warned_once(
-    load: float, copy: float, step: float, starved: bool, tmp_path, monkeypatch
+    load: float, copy: float, step: float, starved: bool, tmp_path, monkeypatch, caplog
 ) -> None:
     """Batches of 2, validated every 3 steps at 1 s an image, on a clock that only they move:
     the wait is exactly loading and copying against the step (starved: 10/11; busy: 1/10, so
-    neither the step nor validation counts as waiting); two starved epochs warn once."""
+    neither the step nor validation counts as waiting); two starved epochs warn once, in one line
+    logged (a `warnings` warning would print its source line under it)."""
     clock = Clock()
     monkeypatch.setattr(monitor_module, "time", clock)
     loaders = [DataLoader(SlowItems(delay, clock), batch_size=2) for delay in (load, 1.0)]
     monitor = DataStarvationMonitor(min_steps=3)
     options = dict(max_epochs=2, val_check_interval=3, limit_val_batches=1, callbacks=[monitor])
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
+    with caplog.at_level(logging.WARNING, logger=monitor_module.__name__):
         trainer = quiet_trainer(tmp_path, **options)
         trainer.fit(TinyModel(step, copy, clock), *loaders)
     assert clock.now > 4  # the validations ran on the clock
@@ -78,8 +78,8 @@ def test_the_wait_is_measured_without_validation_and_a_starved_run_warned_once(
     assert monitor.measurement["data_wait_fraction"] == pytest.approx(wait / (wait + step))
     assert metrics["data_wait_fraction"] == pytest.approx(wait / (wait + step))
     assert metrics["train_images_per_s"] == pytest.approx(2 / (wait + step))
-    advice = [str(w.message) for w in record if "waited for data" in str(w.message)]
+    advice = [r.getMessage() for r in caplog.records if "waited for data" in r.getMessage()]
     assert len(advice) == starved  # two starved epochs, one warning
     if starved:
-        assert "Raise --data.num_workers from 0 to" in advice[0]
-        assert " bench` and the same --data options" in advice[0]
+        assert "\n" not in advice[0] and "Raise --data.num_workers from 0 to" in advice[0]
+        assert " bench` with the same --data options measures the loader." in advice[0]

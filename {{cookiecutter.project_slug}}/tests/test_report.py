@@ -3,9 +3,7 @@ the checkpoint; `report` redraws it, over no file it did not write."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import os
 import re
@@ -18,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import CLASSES, CSV_LOGGER, one_error, tiny_run_options
-from PIL import Image
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
@@ -48,13 +45,8 @@ def test_fit_writes_a_self_contained_report_and_report_writes_it_again(
     assert all(isinstance(e[k], float) for e in history["epochs"] for k in keys), history
     assert history["epochs"][0]["lr"] > history["epochs"][-1]["lr"]  # cosine, read per epoch
     text = page(fit_run)
-    assert not set(re.findall(r"<(\w+)", text)) & {"script", "link", "iframe", "object"}
-    assert text.count("<svg") == 5 and not re.search(r"https?://", text)
-    references = re.findall(r'(?:href|src)="([^"]*)"', text)  # the mistakes' thumbnails
-    assert len(references) == 4, references
-    for kind, data in (ref.split(",", 1) for ref in references):
-        assert kind == "data:image/png;base64"
-        Image.open(io.BytesIO(base64.b64decode(data))).verify()
+    assert not set(re.findall(r"<(\w+)", text)) & {"script", "link", "iframe", "object", "img"}
+    assert text.count("<svg") == 4 and not re.search(r"https?:|href=|src=", text)
     (fit_run / "report.html").unlink()
     done = run_main("report", fit_run, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -63,10 +55,8 @@ def test_fit_writes_a_self_contained_report_and_report_writes_it_again(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("run", "shown"), [("fit_run", 4), ("ddp_fit_run", 20)])
-def test_the_tables_and_the_grid_show_every_validation_image_once(
-    run: str, shown: int, request: pytest.FixtureRequest
-) -> None:
+@pytest.mark.parametrize("run", ["fit_run", "ddp_fit_run"])
+def test_the_tables_show_every_validation_image_once(run: str, request: pytest.FixtureRequest):
     """Confusion matrix, per-class table, accuracy and mistakes are last.ckpt's on the 15
     validation images (over both DDP ranks)."""
     run_dir = request.getfixturevalue(run)
@@ -100,21 +90,19 @@ def test_the_tables_and_the_grid_show_every_validation_image_once(
     wrong = history["validation"]["wrong"]
     mistakes = np.flatnonzero(predicted != true)
     assert {i % 2 for i in mistakes} == {0, 1}  # in rank 0's shard and in rank 1's
-    assert len(mistakes) > 4  # the 6 mislabelled images at least: one run cuts the list
-    expected = mistakes[np.argsort(-confidence[mistakes], kind="stable")][:shown]
+    expected = mistakes[np.argsort(-confidence[mistakes], kind="stable")]
     found = [(m["index"], m["path"], m["true"], m["predicted"]) for m in wrong]
     assert found == [(i, paths[i], true[i], predicted[i]) for i in expected]
     assert [m["confidence"] for m in wrong] == pytest.approx(confidence[expected], abs=1e-4)
     cells = table(run_dir, "mistakes")
-    assert [row[1] for row in cells] == [item["path"] for item in wrong]
-    names = [[CLASSES[item["true"]], CLASSES[item["predicted"]]] for item in wrong]
-    assert [row[2:4] for row in cells] == names
+    names = [[item["path"], CLASSES[item["true"]], CLASSES[item["predicted"]]] for item in wrong]
+    assert [row[:3] for row in cells] == names
 
 
 def test_report_refuses_in_one_line_and_keeps_a_users_files(tmp_path: Path, run_main) -> None:
     for folder, message in [
         (tmp_path, "has no history.json: give the run folder of a `fit`"),
-        (tmp_path / "nowhere", "nowhere does not exist"),
+        (tmp_path / "nowhere", "nowhere has no history.json"),
     ]:
         done = run_main("report", folder, cwd=tmp_path)
         assert message in one_error(done.returncode, done.stderr)
@@ -123,18 +111,15 @@ def test_report_refuses_in_one_line_and_keeps_a_users_files(tmp_path: Path, run_
     assert done.returncode != 0 and "cannot be read as a run history" in done.stderr
     assert not (tmp_path / "report.html").exists()
 
-    # A history of two epochs, the second starved, with one mistake whose image has moved.
+    # A history of two epochs, the second starved, without a mistake.
     (run := tmp_path / "version_0").mkdir()
     epochs = [
         {"epoch": e, "step": 3 * (e + 1), "train_loss": 1.0 - e / 4, "val_loss": 1.0 - e / 5}
         | {"val_acc": 0.5 + e / 4, "lr": 0.01, "data_wait_fraction": 0.5}
         for e in range(2)
     ]
-    advice = "Training waited for data 50% of epoch 1 ...\n- Raise --data.num_workers from 0 to 3"
-    epochs[1]["starvation"] = dict(epoch=1, threshold=0.2, starved=True, advice=advice)
-    moved = {"index": 9, "path": str(run / "moved.jpg"), "true": 1, "predicted": 2}
-    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 7, 1], [0, 0, 8]]}
-    validation["wrong"] = [moved | {"confidence": 0.9}]
+    epochs[1]["advice"] = "Training waited for data 50% of epoch 1 ... from 0 to 3 & more"
+    validation = {"epoch": 1, "confusion": [[8, 0, 0], [0, 8, 0], [0, 0, 8]], "wrong": []}
     history = {"class_names": list(CLASSES), "epochs": epochs, "validation": validation}
     (run / "history.json").write_text(json.dumps(history))
     users = b"the user's own notes\n"
@@ -146,10 +131,9 @@ def test_report_refuses_in_one_line_and_keeps_a_users_files(tmp_path: Path, run_
     done = run_main("report", run, "--overwrite", cwd=tmp_path)  # the user's file replaced
     assert done.returncode == 0, done.stderr
     text = page(run)
-    assert text.startswith("<!DOCTYPE html>") and "file not found" in text
-    assert table(run, "per-class")[1][5:] == ["0", "7", "1"]  # the confusion matrix's row
-    assert "waited more than 20%" in text and "Raise --data.num_workers from 0 to 3" in text
-    assert f"<td>{run / 'moved.jpg'}</td>" in text
+    assert text.startswith("<!DOCTYPE html>") and "from 0 to 3 &amp; more</p>" in text
+    assert table(run, "per-class")[1][5:] == ["0", "8", "0"]  # the confusion matrix's row
+    assert "<p>No validation image was misclassified.</p>" in text
     assert sorted(path.name for path in run.iterdir()) == ["history.json", "report.html"]
     done = run_main("report", run, cwd=tmp_path)  # its own earlier report: no --overwrite
     assert done.returncode == 0 and page(run) == text, done.stderr

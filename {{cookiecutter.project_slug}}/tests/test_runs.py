@@ -1,5 +1,5 @@
 """Runs by name: `--ckpt_path last` resumes only its own run, with its options and a schedule
-rebuilt for new limits; where runs go; the default precision."""
+rebuilt for new limits; where runs go."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from conftest import CSV_LOGGER, one_error, tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.model.optim import lr_schedule
-from {{ cookiecutter.package_name }}.training.precision import default_precision, precision_for
 from {{ cookiecutter.package_name }}.training.runs import slurm_run_name
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -247,22 +246,3 @@ def test_slurm_names_the_run_by_its_job(monkeypatch) -> None:
     assert slurm_run_name() == "slurm_77_3"
     monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: each fit its own
     assert slurm_run_name() is None
-
-
-def test_the_default_precision_is_bf16_only_where_native(monkeypatch) -> None:
-    assert precision_for([(9, 0)]) == precision_for([(8, 0), (8, 6)]) == "bf16-mixed"
-    # A T4 (7.5) only emulates bf16; every GPU must have it; None: NVML could not say.
-    for capabilities in ([(7, 5)], [(8, 0), (7, 0)], None):
-        assert precision_for(capabilities) == "16-mixed", capabilities
-    assert default_precision("cpu") is None  # Lightning's
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert default_precision("auto") is None
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_default_precision_leaves_cuda_uninitialised() -> None:
-    precision = default_precision("auto")
-    assert not torch.cuda.is_initialized()  # DDP may still fork
-    native = torch.cuda.is_bf16_supported(including_emulation=False)
-    assert precision == ("bf16-mixed" if native else "16-mixed")

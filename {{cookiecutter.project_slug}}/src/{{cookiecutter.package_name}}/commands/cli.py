@@ -32,7 +32,6 @@ from {{ cookiecutter.package_name }}.training import console
 from {{ cookiecutter.package_name }}.training.checkpoints import BestCheckpoint, LastCheckpoint
 from {{ cookiecutter.package_name }}.training.history import RunHistory
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
-from {{ cookiecutter.package_name }}.training.precision import default_precision
 from {{ cookiecutter.package_name }}.training.predictions import PredictionWriter
 from {{ cookiecutter.package_name }}.training.processes import close_process_group, end_with_starter
 from {{ cookiecutter.package_name }}.training.resume import (
@@ -194,8 +193,6 @@ class ImageCLI(LightningCLI):
 {%- endif %}
             if self.subcommand == "fit":  # a CSV or TensorBoard logger: on in the same folder
                 resumed_version(config.trainer.logger, self.ckpt_contents)
-        if config.trainer.precision is None:
-            config.trainer.precision = default_precision(config.trainer.accelerator)
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
         refuse_run_among(config)

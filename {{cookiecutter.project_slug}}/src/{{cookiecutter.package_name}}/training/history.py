@@ -14,6 +14,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 from {{ cookiecutter.package_name }}.training.report import HISTORY_FILE, write_report
 
+MISTAKES = 24  # the most confidently misclassified validation images the report lists
+
 
 class RunHistory(Callback):
     """Each epoch's losses, accuracy, learning rate and data wait, and the latest validation's
@@ -22,11 +24,10 @@ class RunHistory(Callback):
 
     Args:
         report: write `report.html` into the run folder at the end of `fit`.
-        wrong_images: how many misclassified validation images the report shows.
     """
 
-    def __init__(self, report: bool = True, wrong_images: int = 24) -> None:
-        self.report, self.wrong_images = report, wrong_images
+    def __init__(self, report: bool = True) -> None:
+        self.report = report
         self.epochs: list[dict] = []
         self.validation: dict | None = None  # of the latest validation epoch
         self._batches: list[tuple[torch.Tensor, ...]] = []
@@ -66,14 +67,13 @@ class RunHistory(Callback):
             return
         train_loss = _number(trainer.callback_metrics.get("train_loss_epoch"))  # every rank
         monitors = (c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor))
-        measured = next((c.measurement for c in monitors), None)
-        if measured and measured["epoch"] != trainer.current_epoch:  # stale: not this epoch's
-            measured = None
+        measured = next((c.measurement for c in monitors), None) or {}
+        if measured.get("epoch") != trainer.current_epoch:  # stale: not this epoch's
+            measured = {}
         row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}
         validated = self.validation and self.validation["epoch"] == trainer.current_epoch
         row |= {k: self.validation.get(k) if validated else None for k in ("val_loss", "val_acc")}
-        row |= {"train_loss": train_loss, "starvation": measured}
-        row["data_wait_fraction"] = measured["data_wait_fraction"] if measured else None
+        row |= {"train_loss": train_loss, "data_wait_fraction": None, "advice": None} | measured
         self.epochs = [e for e in self.epochs if e["epoch"] < row["epoch"]] + [row]
         if trainer.is_global_zero:  # written whole: into a file beside it, then renamed
             history = {"class_names": list(getattr(pl_module, "class_names", []))}
@@ -94,7 +94,7 @@ class RunHistory(Callback):
             parts = zip(*self._batches, strict=True)
             targets, predicted, confidence = (torch.cat(part).cpu() for part in parts)
             wrong = (predicted != targets).nonzero().flatten()
-            top = wrong[confidence[wrong].argsort(descending=True)][: self.wrong_images]
+            top = wrong[confidence[wrong].argsort(descending=True)][:MISTAKES]
             loader = trainer.val_dataloaders
             # The n-th image this process validated is the n-th its sampler gave.
             dataset = loader.dataset
@@ -118,7 +118,7 @@ class RunHistory(Callback):
             torch.distributed.all_gather_object(shards, rows)
             rows = [row for shard in shards for row in shard]
         rows.sort(key=lambda row: (-row["confidence"], row["index"]))
-        return rows[: self.wrong_images]
+        return rows[:MISTAKES]
 
 
 def _fitting(trainer: L.Trainer) -> bool:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_warn
 
 from {{ cookiecutter.package_name }}.data.cpus import auto_num_workers
 
+log = logging.getLogger(__name__)
+
 
 class DataStarvationMonitor(L.Callback):
-    """Logs `data_wait_fraction` and `train_images_per_s` each training epoch; warns once, with
-    advice, when the wait is high. The wait is the host time from the end of one training step to
-    the start of the next, without validation and each epoch's first batch (warm-up).
+    """Logs `data_wait_fraction` and `train_images_per_s` each training epoch; warns once, in one
+    line of advice, when the wait is high. The wait is the host time from the end of one training
+    step to the start of the next, without validation and each epoch's first batch (warm-up).
 
     Args:
         threshold: warn when the fraction of the epoch spent waiting exceeds this.
@@ -53,44 +55,30 @@ class DataStarvationMonitor(L.Callback):
             self._mark += time.perf_counter() - self._validation_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log the epoch's numbers; keep them in `measurement`, with the advice if starved (plain
-        values, kept in the run history for the report)."""
+        """Log the epoch's numbers; keep them in `measurement` for the run history, with the
+        advice if starved."""
         total, self.measurement = self._wait + self._step, None
         if self._steps == 0 or total <= 0:
             return
-        fraction, rate = self._wait / total, self._images / total
-        starved = fraction > self.threshold and self._steps >= self.min_steps
-        self.measurement = {"epoch": trainer.current_epoch, "data_wait_fraction": fraction}
-        self.measurement |= {"threshold": self.threshold, "starved": starved}
+        fraction, rate, epoch = self._wait / total, self._images / total, trainer.current_epoch
+        self.measurement = {"epoch": epoch, "data_wait_fraction": fraction, "advice": None}
         pl_module.log("data_wait_fraction", fraction, rank_zero_only=True)
         pl_module.log("train_images_per_s", rate, rank_zero_only=True)
-        if not starved:
+        if fraction <= self.threshold or self._steps < self.min_steps:
             return
         step_rate = self._images / self._step if self._step else float("inf")
-        advice = [
-            f"Training waited for data {fraction:.0%} of epoch {trainer.current_epoch}: it ran at "
-            f"{rate:.0f} images/s, about the loader's ceiling, while the training step alone "
-            f"would take {step_rate:.0f} images/s."
-        ]
+        advice = f"Training waited for data {fraction:.0%} of epoch {epoch}: {rate:.0f} images/s, "
+        advice += f"where the training step alone would take {step_rate:.0f}."
         workers = getattr(trainer.train_dataloader, "num_workers", None)
         if workers is not None and workers < (suggested := auto_num_workers(trainer.num_devices)):
-            advice.append(
-                f"- Raise --data.num_workers from {workers} to {suggested} (the usable CPUs "
-                f"divided among the {trainer.num_devices} local process(es), minus one)."
-            )
+            advice += f" Raise --data.num_workers from {workers} to {suggested}."
         if getattr(trainer.datamodule, "cache", None) == "none":
-            advice.append(
-                "- Turn on --data.source.cache memmap: every image is decoded once, later epochs "
-                "read pre-decoded pixels."
-            )
-        advice.append(
-            "- Measure the loader ceiling and the best num_workers with "
-            "`python -m {{ cookiecutter.package_name }} bench` and the same --data options."
-        )
-        self.measurement["advice"] = "\n".join(advice)
-        if not self.warned:
-            self.warned = True
-            rank_zero_warn(self.measurement["advice"])
+            advice += " Turn on --data.source.cache memmap: each image decoded once."
+        advice += " `python -m {{ cookiecutter.package_name }} bench` with the same --data options"
+        self.measurement["advice"] = advice + " measures the loader."
+        if not self.warned and trainer.is_global_zero:
+            log.warning(self.measurement["advice"])  # one line: no source line of a `warnings`
+        self.warned = True
 
     def epoch_so_far(self) -> tuple[int, float, float]:
         """This epoch's timed steps so far: images, seconds, and seconds of those spent waiting."""

@@ -1,19 +1,15 @@
-"""The run report: one self-contained HTML page (tables, inline SVG curves and thumbnails) from a
-run's `history.json`."""
+"""The run report: one self-contained HTML page (tables, inline SVG curves) from a run's
+`history.json`."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.reports import precision_recall
 from {{ cookiecutter.package_name }}.training.outputs import check_output, holds
@@ -24,7 +20,8 @@ GENERATOR = '<meta name="generator" content="{{ cookiecutter.package_name }} rep
 STYLE = "body { font-family: sans-serif; margin: 2em } table { border-collapse: collapse }"
 STYLE += " td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: right }"
 CURVES = {"train_loss": "training loss", "val_loss": "validation loss", "lr": "learning rate"}
-CURVES |= {"val_acc": "validation accuracy", "data_wait_fraction": "share of time waiting for data"}
+CURVES["val_acc"] = "validation accuracy"
+COLUMNS = [*CURVES, "data_wait_fraction"]  # the table of epochs
 
 
 class NothingToReport(DataError):
@@ -36,8 +33,6 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
     earlier report (its page carries `GENERATOR`) only with `overwrite`; print where, how long."""
     started, folder = time.perf_counter(), Path(folder)
     path = folder / HISTORY_FILE
-    if not folder.is_dir():
-        raise DataError(f"run folder {folder} does not exist")
     if not path.is_file() and not (folder / "config.yaml").is_file():  # fit writes it first
         raise DataError(
             f"{folder} has no {HISTORY_FILE}: give the run folder of a `fit` "
@@ -64,9 +59,10 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
     validation = history.get("validation") or {}
     names = [html.escape(name) for name in history["class_names"]]
     body = ["<h2>Learning curves</h2>", *(_curve(epochs, *item) for item in CURVES.items())]
-    rows = [[e["epoch"], e["step"], *(_number(e.get(key)) for key in CURVES)] for e in epochs]
-    body += [_table("epochs", ["epoch", "step", *CURVES], rows), "<h2>Waiting for data</h2>"]
-    body += [_data_wait(epochs)]
+    rows = [[e["epoch"], e["step"], *(_number(e.get(key)) for key in COLUMNS)] for e in epochs]
+    body += [_table("epochs", ["epoch", "step", *COLUMNS], rows)]
+    if advice := [e["advice"] for e in epochs if e.get("advice")]:  # the starvation monitor's
+        body += ["<h2>Waiting for data</h2>", f"<p>{html.escape(advice[-1])}</p>"]
     if validation.get("confusion") is not None:
         matrix = np.array(validation["confusion"], dtype=np.int64)
         precision, recall = precision_recall(matrix)
@@ -79,12 +75,14 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
         body += [f"<h2>Validation, epoch {validation['epoch']}</h2>"]
         body += [_table("per-class", header + [f"as {name}" for name in names], rows)]
         rows = [
-            [m["index"], html.escape(str(m["path"])), names[m["true"]], names[m["predicted"]]]
-            + [f"{m['confidence']:.3f}", _thumbnail(m["path"])]
+            [html.escape(str(m["path"])), names[m["true"]], names[m["predicted"]]]
+            + [f"{m['confidence']:.3f}"]
             for m in validation["wrong"]
         ]
-        header = ["index", "file", "true", "predicted", "confidence", "image"]
-        body += ["<h2>Most confident mistakes</h2>", _table("mistakes", header, rows)]
+        header = ["file", "true", "predicted", "probability"]
+        none = "<p>No validation image was misclassified.</p>"
+        body += ["<h2>Most confident mistakes</h2>"]
+        body += [_table("mistakes", header, rows) if rows else none]
     title, last = f"Run report: {html.escape(str(folder.resolve()))}", epochs[-1]
     head = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8">{GENERATOR}<title>{title}</title>'
     head += f"<style>{STYLE}</style></head>\n<body><h1>{title}</h1>\n<p>{len(epochs)} epochs, "
@@ -107,28 +105,6 @@ def _curve(epochs: list[dict], key: str, title: str) -> str:
         f'<svg width="300" height="120"><text x="4" y="14">{title}: {ys[0]:.3g} to {ys[-1]:.3g}'
         f'</text><polyline points="{line}" fill="none" stroke="black"/></svg>'
     )
-
-
-def _data_wait(epochs: list[dict]) -> str:
-    measured = [e["starvation"] for e in epochs if e.get("starvation")]
-    if not measured:
-        return "<p>No epoch had enough timed steps to measure the wait for data.</p>"
-    threshold, starved = measured[-1]["threshold"], [m for m in measured if m["starved"]]
-    if not starved:
-        return f"<p>No epoch waited for data more than {threshold:.0%} of its time.</p>"
-    advice = f"<pre>{html.escape(starved[-1]['advice'])}</pre>"
-    return f"<p>{len(starved)} epoch(s) waited more than {threshold:.0%}. Latest:</p>{advice}"
-
-
-def _thumbnail(path: str | None) -> str:
-    try:
-        pixels = read_image(path, min_size=96).permute(1, 2, 0).numpy()
-    except (DataError, OSError, TypeError):  # moved or deleted since the run
-        return "file not found"
-    image, data = Image.fromarray(pixels), io.BytesIO()
-    image.thumbnail((96, 96))
-    image.save(data, "PNG")
-    return f'<img alt="" src="data:image/png;base64,{base64.b64encode(data.getvalue()).decode()}">'
 
 
 def _number(value: float | None) -> str:
