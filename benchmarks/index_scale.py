@@ -9,7 +9,7 @@ class folders, the files that each CSV names (a million empty files: about a min
 Times, in alternating rounds so that both see the same machine minutes, the baseline (BASELINE
 below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing and
 `np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
-`read_labels_csv` + `encode_labels`, `make_dataset` on each tree, and `find_missing` of the 100k
+`read_labels_csv` + `LabelsTable.targets`, `make_dataset` on each tree, and `find_missing` of the 100k
 CSV against its tree (also against the simplest check, a `stat` per row); with --against, the CSV
 reading of another bake too (of an earlier commit, say, on PYTHONPATH beside the first). Prints
 median wall and CPU seconds and old/new (CPU time is the steadier on a shared machine), the bytes
@@ -150,6 +150,8 @@ def main() -> None:
     against = args.against and importlib.import_module(f"{args.against}.data.labels_csv")
 
     def encode(table, module=labels):
+        if not hasattr(module, "classes_from_labels"):  # labels are class names
+            return table.targets(sorted(table.values))
         if "reading" not in inspect.signature(module.classes_from_labels).parameters:
             return module.encode_labels(table, module.classes_from_labels(table))  # no label_kind
         values = set(table.values)  # "auto": indices only when the labels are exactly 0..K-1
@@ -205,7 +207,7 @@ def main() -> None:
     paths_bytes = int(sum(len(p) for p in table.paths.tolist()))
     print(
         f"index of {large:,} rows: paths {table.paths.dtype} {table.paths.nbytes:,} B "
-        f"(as one buffer + int64 offsets: {paths_bytes + 8 * (len(table) + 1):,} B), "
+        f"(as one buffer + int64 offsets: {paths_bytes + 8 * (len(table.paths) + 1):,} B), "
         f"targets {targets.nbytes:,} B, "
         f"table codes {table.codes.nbytes:,} B, lines {table.lines.nbytes:,} B"
     )

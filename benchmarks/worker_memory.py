@@ -121,9 +121,7 @@ def measure(package: str, kind: str, path: Path) -> dict:
         labels = importlib.import_module(f"{package}.data.labels_csv")
         dataset_module = importlib.import_module(f"{package}.data.dataset")
         table = labels.read_labels_csv(path)
-        values = set(table.values)  # "auto": indices only when the labels are exactly 0..K-1
-        reading = "index" if values == {str(i) for i in range(len(values))} else "name"
-        targets = labels.encode_labels(table, labels.classes_from_labels(table, reading), reading)
+        targets = table.targets(sorted(table.values))  # labels are class names
         ours = dataset_module.ImageFolderDataset(root, table.paths, targets, transform=None)
         del table
 

@@ -434,7 +434,6 @@ def test_dataset_layout_option_sets_the_documented_default(cookies, layout: str)
                 "csv": None,
                 "filename_column": "filename",
                 "label_column": "label",
-                "label_kind": "auto",
             },
         }
         assert "--config configs/labels_csv.yaml" in makefile

@@ -43,9 +43,9 @@ def test_print_config_output_reloads_unchanged(config: Path, tmp_path: Path, cap
              "--data.source.epoch_images", "9"],
         ),
         (
-            ["--data.root", "D", "--data.labels_csv", "l.csv", "--data.label_kind", "name"],
+            ["--data.root", "D", "--data.labels_csv", "l.csv", "--data.label_column", "y"],
             ["--data.source", "LabelsCsv", "--data.source.root", "D",
-             "--data.source.csv", "l.csv", "--data.source.label_kind", "name"],
+             "--data.source.csv", "l.csv", "--data.source.label_column", "y"],
         ),
 {%- if cookiecutter.shards == "yes" %}
         (

@@ -28,14 +28,13 @@ from {{ cookiecutter.package_name }}.data.cache_dirs import CACHE_ENV
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")]
 TESTS = Path(__file__).parent
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-# One process: loader workers, two passes an epoch (48 of 24 training images), balanced draws, the
-# strong recipe (each draw seeded by (seed, epoch, index)), EMA, gradient accumulation, metrics.csv
-# written at each row.
+# One process: loader workers, two passes an epoch (48 of 24 training images), the strong recipe
+# (each draw seeded by (seed, epoch, index)), EMA, gradient accumulation, metrics.csv written at
+# each row.
 OPTIONS = [
     *("--data.num_workers", "2", "--data.source.epoch_images", "48"),
-    *("--data.source.balance_classes", "true", "--data.augment.policy", "trivial"),
-    *("--data.augment.erasing", "0.25", "--model.mixup_alpha", "0.2"),
-    *("--model.cutmix_alpha", "1.0", "--model.mix_off_epochs", "1"),
+    *("--data.augment.policy", "trivial", "--data.augment.erasing", "0.25"),
+    *("--model.mixup_alpha", "0.2", "--model.cutmix_alpha", "1.0", "--model.mix_off_epochs", "1"),
     "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights",
     *("--trainer.callbacks.decay", "0.9", "--trainer.accumulate_grad_batches", "2"),
     *("--trainer.logger.flush_logs_every_n_steps", "1"),

@@ -7,7 +7,6 @@ from importlib.util import find_spec
 from pathlib import Path
 
 {% endif -%}
-import numpy as np
 import pytest
 {% if cookiecutter.shards == "yes" %}
 from {{ cookiecutter.package_name }}.data import ImageDataModule
@@ -34,30 +33,27 @@ def training_loaders(size: int, ranks: int, batch: int, **options) -> list:
 
 
 @pytest.mark.parametrize(
-    ("size", "balanced", "per_rank"),
-    [(800, False, 50), (800, True, 50), (2000, False, 64)],
-    ids=["share under a batch", "balanced", "over a batch: its partial batch dropped"],
+    ("size", "per_rank"),
+    [(800, 50), (2000, 64)],
+    ids=["share under a batch", "over a batch: its partial batch dropped"],
 )
-def test_each_of_16_ranks_trains_its_share_in_batches_of_64(size, balanced, per_rank) -> None:
+def test_each_of_16_ranks_trains_its_share_in_batches_of_64(size, per_rank) -> None:
     """800 images: 50 a rank, one batch of 50 each, every image once; 2,000: 125 a rank, one full
     batch of 64 each, 61 left for other epochs."""
-    options = {"balance_classes": np.arange(size) % 4} if balanced else {}
-    ranks = [[b.tolist() for b in loader] for loader in training_loaders(size, 16, 64, **options)]
+    ranks = [[b.tolist() for b in loader] for loader in training_loaders(size, 16, 64)]
     assert [[len(batch) for batch in batches] for batches in ranks] == [[per_rank]] * 16
-    if size == 800 and not balanced:  # balanced draws repeat images by design
+    if size == 800:
         seen = sorted(i for batches in ranks for batch in batches for i in batch)
         assert seen == list(range(800))
 
 
-@pytest.mark.parametrize("balanced", [False, True])
-def test_passes_per_epoch_go_over_each_ranks_share_that_many_times(balanced: bool) -> None:
+def test_passes_per_epoch_go_over_each_ranks_share_that_many_times() -> None:
     """100 images on 2 ranks, batches of 8, 3 passes an epoch: 150 draws, 18 full batches a rank;
     the plain shuffle's pass r of epoch e is the one-pass order of epoch 3e + r, so each pass holds
     every image once over the ranks, in an order of its own."""
     with pytest.raises(DataError, match="--data.source.epoch_images must be at least 1, got 0"):
         ClassFolders(epoch_images=0)
-    options = {"balance_classes": np.arange(100) % 4} if balanced else {}
-    loaders = training_loaders(100, 2, 8, repeats=3, **options)
+    loaders = training_loaders(100, 2, 8, repeats=3)
     assert [[len(batch) for batch in loader] for loader in loaders] == [[8] * 18] * 2
     for loader in loaders:
         loader.sampler.set_epoch(1)
@@ -65,8 +61,6 @@ def test_passes_per_epoch_go_over_each_ranks_share_that_many_times(balanced: boo
     assert all(len(order) == 150 for order in orders)
     loaders[0].sampler.resume_at(70)  # in the second pass
     assert [int(i) for i in loaders[0].sampler] == orders[0][70:]
-    if balanced:  # draws with replacement: no pass structure to check
-        return
     passes = [[order[50 * r : 50 * (r + 1)] for order in orders] for r in range(3)]
     assert all(sorted(p[0] + p[1]) == list(range(100)) for p in passes)
     assert passes[0] != passes[1] != passes[2]

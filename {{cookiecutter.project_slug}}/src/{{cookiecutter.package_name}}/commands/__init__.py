@@ -22,9 +22,9 @@ COMMANDS = {
 # The source's options also spelt flat, `--data.root DIR` for `--data.source.root DIR`: rewritten
 # before parsing, as jsonargparse has no aliases for a subclass's arguments.
 SOURCE_OPTIONS = {
-    "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv", "balance_classes",
+    "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv",
     "epoch_images", "skip_bad_images", "cache", "cache_key",
-    "filename_column", "label_column", "label_kind",
+    "filename_column", "label_column",
 }  # fmt: skip
 # flat name -> (the source it chooses, or None; its name under --data.source)
 SOURCE_CHOOSING = {

@@ -1,4 +1,4 @@
-"""DataLoader settings: shuffling for training only, balanced sampling, workers, pinned memory."""
+"""DataLoader settings: shuffling for training only, workers, pinned memory."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import time
 from collections.abc import Iterator
 from functools import partial
 
-import numpy as np
-import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
@@ -31,18 +29,14 @@ def make_loader(
     num_workers: int,
     pin_memory: bool,
     train: bool = False,
-    balance_classes: np.ndarray | None = None,
     shard: tuple[int, int] | None = None,
     seed: int = 0,
     repeats: int = 1,
 ) -> DataLoader:
-    """uint8 batches; for training, shuffled (or balanced by `balance_classes`, the targets) by seed
-    and epoch, `repeats` passes. Under DDP, shard is (rank, world size)."""
+    """uint8 batches; for training, shuffled by seed and epoch, `repeats` passes. Under DDP, shard
+    is (rank, world size)."""
     sampler, place = None, shard or (0, 1)
-    if train and balance_classes is not None:
-        weights = 1.0 / np.bincount(balance_classes)[balance_classes]  # each class drawn alike
-        sampler = BalancedSampler(torch.from_numpy(weights), seed, *place, repeats)
-    elif train:  # not the DataLoader's shuffle: the global random state differs on resume
+    if train:  # not the DataLoader's shuffle: the global random state differs on resume
         sampler = EpochShuffle(dataset, seed, *place, repeats)
     elif shard is not None:
         if 0 < len(dataset) < shard[1]:  # a process without a batch would leave others waiting
@@ -199,15 +193,3 @@ class EpochShuffle(DistributedSampler):
             passes.append(super().__iter__())
         self.epoch = epoch
         return itertools.chain.from_iterable(passes)
-
-
-class BalancedSampler(EpochShuffle):
-    """Weighted draws with replacement, `repeats` times the images, seeded by (seed, epoch); each
-    rank keeps every world-size-th draw. Its "dataset" is the images' weights."""
-
-    def epoch_order(self) -> Iterator[int]:
-        state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2)
-        generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-        total = self.total_size * self.repeats
-        draws = torch.multinomial(self.dataset, total, True, generator=generator)
-        return iter(draws[self.rank : total : self.num_replicas].tolist())

@@ -19,15 +19,18 @@ from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, demo_dir, ensure_demo_data
 from {{ cookiecutter.package_name }}.data.images import warn_if_small
 from {{ cookiecutter.package_name }}.data.index import (
-    FolderLabels,
     ImageIndex,
+    Where,
+    check_dir,
+    find_classes,
+    folder_index,
     interleave_classes,
-    refuse_repeats,
+    refuse_overlap,
     stratified_split,
     unlabelled_folder,
     write_split,
 )
-from {{ cookiecutter.package_name }}.data.labels_csv import CsvLabels, find_csv
+from {{ cookiecutter.package_name }}.data.labels_csv import LabelsTable, find_missing, read_labels_csv
 from {{ cookiecutter.package_name }}.data.loaders import make_loader, placement
 from {{ cookiecutter.package_name }}.data.once import once
 from {{ cookiecutter.package_name }}.data.scan import drop_unreadable
@@ -42,9 +45,10 @@ SPLIT_FILE = "val_files.csv"
 ImageDataModule = L.LightningDataModule  # `datamodule.py`'s, which imports this module
 
 
-class Source(ABC):
-    """Where the images of a run come from; `data` in each method is the `ImageDataModule`.
-    Each option is kept under its own name: `config()` reads them back."""
+class Source(ABC):  # abstract: not itself offered as a --data.source
+    """Where the images of a run come from: a subclass gives `class_names()` (in label order),
+    `fit_datasets(data, stage)` (training, validation) and `test_dataset(data)`, `data` being the
+    `ImageDataModule`. Each option is kept under its own name: `config()` reads them back."""
 
     skip_bad_images: bool = False  # also what a `predict_root` folder does with unreadable images
 
@@ -64,16 +68,7 @@ class Source(ABC):
         """Work done once per machine before `setup` (LightningDataModule.prepare_data)."""
 
     @abstractmethod
-    def class_names(self) -> list[str]:
-        """The classes, in label order."""
-
-    @abstractmethod
-    def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
-        """The training and validation datasets."""
-
-    @abstractmethod
-    def test_dataset(self, data: ImageDataModule) -> Dataset:
-        """The labelled images `test` reads."""
+    def class_names(self) -> list[str]: ...
 
     def predict_dataset(self, data: ImageDataModule) -> Dataset:
         """The images `predict` reads when no `--data.predict_root` is given."""
@@ -111,9 +106,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
     """Images on a file system, indexed in `setup`: what `ClassFolders` and `LabelsCsv` share."""
 
     csv: Path | None = None
-    filename_column = "filename"
-    label_column = "label"
-    label_kind = "auto"
+    filename_column, label_column = "filename", "label"  # those of `val_csv` and `test_csv`
 
     def __init__(
         self,
@@ -123,7 +116,6 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         val_fraction: float = 0.2,
         test_root: str | Path | None = None,
         test_csv: str | Path | None = None,
-        balance_classes: bool = False,
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
@@ -134,62 +126,54 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         if not 0.0 <= val_fraction < 1.0:
             raise DataError(f"--data.source.val_fraction must be in [0, 1), got {val_fraction}")
         self.root = _path(root) or self.csv and self.csv.parent
-        self.val_root = _path(val_root)
-        self.val_csv = find_csv(val_csv, self.val_root or self.root, "data.source.val_csv")
-        self.val_fraction = val_fraction
-        self.test_root = _path(test_root)
-        self.test_csv = find_csv(test_csv, self.test_root or self.root, "data.source.test_csv")
-        self.balance_classes, self.skip_bad_images = balance_classes, skip_bad_images
-        self.epoch_images, self.cache, self.cache_key = epoch_images, cache, cache_key
+        self.val_root, self.val_csv = _path(val_root), _path(val_csv)
+        self.test_root, self.test_csv = _path(test_root), _path(test_csv)
+        self.val_fraction, self.epoch_images = val_fraction, epoch_images
+        self.skip_bad_images, self.cache, self.cache_key = skip_bad_images, cache, cache_key
+        for option in ("csv", "val_csv", "test_csv"):
+            if getattr(self, option) is not None:
+                check_dir(getattr(self, option), f"data.source.{option}", "a file")
 
-    @cached_property
-    def labelled(self) -> FolderLabels | CsvLabels:
-        """The training images: class folders, or the files the CSV names; unset: the demo set."""
-        demo = demo_dir() if self.root is None else None  # `LabelsCsv` reads it by its labels.csv
-        csv = demo / "labels.csv" if demo and isinstance(self, LabelsCsv) else self.csv
-        return self._labelled(self.root or demo, csv, "training")
+    def _labelled(self, role: str, class_names: list[str]) -> tuple[ImageIndex, Where]:
+        """The images of `role` (training, validation, test), and where each one comes from."""
+        base = self.root or demo_dir()
+        root, csv, option = {
+            "training": (base, self.csv, "root"),
+            "validation": (self.val_root or base, self.val_csv, "val_root"),
+            "test": (self.test_root or base, self.test_csv, "test_root"),
+        }[role]
+        option = f"data.source.{option}"
+        if role == "training" and isinstance(self, LabelsCsv):
+            table = self.table
+        elif csv is None:  # class folders
+            index = folder_index(root, class_names, option, training=role == "training")
+            return index, lambda row: f"--{option} {root}"
+        else:
+            table = read_labels_csv(csv, self.filename_column, self.label_column)
+        find_missing(table, root, option)
+        return ImageIndex(root, table.paths, table.targets(class_names)), table.where
 
-    def _labelled(self, root: Path, csv: Path | None, role: str, follows=None):
-        """Class folders under `root`, or the files `csv` names in `root`, for `role`."""
-        folder = {"training": "root", "validation": "val_root"}.get(role, "test_root")
-        option = f"data.source.{folder}"
-        if csv is None:  # folder names are class names; `reading` is for the CSVs that follow
-            reading = "name" if self.label_kind == "auto" else self.label_kind
-            return FolderLabels(root, option, role, reading)
-        columns = (self.filename_column, self.label_column)
-        return CsvLabels(root, csv, columns, option, role, self.label_kind, follows)
-
-    def split(
-        self, class_names: list[str], stage: str | None, seed: int
-    ) -> tuple[ImageIndex, ImageIndex]:
+    def split(self, class_names: list[str], seed: int) -> tuple[ImageIndex, ImageIndex]:
         """Training and validation images: `val_root`/`val_csv`, else `val_fraction` per class."""
-        train = self.labelled.index(class_names)
-        if self.val_root is not None or self.val_csv is not None:
-            root = self.val_root or self.root or demo_dir()
-            val = self._labelled(root, self.val_csv, "validation", self.labelled)
-            sides = ((self.labelled, train), (val, val_index := val.index(class_names)))
-            refuse_repeats(*[(labels.where, index.root, index.paths) for labels, index in sides])
-            return train, val_index
-        val_mask = stratified_split(train.targets, self.val_fraction, seed)
-        if stage in ("fit", None) and val_mask.all():
-            raise DataError(
-                f"--data.source.val_fraction {self.val_fraction} leaves no training images"
-            )
-        return train.subset(~val_mask), train.subset(val_mask)
+        train, where = self._labelled("training", class_names)
+        if self.val_root is None and self.val_csv is None:
+            val_mask = stratified_split(train.targets, self.val_fraction, seed)
+            return train.subset(~val_mask), train.subset(val_mask)
+        val, val_where = self._labelled("validation", class_names)
+        refuse_overlap(train, where, val, val_where)  # a training image is never validated
+        return train, val
 
     def prepare(self, predicting: bool) -> None:
         if self.root is None and not predicting:  # predict reads only predict_root
             ensure_demo_data()
 
     def class_names(self) -> list[str]:
-        if self.root is None:  # known without generating the demo images
-            return list(DEMO_CLASSES)
-        return self.labelled.class_names()
+        return list(DEMO_CLASSES) if self.root is None else find_classes(self.root)
 
     def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
         self.prepare(predicting=False)  # also done by prepare_data; here for use without a Trainer
         # Listing folders, or reading the CSV and checking its files: on rank zero only (once.py)
-        split = partial(self.split, data.class_names, stage, data.seed)
+        split = partial(self.split, data.class_names, data.seed)
         train_index, val_index = once(data.trainer, split)
         augment = train_transform(data.image_size, data.augment)
         size = augment.min_source_size()  # random crops tolerate libjpeg's fast approximate decode
@@ -207,7 +191,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             options |= dict(skip_unreadable=self.skip_bad_images, run_once=run_once)
             train = cached(train, max(data.image_size, size), data.cache_dir, **options)
         if (log_dir := data.log_dir()) is not None and fitting and data.trainer.is_global_zero:
-            path = write_split(Path(log_dir) / SPLIT_FILE, val.paths, val.targets, data.class_names)
+            path = write_split(Path(log_dir) / SPLIT_FILE, val, data.class_names)
             log.info("Validation split: %d images, listed in %s", len(val), path)
         return train, val
 
@@ -216,17 +200,12 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             raise DataError(
                 "test needs --data.source.test_root (class folders) or --data.source.test_csv"
             )
-        root = self.test_root or self.root or self.test_csv.parent
-        source = self._labelled(root, self.test_csv, "test", self.labelled)
-        index = once(data.trainer, partial(source.index, data.class_names))
+        index = once(data.trainer, lambda: self._labelled("test", data.class_names)[0])
         return skip_unreadable(data, files_dataset(data, index))[0]
 
     def loader(self, data: ImageDataModule, dataset: Dataset, train: bool) -> DataLoader:
-        if not train:
-            return super().loader(data, dataset, train)
-        balance = dataset.targets if self.balance_classes else None
-        passes = 1 if self.epoch_images is None else round(self.epoch_images / max(len(dataset), 1))
-        return super().loader(data, dataset, train, balance_classes=balance, repeats=max(1, passes))
+        share = self.epoch_images / max(len(dataset), 1) if train and self.epoch_images else 1
+        return super().loader(data, dataset, train, repeats=max(1, round(share)))
 
 
 class ClassFolders(_ImageFiles):
@@ -240,7 +219,6 @@ class ClassFolders(_ImageFiles):
             (the same files on every run and process); not with `val_root` or `val_csv`.
         test_root: `test` images in class folders (or the image folder of `test_csv`).
         test_csv: test images named by a CSV, relative to `test_root` when set, else `root`.
-        balance_classes: draw training images with a weighted sampler, each class equally often.
         epoch_images: draw about this many images per epoch: passes = max(1, round(epoch_images
             / training images)), each in an order of its own, so that a preset keeps its steps
             per epoch on more data.
@@ -256,14 +234,10 @@ class LabelsCsv(_ImageFiles):
     """Images named by a CSV with a header row, `filename,label`; other options as `ClassFolders`.
 
     Args:
-        csv: the labels CSV; a relative path that does not exist is also looked for in `root`.
-            Unset (and `root` too): the demo set's, generated as for `ClassFolders`.
+        csv: the labels CSV; unset (and `root` too): the demo set's, generated as `ClassFolders`'.
         root: the folder the CSV's file names are relative to; unset: the CSV's folder.
         filename_column: the CSV column with the file names.
-        label_column: the CSV column with the labels (class names or indices).
-        label_kind: "index" reads labels as class indices, "name" as class names; "auto" reads
-            indices only when the training labels are exactly 0..K-1 (ASCII, no leading zeros).
-            Validation and test CSVs are read as the training labels are.
+        label_column: the CSV column with the labels: class names.
     """
 
     def __init__(
@@ -277,8 +251,6 @@ class LabelsCsv(_ImageFiles):
         test_csv: str | Path | None = None,
         filename_column: str = "filename",
         label_column: str = "label",
-        label_kind: Literal["auto", "index", "name"] = "auto",
-        balance_classes: bool = False,
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
@@ -286,11 +258,18 @@ class LabelsCsv(_ImageFiles):
     ) -> None:
         if csv is None and root is not None:
             raise DataError(f"--data.source.root {root} needs --data.source.csv (the labels CSV)")
-        self.csv = find_csv(csv, _path(root), "data.source.csv")
+        self.csv = _path(csv)
         self.filename_column, self.label_column = filename_column, label_column
-        self.label_kind = label_kind
-        shared = (val_root, val_csv, val_fraction, test_root, test_csv, balance_classes)
-        super().__init__(root, *shared, epoch_images, skip_bad_images, cache, cache_key)
+        shared = (val_root, val_csv, val_fraction, test_root, test_csv, epoch_images)
+        super().__init__(root, *shared, skip_bad_images, cache, cache_key)
+
+    @cached_property
+    def table(self) -> LabelsTable:  # the training CSV, read once: for the class names, the index
+        csv = self.csv or demo_dir() / "labels.csv"
+        return read_labels_csv(csv, self.filename_column, self.label_column)
+
+    def class_names(self) -> list[str]:
+        return list(DEMO_CLASSES) if self.root is None else sorted(self.table.values)
 
 
 {% if cookiecutter.shards == "yes" -%}
