@@ -9,7 +9,7 @@ class folders, the files that each CSV names (a million empty files: about a min
 Times, in alternating rounds so that both see the same machine minutes, the baseline (BASELINE
 below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing and
 `np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
-`read_labels_csv` + `LabelsTable.targets`, `make_dataset` on each tree, and `find_missing` of the 100k
+`read_labels_csv` + `targets`, `make_dataset` on each tree, and `find_missing` of the 100k
 CSV against its tree (also against the simplest check, a `stat` per row); with --against, the CSV
 reading of another bake too (of an earlier commit, say, on PYTHONPATH beside the first). Prints
 median wall and CPU seconds and old/new (CPU time is the steadier on a shared machine), the bytes
