@@ -1,5 +1,5 @@
-"""`num_workers: auto` and torch's threads: the affinity's CPUs, capped by a cgroup v1 or v2 quota
-(files laid out as on a host or in a container), shared by a machine's training processes."""
+"""`num_workers: auto` and torch's threads: the affinity's CPUs, capped by a cgroup v2 quota (as
+on a host or in a container), shared by a machine's training processes."""
 
 from __future__ import annotations
 
@@ -18,51 +18,35 @@ from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 
 @pytest.fixture
 def cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Write a cgroup tree (`files`: path under the mount -> contents) and /proc/self/cgroup."""
+    """Write `cpu.max` files (folder under the mount -> quota) and /proc/self/cgroup."""
 
-    def write(membership: str | None, files: dict[str, str]) -> None:
-        root = tmp_path / "sys-fs-cgroup"
-        for name, content in files.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text(content)
-        root.mkdir(exist_ok=True)
+    def write(membership: str | None, quotas: dict[str, str]) -> None:
+        for folder, quota in quotas.items():
+            (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+            (tmp_path / folder / "cpu.max").write_text(quota)
         if membership is not None:
             (tmp_path / "proc-self-cgroup").write_text(membership)
-        monkeypatch.setattr(cpus, "CGROUP_ROOT", root)
+        monkeypatch.setattr(cpus, "CGROUP_ROOT", tmp_path)
         monkeypatch.setattr(cpus, "PROC_CGROUP", tmp_path / "proc-self-cgroup")
 
     return write
 
 
-def v2(quotas: dict[str, str]) -> dict[str, str]:  # a pure v2 hierarchy: cpu.max per cgroup
-    files = {os.path.join(folder, "cpu.max"): quota for folder, quota in quotas.items()}
-    return {"cgroup.controllers": "cpu memory", **files}
-
-
-def v1(quota: str, at: str = "cpu") -> dict[str, str]:  # a CFS quota over a 100 ms period
-    return {f"{at}/cpu.cfs_quota_us": quota, f"{at}/cpu.cfs_period_us": "100000"}
-
-
 @pytest.mark.parametrize(
-    ("membership", "files", "limit"),
+    ("membership", "quotas", "limit"),
     [
         # a container (cgroup namespace): its own cgroup is the mount's root
-        ("0::/", v2({"": "150000 100000"}), 1.5),
-        ("0::/", v2({"": "max 100000"}), None),
+        ("0::/", {"": "150000 100000"}, 1.5),
+        ("0::/", {"": "max 100000"}, None),
         # a host: the process's cgroup and its parents; the tightest quota counts
-        ("0::/pod/app", v2({"pod": "200000 100000", "pod/app": "max 100000"}), 2),
-        ("0::/pod/app", v2({"pod": "400000 100000", "pod/app": "50000 100000"}), 0.5),
-        # v1 inside a container: the host's path is not there, the root holds the quota
-        ("12:cpu,cpuacct:/docker/abc\n0::/", v1("300000", at="cpu,cpuacct"), 3),
-        ("3:cpu:/", v1("-1"), None),
-        # hybrid: v1 controllers, and v2 under /unified without a cpu controller
-        ("1:cpu:/\n0::/", {**v1("250000"), "unified/cgroup.procs": ""}, 2.5),
-        ("4:memory:/x", {"memory/x/memory.max": "1000"}, None),  # no cpu controller
+        ("0::/pod/app", {"pod": "200000 100000", "pod/app": "max 100000"}, 2),
+        ("0::/pod/app", {"pod": "400000 100000", "pod/app": "50000 100000"}, 0.5),
+        ("12:cpu,cpuacct:/docker/abc", {"": "100000 100000"}, None),  # cgroup v1: not read
         (None, {}, None),  # no /proc/self/cgroup
     ],
 )
-def test_cgroup_cpu_limit(cgroups, membership: str | None, files: dict, limit) -> None:
-    cgroups(membership, files)
+def test_cgroup_cpu_limit(cgroups, membership: str | None, quotas: dict, limit) -> None:
+    cgroups(membership, quotas)
     assert cpus.cgroup_cpu_limit() == limit
 
 
@@ -84,7 +68,7 @@ def test_workers_and_threads_share_the_usable_cpus_among_local_processes(
     cgroups, monkeypatch, image_root: Path, quota, per_task, processes, workers, threads
 ) -> None:
     """Issue 41: each local process gets its share; OMP_NUM_THREADS set, its count stays."""
-    cgroups("0::/", v2({"": quota}))
+    cgroups("0::/", {"": quota})
     monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setattr(cpus.os, "cpu_count", lambda: 32)
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)

@@ -23,7 +23,7 @@ COMMANDS = {
 # before parsing, as jsonargparse has no aliases for a subclass's arguments.
 SOURCE_OPTIONS = {
     "root", "val_root", "val_csv", "val_fraction", "test_root", "test_csv",
-    "epoch_images", "skip_bad_images", "cache", "cache_key",
+    "epoch_images", "skip_bad_images", "cache",
     "filename_column", "label_column",
 }  # fmt: skip
 # flat name -> (the source it chooses, or None; its name under --data.source)

@@ -3,16 +3,13 @@ uint8 (H, W, 3) in `pixels.u8`, `index.npy` its (offset, height, width); keyed b
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -32,7 +29,6 @@ except ImportError:  # pragma: no cover - Windows: built without a lock
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 6  # part of the key: bump when the stored format or resampling changes
-_PROBE = 64  # images decoded before the disk space the whole cache needs is estimated
 
 
 class MemmapImageDataset(ImageFolderDataset):
@@ -69,30 +65,29 @@ def cached(
     progress: bool = True,
     everything: Sequence[ImageFolderDataset] = (),
     skip_unreadable: bool = False,
-    key: Literal["stat", "mtime"] = "stat",
     run_once: Callable = lambda compute: compute(),
 ) -> MemmapImageDataset:
     """`dataset` from its cache in `cache_dir`, built first if missing, covering the files of
     `everything` in its root too (unreadable: empty, with `skip_unreadable`); `run_once`: DDP's."""
     covered = [d.paths for d in (dataset, *everything) if d.root == dataset.root]
     index = ImageFolderDataset(dataset.root, np.unique(np.concatenate(covered)), None, None)
-    folder = Path(cache_dir) / run_once(partial(cache_key, index, size, key))
+    folder = Path(cache_dir) / run_once(partial(cache_key, index, size))
     workers = usable_cpus() if num_workers is None else num_workers
     build(index, folder, size, workers, progress, skip_unreadable)
     positions = np.searchsorted(index.paths, dataset.paths)
     return MemmapImageDataset(dataset, folder, positions)
 
 
-def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
-    """The cache folder's name: a hash of the files and `size` (module docstring)."""
+def cache_key(dataset: ImageFolderDataset, size: int) -> str:
+    """The cache folder's name: a hash of `size` and each file's name, size, inode and times."""
     root = os.path.abspath(dataset.root)
-    digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root} key={key}\n".encode())
+    digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root}\n".encode())
     for i in range(len(dataset)):
         try:
             stat = os.stat(path := dataset.path(i))
         except OSError as err:
             raise DataError(f"cannot read image {path}: {err.strerror}") from err
-        times = f"{stat.st_mtime_ns}" + (f"\0{stat.st_ctime_ns}\0{stat.st_ino}" * (key == "stat"))
+        times = f"{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"  # ctime: any rewrite
         digest.update(f"{path}\0{stat.st_size}\0{times}\n".encode())
     return f"{len(dataset)}-{size}px-{digest.hexdigest()[:20]}"
 
@@ -100,8 +95,8 @@ def cache_key(dataset: ImageFolderDataset, size: int, key: str = "stat") -> str:
 def build(
     dataset: ImageFolderDataset, folder: Path, size: int, workers: int, progress: bool, skip: bool
 ) -> None:
-    """Decode `dataset` into `folder` unless there: the lock's holder builds in a staging folder
-    renamed into place when whole, the others wait; without working locks the first rename wins."""
+    """Decode `dataset` into `folder` unless there, in `workers` processes: one process of a
+    machine builds (POSIX: under a lock file), in a staging folder renamed into place when whole."""
     if (folder / "index.npy").exists():
         return
     try:
@@ -109,29 +104,31 @@ def build(
     except OSError as err:
         raise DataError(f"cannot create --data.cache_dir {folder.parent}: {err.strerror}") from err
     with open(folder.parent / f".{folder.name}.lock", "a") as lock:
-        try:  # held after any other holder
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.warning("Waiting for another process to build the image cache %s", folder)
-                fcntl.flock(lock, fcntl.LOCK_EX)
-        except (AttributeError, OSError) as err:  # no fcntl (Windows); NFS without lockd; Lustre
-            log.warning("No file locks in %s (%s): processes may each build it", folder.parent, err)
-        else:  # only we may build this cache now: a staging folder of it is a dead build's
-            for leftover in folder.parent.glob(f".{folder.name}-*"):
-                shutil.rmtree(leftover, ignore_errors=True)
+        if fcntl is not None:  # the others wait here, then find it built
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / "index.npy").exists():
             return
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        staging = folder.with_name(f".{folder.name}.partial")
+        shutil.rmtree(staging, ignore_errors=True)  # a killed build's
+        staging.mkdir()
+        decoded = _Decoded(dataset.root, dataset.paths, None, None, min_size=size)
+        images = DataLoader(decoded, batch_size=None, num_workers=workers)
+        images = tqdm(images, f"Caching images in {folder}", unit="img", disable=not progress)
+        index, offset = np.zeros((len(dataset), 3), dtype=np.int64), 0
         try:
-            _write(dataset, staging, size, workers, progress, skip)
-            try:
-                os.replace(staging, folder)
-            except OSError:  # another process's rename came first (no working locks)
-                if not (folder / "index.npy").exists():
-                    raise
+            with open(staging / "pixels.u8", "wb") as out:
+                for i, image in enumerate(images):
+                    if isinstance(image, str):
+                        if not skip:
+                            raise DataError(f"{image} (while building the image cache)")
+                        image = (b"", 0, 0)  # an empty entry, never served
+                    index[i] = (offset, image[1], image[2])
+                    offset += out.write(image[0])
+            np.save(staging / "index.npy", index)
+            os.replace(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    log.info("Cached %d images (%.1f GB) in %s", len(dataset), offset / 1e9, folder)
 
 
 class _Decoded(ImageFolderDataset):
@@ -149,41 +146,3 @@ class _Decoded(ImageFolderDataset):
             image = F.interpolate(image[None], size=shape, mode="bilinear", antialias=True)[0]
         # Bytes through the worker's pipe: cheaper than a tensor's shared-memory handoff.
         return (image.permute(1, 2, 0).numpy().tobytes(), image.shape[-2], image.shape[-1])
-
-
-def _write(
-    dataset: ImageFolderDataset, folder: Path, size: int, workers: int, progress: bool, skip: bool
-) -> None:
-    """Decode in `workers` processes, append the pixels in order, then write the index. Short of
-    disk space (hit, or foreseen after `_PROBE` images): one error with the size it needs."""
-    decoded = _Decoded(dataset.root, dataset.paths, None, None, min_size=size)
-    images = DataLoader(decoded, batch_size=None, num_workers=workers)
-    images = tqdm(images, f"Caching images in {folder.parent}", unit="img", disable=not progress)
-    index = np.zeros((count := len(dataset), 3), dtype=np.int64)
-    offset = done = 0
-    try:
-        with open(folder / "pixels.u8", "wb") as out:
-            for done, image in enumerate(images, 1):
-                if isinstance(image, str):
-                    if not skip:
-                        raise DataError(f"{image} (while building the image cache)")
-                    image = (b"", 0, 0)  # an empty entry, never served
-                index[done - 1] = (offset, image[1], image[2])
-                offset += out.write(image[0])
-                free = shutil.disk_usage(folder).free if done == _PROBE < count else np.inf
-                if offset / done * (count - done) > free:
-                    raise OSError(errno.ENOSPC, f"{_size(free)} free")
-        np.save(folder / "index.npy", index)
-    except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise
-        raise DataError(
-            f"cannot build the image cache in {folder.parent} ({err.strerror}): it needs about "
-            f"{_size(offset / max(done, 1) * count)} for {count} images. Free some space or set "
-            "--data.cache_dir to a larger disk"
-        ) from err
-    log.info("Cached %d images (%.1f GB) in %s", count, offset / 1e9, folder)
-
-
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"

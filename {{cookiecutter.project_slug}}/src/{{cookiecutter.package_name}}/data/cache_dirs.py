@@ -25,18 +25,14 @@ def cache_folder(cache_dir: str | Path | None, inputs: list[tuple[str, Path | st
     """`--data.cache_dir`, else the per-user cache folder; refused when it is, contains or lies in a
     dataset of `inputs` ((option, path); a CSV: its folder): caches would be read back as images."""
     mine = Path(cache_dir) if cache_dir is not None else user_cache_dir()
+    resolved = mine.resolve()
     for name, value in inputs:
         if value is None or "://" in str(value):  # unset, or object storage
             continue
-        theirs = Path(value).parent if Path(value).is_file() else Path(value)
-        theirs, resolved = theirs.resolve(), mine.resolve()
+        theirs = (Path(value).parent if Path(value).is_file() else Path(value)).resolve()
         if resolved == theirs or theirs in resolved.parents or resolved in theirs.parents:
-            folder, way_out = mine, f"leave --data.cache_dir unset: {user_cache_dir()}"
-            if cache_dir is None:  # the per-user cache folder itself lies in the dataset
-                folder = f"{mine} (the per-user cache folder)"
-                way_out = f"set --data.cache_dir or {CACHE_ENV}"
             raise DataError(
-                f"--data.cache_dir {folder} lies among the images of {name} {value}; "
-                f"choose a folder outside every dataset ({way_out})"
+                f"--data.cache_dir {mine} lies among the images of {name} {value}; choose a folder "
+                f"outside every dataset (--data.cache_dir or {CACHE_ENV})"
             )
     return mine

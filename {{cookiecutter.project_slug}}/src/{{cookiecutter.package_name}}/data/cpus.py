@@ -46,27 +46,17 @@ def share_threads(local_processes: int) -> None:
 
 
 def cgroup_cpu_limit() -> float | None:
-    """CPUs' worth of time per second this process's cgroups allow (None: unlimited): the tightest
-    v2 `cpu.max` or v1 `cpu.cfs_quota_us` of its cgroup's folders that exist, up to the root."""
+    """CPUs' worth of time per second this process's cgroup v2 allows (None: unlimited): the
+    tightest `cpu.max` of its cgroup's folders that exist, up to the root."""
     try:
-        lines = PROC_CGROUP.read_text().splitlines()
-    except OSError:  # not Linux
+        path = PROC_CGROUP.read_text().split("0::", 1)[1].splitlines()[0]
+    except (OSError, IndexError):  # not Linux, or no v2 hierarchy
         return None
-    limits = []
-    for _, controllers, path in (line.split(":", 2) for line in lines):
-        if controllers == "":  # the v2 hierarchy; /unified beside v1 controllers in hybrid mode
-            unified = (CGROUP_ROOT / "cgroup.controllers").exists()
-            base, files = CGROUP_ROOT if unified else CGROUP_ROOT / "unified", ["cpu.max"]
-        elif "cpu" in controllers.split(","):
-            base, files = CGROUP_ROOT / controllers, ["cpu.cfs_quota_us", "cpu.cfs_period_us"]
-        else:
-            continue
-        own = base / path.lstrip("/")  # its folder, then each parent up to `base`
-        for folder in [base, *(f for f in (own, *own.parents) if base in f.parents)]:
-            try:  # v2: "max" or "<quota> <period>"; v1: a quota (-1: none), a period
-                quota, period = " ".join((folder / name).read_text() for name in files).split()
-                if quota != "max" and int(quota) > 0:
-                    limits.append(int(quota) / int(period))
-            except (OSError, ValueError):  # no such folder or file, or a format we do not know
-                pass
+    own, limits = CGROUP_ROOT / path.lstrip("/"), []
+    for folder in [CGROUP_ROOT, *(f for f in (own, *own.parents) if CGROUP_ROOT in f.parents)]:
+        try:  # "max <period>" or "<quota> <period>"
+            quota, period = (folder / "cpu.max").read_text().split()
+            limits.append(int(quota) / int(period))
+        except (OSError, ValueError):  # no such folder or file; "max"
+            pass
     return min(limits, default=None)

@@ -9,10 +9,8 @@ import logging
 import os
 import struct
 import sys
-import tempfile
-import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,8 @@ from {{ cookiecutter.package_name }}.errors import DataError
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 # PIL decodes these (IMG_EXTENSIONS') only, never its dozens of others: EPS runs Ghostscript.
 FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF")
-MAX_IMAGE_PIXELS = 2 * 89_478_485
+# What PIL raises on damaged files, found by fuzzing (tests/test_fuzz.py): a TIFF tag, a TypeError.
+UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
 
 # PIL logs an error naming no file on some damaged TIFFs (the DataError names it): dropped.
 logging.getLogger("PIL").addHandler(logging.NullHandler())
@@ -36,7 +35,7 @@ def read_image(path: str, min_size: int | None = None, approximate: bool = False
     it. A JPEG at least twice `min_size` is decoded reduced; `approximate`: libjpeg's fast IDCT."""
     try:
         data = Path(path).read_bytes()
-    except UNREADABLE as err:
+    except OSError as err:
         raise DataError(f"cannot read image {path}: {err}") from err
     return decode_image(data, path, min_size, approximate)
 
@@ -58,15 +57,30 @@ def decode_image(
                         rgb = rgb.transpose(1, 0, 2)
                     flip = (orientation - 1) % 4  # none, mirrored, both, upside down
                     rgb = rgb[:: -1 if flip >= 2 else 1, :: -1 if flip in (1, 2) else 1]
-                    return _as_tensor(rgb)
+                    return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)
                 except ValueError:
                     pass  # damaged, or a flaw libjpeg decodes through: PIL decides, in full
-            with _libtiff_quiet(data, path), _open(data) as image:
+            with _open(data) as image:
                 return _pil_pixels(image)
         except DataError:
             raise
         except UNREADABLE as err:
             raise DataError(f"cannot read image {path}: {err}") from err
+
+
+def image_header(data: bytes, path: str) -> tuple[int, int, int]:
+    """(width, height, a JPEG's Exif or XMP orientation) from PIL's header parse; empty files,
+    unknown formats and decompression bombs (PIL's limit) refused before any pixel is decoded."""
+    if not data:
+        raise DataError(f"cannot read image {path}: the file is empty")
+    try:
+        with _open(data) as header:
+            orientation = header.getexif().get(0x0112, 1) if header.format == "JPEG" else 1
+            return (*header.size, orientation if orientation in range(1, 9) else 1)
+    except Image.DecompressionBombError as err:
+        raise DataError(f"refusing image {path}: {err}") from err
+    except UnidentifiedImageError as err:
+        raise DataError(f"cannot read image {path}: not a known image format") from err
 
 
 def warn_if_small(path: Callable[[int], str], count: int, size: int, seed: int) -> None:
@@ -85,41 +99,11 @@ def warn_if_small(path: Callable[[int], str], count: int, size: int, seed: int) 
         )
 
 
-# What PIL raises on damaged files, found by fuzzing (tests/test_fuzz.py): a TIFF tag, a TypeError.
-UNREADABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, TypeError)
-
-
-def image_header(data: bytes, path: str) -> tuple[int, int, int]:
-    """(width, height, a JPEG's Exif or XMP orientation) from PIL's header parse; empty files,
-    unknown formats and decompression bombs refused before any pixel is decoded."""
-    if not data:
-        raise DataError(f"cannot read image {path}: the file is empty")
-    try:
-        with _open(data) as header:
-            width, height = header.size
-            jpeg = header.format == "JPEG"
-            orientation = header.getexif().get(0x0112, 1) if jpeg else 1
-    except Image.DecompressionBombError as err:
-        raise DataError(f"refusing image {path}: {err}") from err
-    except UnidentifiedImageError as err:
-        raise DataError(f"cannot read image {path}: not a known image format") from err
-    if width * height > MAX_IMAGE_PIXELS:
-        raise DataError(
-            f"refusing image {path}: {width}x{height} pixels is more than MAX_IMAGE_PIXELS "
-            f"({MAX_IMAGE_PIXELS}): a decompression bomb, or far larger than training needs"
-        )
-    return width, height, orientation if orientation in {1, 2, 3, 4, 5, 6, 7, 8} else 1
-
-
 def _open(data: bytes | str) -> Image.Image:
-    """A PIL image over `data` or a file; PIL's bomb warning silenced (ours names the file)."""
+    """A PIL image over `data` or a file; PIL's bomb warning silenced (its error names the file)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         return Image.open(data if isinstance(data, str) else io.BytesIO(data), formats=FORMATS)
-
-
-def _as_tensor(rgb: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)
 
 
 def _pil_pixels(image: Image.Image) -> torch.Tensor:
@@ -132,36 +116,5 @@ def _pil_pixels(image: Image.Image) -> torch.Tensor:
         return torch.from_numpy(gray).expand(3, -1, -1).clone()
     if image.mode == "P":  # via RGBA, so that a transparent palette entry converts cleanly
         image = image.convert("RGBA")
-    return _as_tensor(np.array(image if image.mode == "RGB" else image.convert("RGB")))
-
-
-_TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF
-_STDERR = threading.Lock()  # one thread at a time moves stderr and puts it back
-
-
-@contextlib.contextmanager
-def _libtiff_quiet(data: bytes, path: str) -> Iterator[None]:
-    """What libtiff prints to stderr (naming no file) goes into the DataError if the file cannot
-    be read, else nowhere. stderr is the process's: TIFFs decode one thread at a time."""
-    if not data.startswith(_TIFF_SIGNATURES):
-        yield
-        return
-    with _STDERR, tempfile.TemporaryFile() as kept:
-        try:
-            saved = os.dup(2)
-        except OSError:  # no stderr to keep quiet
-            yield
-            return
-        os.dup2(kept.fileno(), 2)
-        try:
-            yield
-        except UNREADABLE as err:
-            os.dup2(saved, 2)
-            kept.seek(0)
-            said = kept.read().decode(errors="replace").replace("tempfile.tif: ", "")
-            said = " ".join(said.split())  # one line, without PIL's made-up file name
-            message = f"cannot read image {path}: {err}" + (f" (libtiff: {said})" if said else "")
-            raise DataError(message) from err
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+    rgb = np.array(image if image.mode == "RGB" else image.convert("RGB"))
+    return torch.from_numpy(rgb).permute(2, 0, 1)

@@ -10,7 +10,6 @@ import select
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from functools import partial
 
@@ -87,12 +86,8 @@ def _served(environ: dict, owner: int, init, worker_id: int) -> None:
 
 
 def _end_with(owner: int) -> None:
-    try:
+    with contextlib.suppress(OSError):  # OSError: `owner` already gone
         select.select([os.pidfd_open(owner)], [], [])  # readable once `owner` has ended
-    except OSError:  # Linux before 5.3 (or `owner` already gone): look once a second
-        with contextlib.suppress(ProcessLookupError):
-            while not os.kill(owner, 0):
-                time.sleep(1)
     os._exit(0)
 
 

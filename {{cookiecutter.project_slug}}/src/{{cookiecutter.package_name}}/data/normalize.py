@@ -6,8 +6,8 @@ import torch
 
 
 class BatchNormalizer:
-    """`(x / 255 - mean) / std` for a uint8 `(N, 3, H, W)` batch, as one multiply-add per value:
-    images travel as uint8 (4x fewer bytes) and become float only here."""
+    """`(x / 255 - mean) / std` as one multiply-add per value: images travel as uint8 (4x fewer
+    bytes) and become float only here."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.mean, self.std = tuple(mean), tuple(std)
@@ -17,11 +17,11 @@ class BatchNormalizer:
         scale, bias = self.constants(images.device)
         if images.device.type != "cpu":
             return images.float().mul_(scale).add_(bias)
-        # One thread: the loader workers are busy on the same cores, where a multi-threaded
-        # conversion stalls on descheduled threads and its idle threads spin, taking their CPU.
+        # CPU: one thread (the loader workers busy the cores, where torch's threads stall and
+        # spin), image by image so that each pass over the floats stays in the CPU cache.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        try:  # image by image, so that each pass over the floats stays in the CPU cache
+        try:
             out = torch.empty(images.shape, dtype=torch.float32)
             for i in range(len(images)):
                 out[i].copy_(images[i]).mul_(scale[0]).add_(bias[0])

@@ -119,7 +119,6 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
-        cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
         if epoch_images is not None and epoch_images < 1:
             raise DataError(f"--data.source.epoch_images must be at least 1, got {epoch_images}")
@@ -129,7 +128,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         self.val_root, self.val_csv = _path(val_root), _path(val_csv)
         self.test_root, self.test_csv = _path(test_root), _path(test_csv)
         self.val_fraction, self.epoch_images = val_fraction, epoch_images
-        self.skip_bad_images, self.cache, self.cache_key = skip_bad_images, cache, cache_key
+        self.skip_bad_images, self.cache = skip_bad_images, cache
         for option in ("csv", "val_csv", "test_csv"):
             if getattr(self, option) is not None:
                 check_dir(getattr(self, option), f"data.source.{option}", "a file")
@@ -187,7 +186,7 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         if self.cache == "memmap":  # training only: validation resizes from the files, as predict
             progress = data.trainer is None or data.trainer.local_rank == 0
             run_once = partial(once, data.trainer)
-            options = dict(key=self.cache_key, everything=everything, progress=progress)
+            options = dict(everything=everything, progress=progress)
             options |= dict(skip_unreadable=self.skip_bad_images, run_once=run_once)
             train = cached(train, max(data.image_size, size), data.cache_dir, **options)
         if (log_dir := data.log_dir()) is not None and fitting and data.trainer.is_global_zero:
@@ -226,7 +225,6 @@ class ClassFolders(_ImageFiles):
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
         cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
             training reads in later epochs and runs: a speed switch only (docs/performance.md).
-        cache_key: "stat" sees any rewrite; "mtime" suits datasets copied to scratch at each job.
     """
 
 
@@ -254,14 +252,13 @@ class LabelsCsv(_ImageFiles):
         epoch_images: int | None = None,
         skip_bad_images: bool = False,
         cache: Literal["none", "memmap"] = "none",
-        cache_key: Literal["stat", "mtime"] = "stat",
     ) -> None:
         if csv is None and root is not None:
             raise DataError(f"--data.source.root {root} needs --data.source.csv (the labels CSV)")
         self.csv = _path(csv)
         self.filename_column, self.label_column = filename_column, label_column
         shared = (val_root, val_csv, val_fraction, test_root, test_csv, epoch_images)
-        super().__init__(root, *shared, skip_bad_images, cache, cache_key)
+        super().__init__(root, *shared, skip_bad_images, cache)
 
     @cached_property
     def table(self) -> LabelsTable:  # the training CSV, read once: for the class names, the index

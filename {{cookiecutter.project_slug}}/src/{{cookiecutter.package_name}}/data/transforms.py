@@ -18,15 +18,10 @@ class Draw(int):
     """A training image's index carrying its augmentation's seed (from seed, epoch, place): the same
     for any number of workers, also resumed mid-epoch."""
 
-    seed: int
-
-    def __new__(cls, index: int, seed: int) -> Draw:
+    def __new__(cls, index: int, seed: int = 0) -> Draw:  # the default: for pickle, which sets it
         draw = super().__new__(cls, index)
         draw.seed = seed
         return draw
-
-    def __reduce__(self):  # to the workers, with its seed
-        return Draw, (int(self), self.seed)
 
 
 def seed_augmentation(index: int) -> None:
@@ -52,8 +47,7 @@ class Augment:
     erasing: float = 0.0
 
     def __post_init__(self) -> None:
-        low, high = self.crop_scale
-        if not 0.0 < low <= high <= 1.0:
+        if not 0.0 < self.crop_scale[0] <= self.crop_scale[1] <= 1.0:
             raise DataError(
                 f"--data.augment.crop_scale needs 0 < low <= high <= 1, got {self.crop_scale}"
             )
@@ -61,14 +55,13 @@ class Augment:
             raise DataError(f"--data.augment.erasing is a probability, got {self.erasing}")
 
 
-def train_transform(image_size: int, augment: Augment | None = None) -> RandomResizedCropFlip:
-    """The training transform that `augment` describes (default: crops and flips)."""
-    augment = augment or Augment()
+def train_transform(image_size: int, augment: Augment) -> RandomResizedCropFlip:
+    """The training transform that `augment` describes."""
     policy = {"trivial": v2.TrivialAugmentWide, "rand": v2.RandAugment}.get(augment.policy)
     extra = [policy()] if policy else []
     if augment.erasing:
         extra.append(v2.RandomErasing(augment.erasing, value=0))
-    return RandomResizedCropFlip(image_size, augment.crop_scale, hflip=augment.hflip, extra=extra)
+    return RandomResizedCropFlip(image_size, augment.crop_scale, augment.hflip, extra)
 
 
 class RandomResizedCropFlip:

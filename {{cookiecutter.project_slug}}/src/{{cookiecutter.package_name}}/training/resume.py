@@ -22,7 +22,7 @@ RUN_KEY = "run"  # in every checkpoint: the run's configuration
 FREE_ON_RESUME = frozenset(
     {"num_workers", "predict_root", "cache_dir", "weights", "pretrained", "compile"}
     | {"channels_last", "tta_flip", "source.test_root", "source.test_csv", "source.cache_limit"}
-    | {"source.skip_bad_images", "source.cache", "source.cache_key"}
+    | {"source.skip_bad_images", "source.cache"}
 )
 # Where the data lives, not what it is (a cluster job may stage it anew each time): applied.
 MOVABLE = frozenset(
