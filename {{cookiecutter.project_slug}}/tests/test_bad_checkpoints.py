@@ -62,8 +62,8 @@ def make_bad(kind: str, good: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 REASONS = {  # kind -> what the error says; the last two are bad for resuming `fit` only
     "missing": "is not a file: it does not exist",
-    "csv_text": "is not a checkpoint: torch.save writes a whole zip archive",
-    "truncated": "is truncated or corrupt",
+    "csv_text": "is not a whole checkpoint: torch.save writes a zip archive",
+    "truncated": "is not a whole checkpoint",
     "plain_state_dict": "is not a Lightning checkpoint of this project",
     "other_hyper_parameters": "ImageClassifier does not take",
     "misfit_weights": "state_dict that does not fit",

@@ -42,15 +42,14 @@ def last_of(run: str, name: str = "last") -> Path:
     return Path("lightning_logs") / run / "checkpoints" / f"{name}.ckpt"
 
 
-def resumed_with_more_epochs(last: Path, schedule: str) -> None:
+def resumed_with_more_epochs(last: Path) -> None:
     """A resume from 4 to 8 steps: it warned (`rebuilt`); the lr ends where a fresh schedule over 8
-    steps ends, as an uninterrupted run (left alone, OneCycleLR stops and cosine jumps)."""
+    steps ends, as in an uninterrupted run."""
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert progress(last) == (1, 8) and checkpoint["schedule_total"] == 8
     group = checkpoint["optimizer_states"][0]["param_groups"][0]
-    peak = group.get("max_lr", group["initial_lr"])  # OneCycleLR's, or LambdaLR's
-    fresh = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)
-    scheduler = lr_schedule(fresh, schedule, 8, checkpoint["hyper_parameters"]["warmup_fraction"])
+    fresh = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=group["initial_lr"])
+    scheduler = lr_schedule(fresh, 8, checkpoint["hyper_parameters"]["warmup_fraction"])
     for _ in range(8):
         fresh.step()
         scheduler.step()
@@ -110,7 +109,7 @@ def test_a_run_resumes_only_itself_and_keeps_its_options(
     saved = torch.load(last_of("a"), weights_only=False)["datamodule_hyper_parameters"]
     init = saved["source"]["init_args"]
     assert (init["skip_bad_images"], init["cache"]) == (False, "none")
-    resumed_with_more_epochs(last_of("a"), "cosine")
+    resumed_with_more_epochs(last_of("a"))
     with open(last_of("a").parents[1] / "metrics.csv", newline="") as file:  # logged on in it
         assert [row["epoch"] for row in csv.DictReader(file) if row["val_acc"]] == ["0", "1"]
     with pytest.raises(SystemExit) as refused:  # other commands need the run named
@@ -139,11 +138,11 @@ class RecipeProbe(L.Callback):  # the weights training starts from, and the reci
 
 
 def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path, capsys) -> None:
-    """The README's `fit --run a --ckpt_path last` after a run with EMA, clipping and OneCycleLR:
+    """The README's `fit --run a --ckpt_path last` after a run with EMA and clipping:
     on from the raw weights (not the average), the recipe on, config.yaml as the run began."""
     recipe = ["--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.EMAWeights"]
     recipe += ["--trainer.callbacks.decay", "0.5", "--trainer.gradient_clip_val", "0.25"]
-    recipe += ["--model.schedule", "onecycle", "--trainer.callbacks+=test_runs.RecipeProbe"]
+    recipe += ["--trainer.callbacks+=test_runs.RecipeProbe"]
     fit(image_root, "--run", "a", "--trainer.max_epochs", "1", *recipe)
     config = (in_tmp / "lightning_logs/a/config.yaml").read_bytes()
     saved = torch.load(last_of("a"), weights_only=True)
@@ -159,7 +158,7 @@ def test_the_readme_resume_keeps_the_runs_recipe(image_root: Path, in_tmp: Path,
     for key, value in raw.items():
         assert torch.equal(seen["weights"][key], value), key
     assert (in_tmp / "lightning_logs/a/config.yaml").read_bytes() == config
-    resumed_with_more_epochs(last_of("a"), "onecycle")
+    resumed_with_more_epochs(last_of("a"))
     assert "averaging_state" in torch.load(last_of("a"), weights_only=True)
 
 

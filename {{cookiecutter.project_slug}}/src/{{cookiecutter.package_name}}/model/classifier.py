@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
@@ -20,13 +18,7 @@ from torchvision.transforms import v2
 
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.networks import COMPACT, build_network
-from {{ cookiecutter.package_name }}.model.optim import (
-    check_layer_decay,
-    freeze_backbone,
-    lr_schedule,
-    param_groups,
-)
-from {{ cookiecutter.package_name }}.model.reports import per_class_table
+from {{ cookiecutter.package_name }}.model.optim import freeze_backbone, lr_schedule, param_groups
 
 
 class ImageClassifier(L.LightningModule):
@@ -37,20 +29,17 @@ class ImageClassifier(L.LightningModule):
     Args:
         architecture: "compact_resnet" (sized by `width` and `depths`), a torchvision model
             ("resnet18") or, with the timm extra, a timm model ("convnext_nano.in12k").
-        pretrained: start from the architecture's published weights (docs/training.md).
-        weights: start from a local file: a state dict, `.safetensors` or a checkpoint.
+        pretrained: start from the timm architecture's published weights (docs/training.md).
+        weights: start from a local file: a state dict or a checkpoint.
         width: channels of the first stage; each later stage doubles them.
         depths: residual blocks per stage.
         lr: peak learning rate of AdamW.
         weight_decay: on weights only, not on norm layers and biases.
         label_smoothing: of the cross-entropy loss (0.1 is common).
-        schedule: "cosine" (linear warm-up, then cosine decay to zero) or "onecycle".
-        warmup_fraction: share of all training steps spent warming up.
+        warmup_fraction: share of all steps spent warming up, then cosine decay to zero.
         compile: run the network through `torch.compile` when fitting.
-        channels_last: NHWC memory layout; unset: on CUDA only.
         freeze_backbone_epochs: train only the classifier for this many first epochs.
         backbone_lr_scale: the backbone's rate relative to the classifier's (unset: 0.1 if frozen).
-        layer_decay: timm models only: each layer group's rate this times the next one's.
         lr_reference_batch: the global batch `lr` is meant for; unset: `lr` as it is.
         tta_flip: validate, test and predict on each image and its mirror, averaged.
         mixup_alpha: MixUp of training batches, weight from Beta(alpha, alpha) (0.2 is common).
@@ -73,13 +62,10 @@ class ImageClassifier(L.LightningModule):
         lr: float = 3e-3,
         weight_decay: float = 0.05,
         label_smoothing: float = 0.0,
-        schedule: Literal["cosine", "onecycle"] = "cosine",
         warmup_fraction: float = 0.05,
         compile: bool = False,
-        channels_last: bool | None = None,
         freeze_backbone_epochs: int = 0,
         backbone_lr_scale: float | None = None,
-        layer_decay: float | None = None,
         lr_reference_batch: int | None = None,
         tta_flip: bool = False,
         mixup_alpha: float = 0.0,
@@ -99,7 +85,6 @@ class ImageClassifier(L.LightningModule):
             least = 1 if name == "lr_reference_batch" else 0
             if hp[name] is not None and hp[name] < least:
                 raise DataError(f"--model.{name} must be at least {least}, got {hp[name]}")
-        check_layer_decay(self.net, architecture, layer_decay)
         # With probabilities as targets (MixUp, CutMix) too; label smoothing applies to both.
         self.loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         mixing = mixup_alpha > 0 or cutmix_alpha > 0
@@ -107,20 +92,15 @@ class ImageClassifier(L.LightningModule):
         # Of validation or test, whichever runs; the loss averaged over images: exact under DDP's
         # uneven shards (loaders.make_loader).
         self.accuracy = MulticlassAccuracy(num_classes, average="micro")
-        self.val_acc_top5 = (
-            MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes > 5 else None
-        )
         self.confusion_matrix, self.mean_loss = MulticlassConfusionMatrix(num_classes), MeanMetric()
         self.confusion: np.ndarray | None = None  # of the latest validation epoch
-        self._channels_last = False
         self._schedule_total: int | None = None  # steps the learning-rate schedule spans
-        self._resumed: tuple | None = None  # the schedule a fit resumes, until it is rebuilt
+        self._resumed: tuple | None = None  # (schedule_total, step) of the checkpoint resumed
 
     def setup(self, stage: str) -> None:
-        hp, cuda = self.hparams, isinstance(self.trainer.accelerator, CUDAAccelerator)
-        if hp.channels_last or (hp.channels_last is None and cuda):
+        hp = self.hparams
+        if isinstance(self.trainer.accelerator, CUDAAccelerator):  # convolutions then run NHWC
             self.net.to(memory_format=torch.channels_last)
-            self._channels_last = True
         if stage == "fit":
             if hp.compile:
                 self.net.compile()  # in place: the state dict keys stay, checkpoints portable
@@ -130,8 +110,6 @@ class ImageClassifier(L.LightningModule):
                 )
 
     def forward(self, images: Tensor) -> Tensor:
-        if self._channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
         return self.net(images)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -151,11 +129,7 @@ class ImageClassifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Update the validation metrics; the logits go to callbacks (the run history)."""
-        logits = self._evaluate(batch, "val")
-        if self.val_acc_top5 is not None:
-            self.val_acc_top5(logits, batch[1])
-            self.log("val_acc_top5", self.val_acc_top5)
-        return logits.detach()
+        return self._evaluate(batch, "val").detach()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
@@ -173,17 +147,10 @@ class ImageClassifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:  # and a test epoch's
         matrix = self.confusion_matrix.compute().cpu().numpy()  # every rank: compute syncs them
         self.confusion_matrix.reset()
-        if self.trainer.sanity_checking:
-            return
-        self.confusion = matrix
-        if self.trainer.state.fn != TrainerFn.FITTING and self.trainer.is_global_zero:
-            print(per_class_table(matrix, self.class_names))
+        if not self.trainer.sanity_checking:
+            self.confusion = matrix
 
     on_test_epoch_end = on_validation_epoch_end
-
-    def on_fit_end(self) -> None:  # the last validation's per-class table
-        if self.confusion is not None and self.trainer.is_global_zero:
-            print(per_class_table(self.confusion, self.class_names))
 
     def on_train_start(self) -> None:
         # Lightning 2.6 skips `on_train_epoch_start` in an epoch resumed part-way through.
@@ -239,34 +206,25 @@ class ImageClassifier(L.LightningModule):
         if backbone_scale is None:
             backbone_scale = 0.1 if hp.freeze_backbone_epochs else 1.0
         # Every parameter from the start, frozen or not: no group is added later (on resume).
-        groups = param_groups(self.net, lr, hp.weight_decay, backbone_scale, hp.layer_decay)
+        groups = param_groups(self.net, lr, hp.weight_decay, backbone_scale)
         optimizer = torch.optim.AdamW(groups, lr=lr)
         self._schedule_total = total
-        saved, step, schedulers = self._resumed or (None, 0, [])
-        self._resumed = None
+        saved, step = self._resumed or (None, 0)
         if saved is not None and saved != total:  # None: a checkpoint without the record
-            # A new `max_epochs`: rebuilt over the new total, from the saved step. Left alone,
-            # OneCycleLR would stop past the old total and the cosine one jump without a word.
-            rank_zero_warn(
+            rank_zero_warn(  # the schedule is a function of the total: it is rebuilt as it is
                 f"Resuming at step {step} with a learning-rate schedule of {total} steps, "
                 f"where the checkpoint's spanned {saved} (--trainer.max_epochs or the data "
-                f"changed): the {hp.schedule} schedule is rebuilt over {total} steps and continues "
+                f"changed): the cosine schedule is rebuilt over {total} steps and continues "
                 f"from step {step}, so the learning rate moves to that point of the new schedule."
             )
-            for state in schedulers:
-                if "total_steps" in state:  # OneCycleLR: its phases follow from the new total
-                    state["total_steps"] = total
-                    state.pop("_schedule_phases", None)
-        schedule = lr_schedule(optimizer, hp.schedule, total, hp.warmup_fraction)
+        schedule = lr_schedule(optimizer, total, hp.warmup_fraction)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["schedule_total"] = self._schedule_total
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # Before `configure_optimizers`, which may adjust these scheduler states: restored after.
-        schedulers = checkpoint.get("lr_schedulers", [])
-        self._resumed = (checkpoint.get("schedule_total"), checkpoint["global_step"], schedulers)
+    def on_load_checkpoint(self, checkpoint: dict) -> None:  # before `configure_optimizers`
+        self._resumed = (checkpoint.get("schedule_total"), checkpoint["global_step"])
 
 
 def flip_average(net: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
@@ -283,12 +241,9 @@ class BatchMixer:
     batch, rank), not the global random state: a run resumed mid-epoch mixes as before."""
 
     def __init__(self, num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> None:
-        mixers: list[v2.Transform] = []
-        if mixup_alpha > 0:
-            mixers.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
-        if cutmix_alpha > 0:
-            mixers.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
-        self.transform = mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)
+        pairs = ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha))
+        mixers = [mix(alpha=alpha, num_classes=num_classes) for mix, alpha in pairs if alpha > 0]
+        self.transform = v2.RandomChoice(mixers)  # with one, always that one
 
     def __call__(self, images: Tensor, targets: Tensor, key: tuple[int, ...]) -> tuple:
         # Every draw (mixer, weight, box) from the CPU generator, seeded by `key`, then put back.

@@ -2,78 +2,48 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 import torchvision
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
+from torchvision.models.resnet import BasicBlock
 
 from {{ cookiecutter.package_name }}.errors import DataError, one_line
-from {{ cookiecutter.package_name }}.model.pretrained import (
-    pretrained_inputs,
-    timm_network,
-    torchvision_pretrained,
-)
+from {{ cookiecutter.package_name }}.model.pretrained import pretrained_inputs, timm_network
 
 COMPACT = "compact_resnet"
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 convolutions with a residual connection, as in ResNet-18."""
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False),
-            nn.BatchNorm2d(out_channels),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False),
-            nn.BatchNorm2d(out_channels),
+def compact_resnet(
+    num_classes: int, image_size: int, width: int, depths: tuple[int, ...], dropout: float
+) -> nn.Sequential:
+    """A small ResNet: a strided stem, then stages of torchvision's `BasicBlock` (ResNet-18's)
+    that halve resolution and double width."""
+    stride = 1 if image_size < 64 else 2 if image_size < 128 else 4  # stage 1: 32 to 64 pixels
+    # A 4x4 stride-4 "patchify" stem (as in ConvNeXt) costs far less than a 7x7 conv + max pool.
+    kernel, padding = (4, 0) if stride == 4 else (3, 1)
+    stem = [nn.Conv2d(3, width, kernel, stride, padding, bias=False), nn.BatchNorm2d(width)]
+    blocks, channels = [], width
+    for i, depth in enumerate(depths):
+        for j in range(depth):
+            out, stride = width * 2**i, 2 if (j == 0 and i > 0) else 1
+            blocks.append(block := BasicBlock(channels, out, stride))
+            if stride != 1 or channels != out:
+                conv = nn.Conv2d(channels, out, 1, stride, bias=False)
+                block.downsample = nn.Sequential(conv, nn.BatchNorm2d(out))
+            nn.init.zeros_(block.bn2.weight)  # each block starts as the identity: stabler
+            channels = out
+    head = [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout)]
+    return nn.Sequential(
+        OrderedDict(
+            stem=nn.Sequential(*stem, nn.ReLU(inplace=True)),
+            stages=nn.Sequential(*blocks),
+            head=nn.Sequential(*head, nn.Linear(channels, num_classes)),
         )
-        self.shortcut = nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
-        nn.init.zeros_(self.body[-1].weight)  # each block starts as the identity: stabler
-        self.act = nn.ReLU(inplace=True)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.act(self.body(x) + self.shortcut(x))
-
-
-class CompactResNet(nn.Module):
-    """A small ResNet: a strided stem, then stages that halve resolution and double width."""
-
-    def __init__(
-        self, num_classes: int, image_size: int, width: int, depths: tuple[int, ...], dropout: float
-    ) -> None:
-        super().__init__()
-        stride = 1 if image_size < 64 else 2 if image_size < 128 else 4  # stage 1: 32 to 64 pixels
-        # A 4x4 stride-4 "patchify" stem (as in ConvNeXt) costs far less than a 7x7 conv + max pool.
-        kernel, padding = (4, 0) if stride == 4 else (3, 1)
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, width, kernel, stride, padding, bias=False),
-            nn.BatchNorm2d(width),
-            nn.ReLU(inplace=True),
-        )
-        stages, channels = [], width
-        for i, depth in enumerate(depths):
-            for j in range(depth):
-                stages.append(BasicBlock(channels, width * 2**i, 2 if (j == 0 and i > 0) else 1))
-                channels = width * 2**i
-        self.stages = nn.Sequential(*stages)
-        self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Dropout(dropout),
-            nn.Linear(channels, num_classes),
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.stages(self.stem(x)))
+    )
 
 
 def build_network(
@@ -87,29 +57,21 @@ def build_network(
     pretrained: bool = False,
 ) -> nn.Module:
     """The compact CNN, a torchvision model or a timm model by name, with `num_classes` outputs,
-    from published weights (`pretrained`), a local file (`weights`) or random ones."""
+    from timm's published weights (`pretrained`), a local file (`weights`) or random ones."""
     if pretrained and weights is not None:
         raise DataError("--model.pretrained and --model.weights both say where to start: pick one")
+    torchvision_names = torchvision.models.list_models(module=torchvision.models)
+    if pretrained and (architecture == COMPACT or architecture in torchvision_names):
+        raise DataError(
+            f"--model.pretrained takes timm's published weights, and {architecture} is not a "
+            f"timm model: name one (e.g. resnet18.a1_in1k) or give a file with --model.weights"
+        )
     if architecture == COMPACT:
-        if pretrained:
-            raise DataError(
-                f"--model.pretrained: {COMPACT} has no published weights; start it from a file "
-                f"with --model.weights PATH, or pick a torchvision or timm architecture"
-            )
-        network: nn.Module = CompactResNet(num_classes, image_size, width, tuple(depths), dropout)
+        network: nn.Module = compact_resnet(num_classes, image_size, width, tuple(depths), dropout)
+    elif architecture in torchvision_names:
+        network = torchvision.models.get_model(architecture, num_classes=num_classes)
     else:
-        if not _is_torchvision(architecture):
-            network = timm_network(architecture, num_classes, dropout, pretrained)
-        elif pretrained:  # torchvision's classifier (`classifier_of`) re-made for our classes
-            network = torchvision_pretrained(architecture)
-            name, layer = _last_layer(network)
-            if isinstance(layer, nn.Linear):
-                fresh: nn.Module = nn.Linear(layer.in_features, num_classes)
-            else:
-                fresh = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
-            network.set_submodule(name, fresh)
-        else:
-            network = _torchvision_network(architecture, num_classes)
+        network = timm_network(architecture, num_classes, dropout, pretrained)
     if weights is not None:
         load_weights(network, weights, architecture)
     if architecture != COMPACT:
@@ -122,26 +84,18 @@ def classifier_of(network: nn.Module) -> nn.Module:
     frozen backbone: timm's `get_classifier()`, else the last `nn.Linear` (or convolution)."""
     if hasattr(network, "get_classifier"):  # timm
         return network.get_classifier()
-    return _last_layer(network)[1]
+    layers = [m for m in network.modules() if isinstance(m, nn.Linear)]
+    return (layers or [m for m in network.modules() if isinstance(m, nn.Conv2d)])[-1]
 
 
 def load_weights(network: nn.Module, path: str | Path, architecture: str) -> None:
-    """Start `network` from a state dict, `.safetensors` file or checkpoint of this project; a
-    classifier for other classes is re-made (a warning), any other misfit layer refused by name."""
+    """Start `network` from a state dict or a checkpoint of this project; a classifier for other
+    classes is re-made (a warning), any other misfit layer refused by name."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--model.weights {path} is not a file")
     try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(path)
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except ImportError as err:
-        raise DataError(
-            f'--model.weights {path}: reading .safetensors needs pip install ".[timm]" ({err})'
-        ) from err
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # whatever the file is, it is not weights we can read
         raise DataError(f"--model.weights {path} holds no weights: {one_line(err)}") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):  # our checkpoint
@@ -151,7 +105,6 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
     own, layer = network.state_dict(), classifier_of(network)
     head = tuple(f"{n}." for n, module in network.named_modules() if module is layer)
     reshaped = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
-    # torch's account of missing and extra keys: a layer set to None (aux heads) is neither
     missing, extra = network.load_state_dict(
         {k: v for k, v in state.items() if k not in reshaped}, strict=False
     )
@@ -170,19 +123,20 @@ def load_weights(network: nn.Module, path: str | Path, architecture: str) -> Non
 
 
 def check_runs(network: nn.Module, architecture: str, num_classes: int, image_size: int) -> None:
-    """Refuse, before training, a network that returns no logits per class, or an image size it
-    cannot run (one image, in eval mode), naming a size that runs."""
+    """Refuse, before training, a network that returns no logits per class when training
+    (GoogLeNet's auxiliary outputs), or an image size it cannot run, naming a size that runs."""
 
     def failure(size: int) -> str | None:
-        training = network.training
+        buffers = [b.clone() for b in network.buffers()]  # BatchNorm's statistics, put back
         try:
-            with torch.no_grad():
-                logits = network.eval()(torch.zeros(1, 3, size, size))
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):  # dropout's draws too
+                logits = network(torch.zeros(2, 3, size, size))
         except (RuntimeError, AssertionError, ValueError) as err:  # shapes that do not fit
             return one_line(err, 160).rstrip("!.")
         finally:
-            network.train(training)
-        if not isinstance(logits, Tensor) or tuple(logits.shape) != (1, num_classes):
+            for buffer, saved in zip(network.buffers(), buffers, strict=True):
+                buffer.copy_(saved)
+        if not isinstance(logits, Tensor) or tuple(logits.shape) != (2, num_classes):
             raise DataError(
                 f"--model.architecture {architecture} returns {type(logits).__name__}, not logits "
                 f"per class; use another architecture"
@@ -197,26 +151,3 @@ def check_runs(network: nn.Module, architecture: str, num_classes: int, image_si
             f"--model.architecture {architecture} does not run at --data.image_size {image_size} "
             f"({reason}); use {way_out}another architecture"
         )
-
-
-def _is_torchvision(architecture: str) -> bool:
-    return architecture in torchvision.models.list_models(module=torchvision.models)
-
-
-def _torchvision_network(architecture: str, num_classes: int) -> nn.Module:
-    """torchvision's `architecture`, random, with plain logits in every mode (GoogLeNet's and
-    Inception v3's auxiliary heads removed, as torchvision does for its weights)."""
-    options: dict = {"num_classes": num_classes}
-    if architecture in ("googlenet", "inception_v3"):
-        options["init_weights"] = True  # torchvision's own initialisation for these two
-    network = torchvision.models.get_model(architecture, weights=None, **options)
-    if isinstance(network, torchvision.models.GoogLeNet):
-        network.aux_logits, network.aux1, network.aux2 = False, None, None
-    elif isinstance(network, torchvision.models.Inception3):
-        network.aux_logits, network.AuxLogits = False, None
-    return network
-
-
-def _last_layer(network: nn.Module) -> tuple[str, nn.Module]:
-    layers = [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Linear)]
-    return (layers or [(n, m) for n, m in network.named_modules() if isinstance(m, nn.Conv2d)])[-1]

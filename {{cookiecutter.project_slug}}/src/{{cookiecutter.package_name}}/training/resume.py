@@ -21,7 +21,7 @@ RUN_KEY = "run"  # in every checkpoint: the run's configuration
 # How the data is read or the model run, not what is trained: free to change on resume.
 FREE_ON_RESUME = frozenset(
     {"num_workers", "predict_root", "cache_dir", "weights", "pretrained", "compile"}
-    | {"channels_last", "tta_flip", "source.test_root", "source.test_csv", "source.cache_limit"}
+    | {"tta_flip", "source.test_root", "source.test_csv", "source.cache_limit"}
     | {"source.skip_bad_images", "source.cache"}
 )
 # Where the data lives, not what it is (a cluster job may stage it anew each time): applied.
