@@ -91,12 +91,9 @@ def classifier_of(network: nn.Module) -> nn.Module:
 def load_weights(network: nn.Module, path: str | Path, architecture: str) -> None:
     """Start `network` from a state dict or a checkpoint of this project; a classifier for other
     classes is re-made (a warning), any other misfit layer refused by name."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"--model.weights {path} is not a file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # whatever the file is, it is not weights we can read
+    except Exception as err:  # missing, or whatever it is, not weights we can read
         raise DataError(f"--model.weights {path} holds no weights: {one_line(err)}") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):  # our checkpoint
         state = {k[4:]: v for k, v in state["state_dict"].items() if k.startswith("net.")}

@@ -37,13 +37,12 @@ def freeze_backbone(network: nn.Module, frozen: bool) -> None:
     """Train only the classifier (`classifier_of`), or everything again. Frozen, the backbone's
     BatchNorm layers run in eval mode: the pretrained running statistics used, not pulled."""
     head = classifier_of(network)
-    in_head = {id(p) for p in head.parameters()} | {id(m) for m in head.modules()}
-    for param in network.parameters():
-        if id(param) not in in_head:
-            param.requires_grad_(not frozen)
+    network.requires_grad_(not frozen)
+    head.requires_grad_(True)
     for module in network.modules():
-        if isinstance(module, _BATCH_NORMS) and id(module) not in in_head:
+        if isinstance(module, _BATCH_NORMS):
             module.train(network.training and not frozen)
+    head.train(network.training)
 
 
 def lr_schedule(
