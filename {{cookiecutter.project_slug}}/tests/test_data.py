@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.commands import scan
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data.datamodule import BatchNormalizer
 from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.index import list_images, make_dataset
 from {{ cookiecutter.package_name }}.data.loaders import make_loader
-from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
 from {{ cookiecutter.package_name }}.data.sources import ClassFolders
 from {{ cookiecutter.package_name }}.data.transforms import (
     Augment,

@@ -84,7 +84,7 @@ def test_fit_on_one_gpu_normalises_on_the_device_and_predicts_as_the_cpu(
 
 
 def test_the_normaliser_gives_on_the_gpu_what_it_gives_on_the_cpu() -> None:
-    from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
+    from {{ cookiecutter.package_name }}.data.datamodule import BatchNormalizer
 
     normalise = BatchNormalizer((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     images = torch.randint(0, 256, (8, 3, 64, 48), dtype=torch.uint8)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from {{ cookiecutter.package_name }}.commands.infer import METADATA_FILE
-from {{ cookiecutter.package_name }}.data.normalize import BatchNormalizer
+from {{ cookiecutter.package_name }}.data.datamodule import BatchNormalizer
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.model.checkpoint import load_classifier
 from {{ cookiecutter.package_name }}.model.classifier import flip_average

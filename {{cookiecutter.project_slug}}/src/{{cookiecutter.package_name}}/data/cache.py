@@ -4,10 +4,9 @@ uint8 (H, W, 3) in `pixels.u8`, `index.npy` its (offset, height, width); keyed b
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -26,19 +25,16 @@ try:  # POSIX
 except ImportError:  # pragma: no cover - Windows: built without a lock
     fcntl = None
 
-log = logging.getLogger(__name__)
-
 CACHE_VERSION = 6  # part of the key: bump when the stored format or resampling changes
 
 
 class MemmapImageDataset(ImageFolderDataset):
-    """An `ImageFolderDataset` served from the cache `folder`: item i is its image `positions[i]`,
-    a (3, H, W) view of the map (no copy), mapped on first use in each worker (not pickled)."""
+    """`dataset` served from the cache `folder`: item i a (3, H, W) view of the map (no copy),
+    mapped on first use in each worker (not pickled)."""
 
-    def __init__(self, dataset: ImageFolderDataset, folder: Path, positions: np.ndarray) -> None:
-        args = (dataset.root, dataset.paths, dataset.targets, dataset.transform, dataset.classes)
-        super().__init__(*args, dataset.min_size, dataset.approximate_decode)
-        self.folder, self.positions, self._pixels = Path(folder), positions, None
+    def __init__(self, dataset: ImageFolderDataset, folder: Path) -> None:
+        self.__dict__.update(dataset.__dict__)  # its files, labels, transform
+        self.folder, self._pixels = Path(folder), None
         self.index = np.load(self.folder / "index.npy")  # (N, 3) int64: offset, height, width
 
     def __getstate__(self) -> dict:
@@ -47,14 +43,9 @@ class MemmapImageDataset(ImageFolderDataset):
     def read(self, index: int) -> torch.Tensor:
         if self._pixels is None:  # copy-on-write: writable for torch, never written back
             self._pixels = np.memmap(self.folder / "pixels.u8", np.uint8, mode="c")
-        offset, height, width = (int(v) for v in self.index[self.positions[index]])
+        offset, height, width = (int(v) for v in self.index[index])
         flat = self._pixels[offset : offset + height * width * 3]  # stored channels last
         return torch.from_numpy(flat).view(height, width, 3).permute(2, 0, 1)
-
-    def subset(self, keep: np.ndarray) -> MemmapImageDataset:
-        subset = super().subset(keep)
-        subset.positions = self.positions[keep]
-        return subset
 
 
 def cached(
@@ -63,19 +54,14 @@ def cached(
     cache_dir: str | Path,
     num_workers: int | None = None,
     progress: bool = True,
-    everything: Sequence[ImageFolderDataset] = (),
-    skip_unreadable: bool = False,
     run_once: Callable = lambda compute: compute(),
 ) -> MemmapImageDataset:
-    """`dataset` from its cache in `cache_dir`, built first if missing, covering the files of
-    `everything` in its root too (unreadable: empty, with `skip_unreadable`); `run_once`: DDP's."""
-    covered = [d.paths for d in (dataset, *everything) if d.root == dataset.root]
-    index = ImageFolderDataset(dataset.root, np.unique(np.concatenate(covered)), None, None)
-    folder = Path(cache_dir) / run_once(partial(cache_key, index, size))
-    workers = usable_cpus() if num_workers is None else num_workers
-    build(index, folder, size, workers, progress, skip_unreadable)
-    positions = np.searchsorted(index.paths, dataset.paths)
-    return MemmapImageDataset(dataset, folder, positions)
+    """`dataset` from its cache in `cache_dir`, built first if missing; `run_once`: DDP's."""
+    folder = Path(cache_dir) / run_once(partial(cache_key, dataset, size))
+    if not (folder / "index.npy").exists():
+        workers = usable_cpus() if num_workers is None else num_workers
+        build(dataset, folder, size, workers, progress)
+    return MemmapImageDataset(dataset, folder)
 
 
 def cache_key(dataset: ImageFolderDataset, size: int) -> str:
@@ -83,22 +69,17 @@ def cache_key(dataset: ImageFolderDataset, size: int) -> str:
     root = os.path.abspath(dataset.root)
     digest = hashlib.sha256(f"v{CACHE_VERSION} size={size} root={root}\n".encode())
     for i in range(len(dataset)):
-        try:
-            stat = os.stat(path := dataset.path(i))
-        except OSError as err:
-            raise DataError(f"cannot read image {path}: {err.strerror}") from err
+        stat = os.stat(path := dataset.path(i))
         times = f"{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"  # ctime: any rewrite
         digest.update(f"{path}\0{stat.st_size}\0{times}\n".encode())
     return f"{len(dataset)}-{size}px-{digest.hexdigest()[:20]}"
 
 
 def build(
-    dataset: ImageFolderDataset, folder: Path, size: int, workers: int, progress: bool, skip: bool
+    dataset: ImageFolderDataset, folder: Path, size: int, workers: int, progress: bool
 ) -> None:
-    """Decode `dataset` into `folder` unless there, in `workers` processes: one process of a
-    machine builds (POSIX: under a lock file), in a staging folder renamed into place when whole."""
-    if (folder / "index.npy").exists():
-        return
+    """Decode `dataset` into `folder` in `workers` processes: one process of a machine builds
+    (POSIX: under a lock file), in a staging folder renamed into place when whole."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -106,7 +87,7 @@ def build(
     with open(folder.parent / f".{folder.name}.lock", "a") as lock:
         if fcntl is not None:  # the others wait here, then find it built
             fcntl.flock(lock, fcntl.LOCK_EX)
-        if (folder / "index.npy").exists():
+        if (folder / "index.npy").exists():  # built while this process waited
             return
         staging = folder.with_name(f".{folder.name}.partial")
         shutil.rmtree(staging, ignore_errors=True)  # a killed build's
@@ -119,16 +100,13 @@ def build(
             with open(staging / "pixels.u8", "wb") as out:
                 for i, image in enumerate(images):
                     if isinstance(image, str):
-                        if not skip:
-                            raise DataError(f"{image} (while building the image cache)")
-                        image = (b"", 0, 0)  # an empty entry, never served
+                        raise DataError(f"{image} (while building the image cache)")
                     index[i] = (offset, image[1], image[2])
                     offset += out.write(image[0])
             np.save(staging / "index.npy", index)
             os.replace(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    log.info("Cached %d images (%.1f GB) in %s", len(dataset), offset / 1e9, folder)
 
 
 class _Decoded(ImageFolderDataset):

@@ -174,17 +174,12 @@ class EpochShuffle(DistributedSampler):
         self._start = position
 
     def __iter__(self) -> Iterator[Draw]:
-        start, self._start = self._start, 0
-        # Draw j of this rank is draw `rank + j * world size` of the epoch's whole order.
-        base = (self.seed % 2**32) << 64 | (self.epoch % 2**32) << 32
-        order = itertools.islice(enumerate(self.epoch_order()), start, None)
-        return (Draw(i, base | (self.rank + j * self.num_replicas)) for j, i in order)
-
-    def epoch_order(self) -> Iterator[int]:
-        """This rank's share: pass r of epoch e is torch's shuffle for epoch `e * repeats + r`."""
-        epoch, passes = self.epoch, []
-        for repeat in range(self.repeats):
+        start, self._start, epoch, order = self._start, 0, self.epoch, []
+        for repeat in range(self.repeats):  # pass r of epoch e: torch's shuffle of e * repeats + r
             self.epoch = epoch * self.repeats + repeat
-            passes.append(super().__iter__())
+            order += super().__iter__()
         self.epoch = epoch
-        return itertools.chain.from_iterable(passes)
+        # Draw j of this rank is draw `rank + j * world size` of the epoch's whole order.
+        base = (self.seed % 2**32) << 64 | (epoch % 2**32) << 32
+        draws = itertools.islice(enumerate(order), start, None)
+        return (Draw(i, base | (self.rank + j * self.num_replicas)) for j, i in draws)

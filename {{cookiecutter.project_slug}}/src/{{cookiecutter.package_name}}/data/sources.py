@@ -181,13 +181,10 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
         fitting = stage in ("fit", None)
         if fitting and (data.trainer is None or data.trainer.is_global_zero):
             warn_if_small(train.path, len(train), data.image_size, data.seed)
-        everything = (train, val)  # what the pixel cache covers: before the skip
         train, val = skip_unreadable(data, train, val)
         if self.cache == "memmap":  # training only: validation resizes from the files, as predict
             progress = data.trainer is None or data.trainer.local_rank == 0
-            run_once = partial(once, data.trainer)
-            options = dict(everything=everything, progress=progress)
-            options |= dict(skip_unreadable=self.skip_bad_images, run_once=run_once)
+            options = dict(progress=progress, run_once=partial(once, data.trainer))
             train = cached(train, max(data.image_size, size), data.cache_dir, **options)
         if (log_dir := data.log_dir()) is not None and fitting and data.trainer.is_global_zero:
             path = write_split(Path(log_dir) / SPLIT_FILE, val, data.class_names)
