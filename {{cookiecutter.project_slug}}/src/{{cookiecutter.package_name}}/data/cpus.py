@@ -3,6 +3,7 @@ Our own: Lightning's ignores cgroup quotas and SLURM's binding (docs/data.md, pe
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -49,14 +50,12 @@ def cgroup_cpu_limit() -> float | None:
     """CPUs' worth of time per second this process's cgroup v2 allows (None: unlimited): the
     tightest `cpu.max` of its cgroup's folders that exist, up to the root."""
     try:
-        path = PROC_CGROUP.read_text().split("0::", 1)[1].splitlines()[0]
+        own = CGROUP_ROOT / PROC_CGROUP.read_text().split("0::/", 1)[1].split("\n")[0]
     except (OSError, IndexError):  # not Linux, or no v2 hierarchy
         return None
-    own, limits = CGROUP_ROOT / path.lstrip("/"), []
-    for folder in [CGROUP_ROOT, *(f for f in (own, *own.parents) if CGROUP_ROOT in f.parents)]:
-        try:  # "max <period>" or "<quota> <period>"
+    limits = []
+    for folder in (f for f in (own, *own.parents) if f.is_relative_to(CGROUP_ROOT)):
+        with contextlib.suppress(OSError, ValueError):  # no such folder or file; "max <period>"
             quota, period = (folder / "cpu.max").read_text().split()
             limits.append(int(quota) / int(period))
-        except (OSError, ValueError):  # no such folder or file; "max"
-            pass
     return min(limits, default=None)

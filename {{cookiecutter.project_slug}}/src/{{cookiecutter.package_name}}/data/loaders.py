@@ -132,9 +132,7 @@ class _SigtermBlocked:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-# Linux: it has fork and forkserver (a server started by the first worker keeps its mask, and so
-# do the workers it forks).
-if _SIGWAIT:
+if _SIGWAIT:  # Linux (a forkserver started by the first worker keeps its mask, as its forks do)
 
     class _ForkedWorker(_SigtermBlocked, multiprocessing.get_context("fork").Process):
         pass
