@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.commands.bench import recommend
-
 
 def test_bench_samples_max_images_and_says_how_long(image_root: Path, tmp_path: Path, run_main):
     bench = ["bench", "--data.source.root", image_root, "--data.image_size", "16"]
@@ -20,8 +18,3 @@ def test_bench_samples_max_images_and_says_how_long(image_root: Path, tmp_path: 
     rows = re.findall(r"^\| (\w+) +\| +(\d) \| +\d+ \|", done.stdout, re.MULTILINE)
     assert rows == [(name, n) for n in "01" for name in ("naive", "decode", "memmap")]
     assert "recommended: --data.num_workers " in done.stdout
-
-
-def test_recommendation_is_the_fewest_workers_near_the_best() -> None:
-    rates = {("decode", 1): 300.0, ("decode", 2): 590.0, ("decode", 4): 600.0, ("naive", 8): 900.0}
-    assert recommend(rates, "decode") == 2

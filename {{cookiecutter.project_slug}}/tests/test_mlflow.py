@@ -42,7 +42,7 @@ def test_fit_logs_metrics_params_artifacts_and_the_model_and_a_resume_continues_
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert artifacts == {"config.yaml", "confusion_matrix.json", "model"}
     model_files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
-    assert model_files == {"model/model.pt2", "model/model.json"}
+    assert model_files == {"model/model.pt2"}
     saved = Path(client.download_artifacts(run.info.run_id, "confusion_matrix.json", str(tmp_path)))
     assert sum(map(sum, json.loads(saved.read_text())["confusion"])) > 0
     [version] = client.search_model_versions(f"name = '{REGISTERED_MODEL}'")

@@ -172,7 +172,7 @@ def test_without_litserve_serve_says_how_to_install_it(run_main, tmp_path: Path)
 def test_a_bad_model_or_a_port_in_use_is_one_error_line(tmp_path: Path, run_main) -> None:
     torch.save({"state_dict": {}}, tmp_path / "model.pt2")
     done = run_main("serve", "--model", "model.pt2", cwd=tmp_path)
-    assert "is a checkpoint, not an exported model" in one_error(done.returncode, done.stderr)
+    assert "not an exported model (not a .pt2 archive)" in one_error(done.returncode, done.stderr)
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = str(taken.getsockname()[1])
         done = run_main("serve", "--model", "model.pt2", "--port", port, cwd=tmp_path)
@@ -351,7 +351,7 @@ def test_an_onnx_model_is_served_and_a_sigterm_to_its_group_finishes_the_request
         pytest.importorskip(name)
     from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
 
-    model = export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")[0]
+    model = export_checkpoint(trained_checkpoint, tmp_path / "model.onnx", "onnx")
     options = ["--model", str(model), "--batch_timeout", "1.5", "--max_batch_size", "8"]
     process, port = launch(options, tmp_path)
     try:

@@ -39,7 +39,7 @@ def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> 
         (work / name).write_text(f"the user's {name}")
     no_logger = ". --trainer.logger false --trainer.default_root_dir ../work"
     for cwd, options in ((work, "../data"), (work, "../data --run a"), (data, no_logger)):
-        run = run_main("fit", *TINY, *ONE_EPOCH, "--data.root", *options.split(), cwd=cwd)
+        run = run_main("fit", *TINY, *ONE_EPOCH, "--data.source.root", *options.split(), cwd=cwd)
         assert run.returncode == 0, run.stderr[-3000:]
         last = cwd / re.findall(r"resume with --ckpt_path (\S+)", run.stdout)[-1]
         folder = last.parent.parent  # the run's: where its report is
@@ -62,13 +62,13 @@ def test_runs_write_only_into_folders_of_their_own(tmp_path: Path, run_main) -> 
 @pytest.mark.parametrize(
     ("where", "options", "refusal"),
     [
-        ("data", "--data.root .", "the working folder .*would land among the images"),
-        (".", "--data.root data --trainer.default_root_dir data/runs", "--trainer.*would land"),
-        (".", "--data.root data --checkpoint.dirpath data", "--checkpoint.dirpath data .*would"),
-        ("data", "--data.root ../other --data.predict_root .", "the working folder .*would land"),
+        ("data", "--data.source.root .", "the working folder .*would land among the images"),
+        (".", "--data.source.root data --trainer.default_root_dir data/runs", "--trainer.*land"),
+        (".", "--data.source.root data --checkpoint.dirpath data", "--checkpoint.dirpath data "),
+        ("data", "--data.source.root ../other --data.predict_root .", "the working folder .*land"),
         (
             ".",
-            "--data.root data --data.cache_dir data/cache",
+            "--data.source.root data --data.cache_dir data/cache",
             "--data.cache_dir data/cache lies among the images of --data.source.root data",
         ),
         (".", "", ".*holds files that are not the demo set"),  # no data: the demo set's folder

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from {{ cookiecutter.package_name }}.commands import COMMANDS, short_spellings
+from {{ cookiecutter.package_name }}.commands import COMMANDS
 from {{ cookiecutter.package_name }}.errors import DataError
 
 USAGE = "usage: python -m {{ cookiecutter.package_name }} <command> [options]"
@@ -26,9 +26,7 @@ def usage() -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    argv = short_spellings(sys.argv[1:] if args is None else list(args))
-    if args is None:  # LightningCLI and Lightning's DDP launcher read the command line itself
-        sys.argv[1:] = argv
+    argv = sys.argv[1:] if args is None else list(args)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return
@@ -40,10 +38,8 @@ def main(args: list[str] | None = None) -> None:
     command = importlib.import_module(f"{{ cookiecutter.package_name }}.commands.{module}")
     try:
         code = command.main(argv if module == "cli" else argv[1:])
-    except DataError as err:  # bad input: one line, without the traceback of a loader worker's
-        text = str(err)
-        if "DataLoader worker" in text:
-            text = text.rsplit("DataError: ", 1)[-1]
+    except DataError as err:  # bad input: one line
+        text = str(err).rsplit("DataError: ", 1)[-1]  # a worker's: after its traceback
         print(f"error: {text.strip()}", file=sys.stderr)
         sys.exit(2)
     except RuntimeError as err:

@@ -18,7 +18,6 @@ from {{ cookiecutter.package_name }}.data.cpus import usable_cpus
 from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 
-PROG = "python -m {{ cookiecutter.package_name }} bench"
 TABLE = "| loader  | workers | images/s | vs naive |\n|---------|---------|----------|----------|"
 
 
@@ -51,12 +50,21 @@ def images_per_s(loader: DataLoader, epochs: int, device: torch.device, module=N
     return count / (time.perf_counter() - start)
 
 
-def run(cfg) -> dict[tuple[str, int], float]:
-    """Images/s by (loader, workers), printed, on `--max_images` training images: the naive
-    baseline, the loader without the cache, with the pixel cache if configured{{ ", `--shards` (all)" if cookiecutter.shards == "yes" else "" }}."""
-    data, epochs, device = cfg.data.as_dict(), max(1, cfg.epochs), torch.device(cfg.device)
+def main(args: list[str] | None = None) -> None:
+    parser = ArgumentParser(prog="python -m {{ cookiecutter.package_name }} bench", description=__doc__)
+    add_data_arguments(parser)
+{%- if cookiecutter.shards == "yes" %}
+    parser.add_argument("--shards", type=str | None, help="also time these shards (folder, s3://)")
+{%- endif %}
+    parser.add_argument("--workers", type=list[int] | None, help="default: 1, 2, 4, ..., the CPUs")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per measurement")
+    parser.add_argument("--max_images", type=PositiveInt | None, default=2000, help="null: all")
+    cfg = parser.parse_args(args)  # a DataError: one `error:` line and exit 2, from __main__
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data, epochs = cfg.data.as_dict(), max(1, cfg.epochs)
     source = source_from_config(data["source"], files_for="bench")
     config = source.config()
+    # the loader without the cache, with the pixel cache if configured{{ ", the shards with `--shards`" if cookiecutter.shards == "yes" else "" }}
     sources = {"decode": {**config, "init_args": {**config["init_args"], "cache": "none"}}}
     if source.cache == "memmap":
         sources["memmap"] = config
@@ -66,10 +74,8 @@ def run(cfg) -> dict[tuple[str, int], float]:
 {%- endif %}
     modules = {}
     for name, options in sources.items():
-        start = time.perf_counter()
         modules[name] = ImageDataModule(**{**data, "source": source_from_config(options)})
         modules[name].setup("fit")
-        print(f"setup ({name}): {time.perf_counter() - start:.1f} s", file=sys.stderr)
     decode, cap, cpus = modules["decode"], cfg.max_images, usable_cpus()
     total, batch = len(decode.train_dataset), decode.batch_size
     if cap is not None and total > cap:  # the same files in the same order for each loader
@@ -79,8 +85,8 @@ def run(cfg) -> dict[tuple[str, int], float]:
             modules[name].train_dataset = modules[name].train_dataset.subset(keep)
     naive = NaiveDataset(decode.train_dataset, decode.image_size, decode.mean, decode.std)
     print(
-        f"{config['init_args'].get('root') or 'demo data'}: {decode.image_size}px, batch {batch}, "
-        f"device {device}, {cpus} usable CPUs; images/s over epochs 2..{epochs} (1: warm-up)"
+        f"{decode.image_size}px, batch {batch}, device {device}, {cpus} usable CPUs; "
+        f"images/s over epochs 2..{epochs} (1: warm-up)"
     )
     workers = cfg.workers or sorted({cpus, *(2**i for i in range(cpus.bit_length()))})
     rates, started = {}, time.perf_counter()
@@ -103,26 +109,7 @@ def run(cfg) -> dict[tuple[str, int], float]:
                 print(TABLE)
             ratio = rate / rates["naive", n]
             print(f"| {name:7s} | {n:7d} | {rate:8.0f} | {ratio:7.2f}x |", flush=True)
-    return rates
-
-
-def recommend(rates: dict[tuple[str, int], float], loader: str) -> int:
-    """The fewest workers within 5% of the best throughput of `loader`."""
+    loader = "memmap" if "memmap" in modules else "decode"
     mine = {n: rate for (name, n), rate in rates.items() if name == loader}
-    return min(n for n, rate in mine.items() if rate >= 0.95 * max(mine.values()))
-
-
-def main(args: list[str] | None = None) -> None:
-    parser = ArgumentParser(prog=PROG, description=__doc__)
-    add_data_arguments(parser)
-{%- if cookiecutter.shards == "yes" %}
-    parser.add_argument("--shards", type=str | None, help="also time these shards (folder, s3://)")
-{%- endif %}
-    parser.add_argument("--workers", type=list[int] | None, help="default: 1, 2, 4, ..., the CPUs")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs per measurement")
-    parser.add_argument("--max_images", type=PositiveInt | None, default=2000, help="null: all")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    rates = run(parser.parse_args(args))  # a DataError: one `error:` line and exit 2, from __main__
-    loader = "memmap" if any(name == "memmap" for name, _ in rates) else "decode"
-    best = recommend(rates, loader)
+    best = min(n for n, rate in mine.items() if rate >= 0.95 * max(mine.values()))
     print(f"\nrecommended: --data.num_workers {best} (fewest within 5% of the best {loader})")

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from {{ cookiecutter.package_name }}.commands.export import export_checkpoint
 from {{ cookiecutter.package_name }}.model.classifier import ImageClassifier
 
-MODEL_ARTIFACT = "model"  # the run's artifact folder holding model.pt2 and model.json
+MODEL_ARTIFACT = "model"  # the run's artifact folder holding model.pt2
 CONFUSION_ARTIFACT = "confusion_matrix.json"  # {"class_names": [...], "confusion": rows}
 REGISTERED_MODEL = "{{ cookiecutter.project_slug }}"  # its name in the model registry
 
@@ -35,7 +35,7 @@ class SaveConfigToMLflow(SaveConfigCallback):
 
 def log_fit_outputs(trainer: L.Trainer, model: ImageClassifier) -> None:
     """Log the last validation's confusion matrix and the best checkpoint, exported as
-    `model.pt2` with its `model.json`; register that folder as a new version of
+    `model.pt2` (its metadata inside); register that folder as a new version of
     `REGISTERED_MODEL`. Does nothing unless the logger is MLflow's, and on ranks but zero."""
     logger = trainer.logger
     if not isinstance(logger, MLFlowLogger) or not trainer.is_global_zero:
@@ -64,7 +64,7 @@ def _register(client: MlflowClient, run_id: str) -> str:
 
     As the folder it is: `mlflow.register_model` on a runs:/ URI wants an MLflow-format model
     (an `MLmodel` file), and the export is served by `torch.export.load` or onnxruntime instead.
-    `models:/<name>/<version>` then downloads `model.pt2` and `model.json`.
+    `models:/<name>/<version>` then downloads `model.pt2`.
     """
     if not client.search_registered_models(f"name = '{REGISTERED_MODEL}'"):
         client.create_registered_model(REGISTERED_MODEL)

@@ -8,21 +8,16 @@ import sys
 from {{ cookiecutter.package_name }}.training.report import NothingToReport, write_report
 
 
-def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m {{ cookiecutter.package_name }} report",
-        description=__doc__,
-        epilog="Exits with code 1 when the run stopped before its first epoch ended (nothing to "
-        "report yet); 2, saying why, when the folder is not a fit's or its history is unreadable.",
-    )
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m {{ cookiecutter.package_name }} report", description=__doc__)
     parser.add_argument("run_dir", help="the run folder of a fit: lightning_logs/version_N")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a report.html that no report wrote"
     )
-    config = parser.parse_args(sys.argv[1:] if args is None else args)
+    config = parser.parse_args(args)
     try:  # any other DataError becomes one `error:` line in __main__
         write_report(config.run_dir, config.overwrite)
-    except NothingToReport as stopped:
+    except NothingToReport as stopped:  # the run stopped before its first epoch ended
         print(f"report: {stopped}", file=sys.stderr)
         return 1
     return 0

@@ -1,6 +1,5 @@
-"""Decode every image of a dataset once, in parallel, and list those that cannot be read.
-
-`--data.*` as for fit, or a `--config FILE`'s `data:`; exit code 1 if any is unreadable."""
+"""List the images of a dataset that cannot be read (`--data.*` as for fit, or a `--config FILE`'s
+`data:`), each decoded once, in parallel; exit code 1 if any is unreadable."""
 
 from __future__ import annotations
 
@@ -9,22 +8,15 @@ import sys
 import yaml
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.data.datamodule import (
-    DEFAULT_SOURCE,
-    ImageDataModule,
-    add_data_arguments,
-)
+from {{ cookiecutter.package_name }}.data.datamodule import DEFAULT_SOURCE, ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 
-PROG = "python -m {{ cookiecutter.package_name }} scan"
 
-
-def main(args: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+def main(args: list[str]) -> int:
+    parser = ArgumentParser(prog="python -m {{ cookiecutter.package_name }} scan", description=__doc__)
     add_data_arguments(parser)
-    args = sys.argv[1:] if args is None else args
     config = parser.parse_args(_with_config_defaults(parser, args))
     source = source_from_config(config.data.source, files_for="scan")
     source.skip_bad_images = False  # what scan is for: every unreadable file listed
@@ -42,8 +34,7 @@ def main(args: list[str] | None = None) -> int:
 
 
 def _with_config_defaults(parser: ArgumentParser, args: list[str]) -> list[str]:
-    """`args` less each `--config FILE`, whose `data:` section becomes the parser's defaults (its
-    `trainer:`, `model:` mean nothing here); also shard's."""
+    """`args` less each `--config FILE`, whose `data:` section becomes the parser's defaults."""
     rest, args = [], iter(args)
     for arg in args:
         if arg != "--config" and not arg.startswith("--config="):

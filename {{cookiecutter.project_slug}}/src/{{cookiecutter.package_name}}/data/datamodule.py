@@ -23,7 +23,7 @@ class ImageDataModule(L.LightningDataModule):
     """Images from a source (class folders by default; else the demo set), as uint8 batches.
 
     Args:
-        source: `ClassFolders` (the default: `--data.source.root DIR`, or `--data.root DIR`),
+        source: `ClassFolders` (the default: `--data.source.root DIR`),
             `LabelsCsv`{{ " or `Shards`" if cookiecutter.shards == "yes" else "" }}, each with its own options (`--data.source.help LabelsCsv`).
         num_workers: loader processes per training process; "auto": the usable CPUs shared among
             the local processes, less one for each (`cpus.auto_num_workers`).
