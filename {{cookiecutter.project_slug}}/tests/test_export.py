@@ -296,4 +296,4 @@ def test_infer_names_unreadable_images_and_refuses_a_model_that_is_not_an_export
         captured = capsys.readouterr()
         assert exit_info.value.code == 2 and captured.out == "", model
         assert captured.err.startswith(f"error: --model {model} is not an exported model ({why}")
-        assert captured.err.count("\n") == 1 and "export --ckpt_path CKPT" in captured.err
+        assert captured.err.count("\n") == 1 and "make one with python -m" in captured.err

@@ -51,7 +51,7 @@ def images_per_s(loader: DataLoader, epochs: int, device: torch.device, module=N
 
 
 def main(args: list[str] | None = None) -> None:
-    parser = ArgumentParser(prog="python -m {{ cookiecutter.package_name }} bench", description=__doc__)
+    parser = ArgumentParser("python -m {{ cookiecutter.package_name }} bench", description=__doc__)
     add_data_arguments(parser)
 {%- if cookiecutter.shards == "yes" %}
     parser.add_argument("--shards", type=str | None, help="also time these shards (folder, s3://)")

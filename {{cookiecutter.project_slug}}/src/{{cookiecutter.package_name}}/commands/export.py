@@ -3,9 +3,9 @@ this project, uint8 images in, logits out, its metadata inside (docs/inference.m
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
+from argparse import ArgumentParser
 from pathlib import Path
 
 import torch
@@ -89,7 +89,7 @@ def export_checkpoint(
 
 
 def main(args: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m {{ cookiecutter.package_name }} export", description=__doc__)
+    parser = ArgumentParser("python -m {{ cookiecutter.package_name }} export", description=__doc__)
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by fit")
     parser.add_argument("--format", choices=["pt2", "onnx"], default="pt2")
     parser.add_argument("--output", metavar="PATH", help="default: model.pt2 or model.onnx")

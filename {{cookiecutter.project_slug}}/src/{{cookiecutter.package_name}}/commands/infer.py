@@ -4,13 +4,13 @@ model as `predict` does, without Lightning (docs/inference.md). Load only models
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import json
 import os
 import sys
 import zipfile
+from argparse import ArgumentParser
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -70,7 +70,7 @@ def load_exported(path: str | Path) -> ExportedModel:
     except ImportError as err:
         raise DataError(f"--model {path} needs onnxruntime: pip install '.[onnx]'") from err
     except Exception as err:  # whatever torch.export, onnxruntime or json make of another file
-        why = f"({one_line(err)}): python -m {{ cookiecutter.package_name }} export --ckpt_path CKPT writes one"
+        why = f"({one_line(err)}); make one with python -m {{ cookiecutter.package_name }} export"
         raise DataError(f"--model {path} is not an exported model {why}") from err
 
 
@@ -116,10 +116,7 @@ def top_classes(probabilities: Tensor, class_names: list[str]) -> list[tuple[str
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m {{ cookiecutter.package_name }} infer",
-        description="Classify images with a model written by export, without Lightning.",
-    )
+    parser = ArgumentParser("python -m {{ cookiecutter.package_name }} infer", description=__doc__)
     parser.add_argument("--model", required=True, metavar="FILE", help="model.pt2 or model.onnx")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
     parser.add_argument("--csv", metavar="FILE", help="write predict's CSV there, not to stdout")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+from argparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.training.report import NothingToReport, write_report
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m {{ cookiecutter.package_name }} report", description=__doc__)
+    parser = ArgumentParser("python -m {{ cookiecutter.package_name }} report", description=__doc__)
     parser.add_argument("run_dir", help="the run folder of a fit: lightning_logs/version_N")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a report.html that no report wrote"

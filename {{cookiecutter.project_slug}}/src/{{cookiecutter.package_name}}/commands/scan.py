@@ -8,14 +8,14 @@ import sys
 import yaml
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.data.datamodule import DEFAULT_SOURCE, ImageDataModule, add_data_arguments
+from {{ cookiecutter.package_name }}.data.datamodule import ImageDataModule, add_data_arguments
 from {{ cookiecutter.package_name }}.data.scan import find_unreadable
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 
 
 def main(args: list[str]) -> int:
-    parser = ArgumentParser(prog="python -m {{ cookiecutter.package_name }} scan", description=__doc__)
+    parser = ArgumentParser("python -m {{ cookiecutter.package_name }} scan", description=__doc__)
     add_data_arguments(parser)
     config = parser.parse_args(_with_config_defaults(parser, args))
     source = source_from_config(config.data.source, files_for="scan")
@@ -46,6 +46,6 @@ def _with_config_defaults(parser: ArgumentParser, args: list[str]) -> list[str]:
         except (OSError, yaml.YAMLError) as err:  # as any DataError: one `error:` line, exit 2
             raise DataError(f"--config: {err}") from err
         if isinstance(data.get("source"), dict):  # options alone: of the default source
-            data["source"] = {**DEFAULT_SOURCE, **data["source"]}
+            data["source"] = {"class_path": "ClassFolders", **data["source"]}
         parser.set_defaults({f"data.{key}": value for key, value in data.items()})
     return rest
