@@ -14,7 +14,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_run_options, write_corrupt, write_image
+from conftest import tiny_run_options
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import load_for_export
@@ -179,41 +179,3 @@ def test_ema_lives_on_the_training_device_and_is_checkpointed_exported_and_resum
     assert any(
         not torch.equal(resumed["state_dict"][k], resumed["current_model_state"][k]) for k in differ
     )
-
-
-class WeightsBeforeValidation(L.Callback):
-    """Keeps the raw weights and EMA's average as validation starts (listed before EMAWeights)."""
-
-    kept: dict = {}
-
-    def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        average = _ema(trainer)._average_model.module.state_dict()
-        WeightsBeforeValidation.kept = {
-            "raw": {k: v.clone() for k, v in pl_module.state_dict().items()},
-            "average": {k: v.clone() for k, v in average.items()},
-        }
-
-
-def test_a_failure_inside_validation_saves_the_weights_unswapped(
-    image_root: Path, tmp_path: Path, run_main
-) -> None:
-    """An unreadable image stops the run in validation, where EMA has swapped its average in:
-    `last.ckpt` still holds the average as the weights and the raw ones beside."""
-    val_root = tmp_path / "val"
-    for name in ("ant", "bee", "cat"):
-        write_image(val_root / name / "fine.jpg", (200, 100, 50))
-    write_corrupt(val_root / "cat" / "cut.jpg")
-    callbacks = [
-        "--trainer.callbacks+=test_presets.WeightsBeforeValidation",
-        f"--trainer.callbacks+={EMA}", "--trainer.callbacks.decay", "0.5",
-        "--data.source.val_root", str(val_root), "--trainer.num_sanity_val_steps", "0",
-    ]  # fmt: skip
-    fit = run_main("fit", *short_run(image_root, *callbacks), cwd=tmp_path)
-    assert fit.returncode == 2 and "cut.jpg" in fit.stderr, fit.stderr[-3000:]
-    saved = torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=True)
-    kept = WeightsBeforeValidation.kept
-    assert any(not torch.equal(kept["raw"][k], v) for k, v in kept["average"].items())
-    for key, value in kept["average"].items():
-        assert torch.equal(saved["state_dict"][key], value), key
-    for key, value in kept["raw"].items():
-        assert torch.equal(saved["current_model_state"][key], value), key

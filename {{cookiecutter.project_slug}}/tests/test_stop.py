@@ -1,5 +1,4 @@
-"""Ctrl-C: loader workers ignore it (training acts on it: test_mid_epoch); a second one ends the
-run at once."""
+"""Ctrl-C: loader workers ignore it (training acts on it: test_mid_epoch); a second ends at once."""
 
 from __future__ import annotations
 

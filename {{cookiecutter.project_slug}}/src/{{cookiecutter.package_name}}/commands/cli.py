@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 {% endif -%}
 import sys
-from argparse import ArgumentError
 
 import yaml
 from jsonargparse import Namespace
 from lightning.pytorch import Callback
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -39,20 +38,15 @@ from {{ cookiecutter.package_name }}.training.resume import (
     ResumeInEpoch,
     RunMark,
     check_resume,
-    resume_base,
-)
-from {{ cookiecutter.package_name }}.training.run_log import (
-    RunLogMark,
     continue_metrics_csv,
+    resume_base,
     resumed_version,
 )
 from {{ cookiecutter.package_name }}.training.runs import (
     RunTrainer,
-    hold_run,
     name_run,
     refuse_run_among,
     refuse_run_taken,
-    release_runs,
     run_checkpoints,
     runs_folder,
 )
@@ -79,7 +73,7 @@ class ImageCLI(LightningCLI):
 
     ckpt_contents: dict | None = None  # of --ckpt_path, read and checked once
     starting_last = False  # `--ckpt_path last` of a run that has no last.ckpt yet
-    typed: Namespace = Namespace()  # the options given, without defaults (`_typed_options`)
+    typed: Namespace = Namespace()  # the options given, without defaults
     named: str | None = None  # the command's first word: `fit`, ... (or an option)
 
     def subcommands(self) -> dict[str, set[str]]:
@@ -93,8 +87,11 @@ class ImageCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
-        config = self.config[subcommand]
-        typed = self.typed = _typed_options(self, parser, args, subcommand)
+        config, argv = self.config[subcommand], list(sys.argv[1:] if args is None else args)
+        # The options given, without defaults: what a resume keeps. Unvalidated (jsonargparse's
+        # private `_skip_validation`): a logger class given without `save_dir` takes the default's.
+        typed = parser.parse_args(argv, defaults=False, _skip_validation=True).get(subcommand)
+        typed = self.typed = typed or Namespace()
         name_run(config, typed, subcommand)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
@@ -103,10 +100,9 @@ class ImageCLI(LightningCLI):
         if ckpt_path:
             self.ckpt_contents = read_checkpoint(ckpt_path, resume=subcommand == "fit")
             saved = resume_base(self.ckpt_contents, typed)
-            if subcommand == "fit" and saved and not isinstance(args, dict):
+            if subcommand == "fit" and saved:
                 # The run's whole configuration (callbacks: EMA, clipping) is the base, and what
                 # was typed now goes over it, as a second config file would.
-                argv = list(sys.argv[1:] if args is None else args)
                 at = argv.index(subcommand) + 1
                 self.config = parser.parse_args([*argv[:at], "--config", saved, *argv[at:]])
                 config = self.config[subcommand]
@@ -131,7 +127,6 @@ class ImageCLI(LightningCLI):
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(BestCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val_acc", "checkpoint.mode": "max"})
-        # LastCheckpoint writes last.ckpt.
         parser.set_defaults({"checkpoint.filename": "best", "checkpoint.save_last": False})
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         # Always-on callbacks are added here rather than as `trainer.callbacks` defaults: those
@@ -154,8 +149,7 @@ class ImageCLI(LightningCLI):
         # The parser-level callbacks (`--checkpoint.*`, ...), in the order they were added.
         callbacks = [c for c in init.values() if isinstance(c, Callback)]
         if config.get("enable_checkpointing") is False:
-            kinds = (ModelCheckpoint, LastCheckpoint)
-            callbacks = [c for c in callbacks if not isinstance(c, kinds)]
+            callbacks = [c for c in callbacks if not isinstance(c, Checkpoint)]
         callbacks = console.callbacks(callbacks, config)
         if config.get("logger") is False or config.get("logger") == []:
             # Lightning refuses a LearningRateMonitor without a logger: no logger, nothing to log.
@@ -164,7 +158,7 @@ class ImageCLI(LightningCLI):
                 self.save_config_callback = None
         # Parts of resuming, never turned off; RunMark keeps the run's config.yaml.
         recipe = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
-        callbacks += [ResumeInEpoch(), RunLogMark(), RunMark(yaml.safe_dump(recipe))]
+        callbacks += [ResumeInEpoch(), RunMark(yaml.safe_dump(recipe))]
         if self.subcommand == "fit" and self.ckpt_contents is not None:
             self.save_config_callback = None  # the run's config.yaml stays as the run began
         # Private, as no public hook takes the callbacks: LightningCLI's own last step.
@@ -181,8 +175,7 @@ class ImageCLI(LightningCLI):
         for name in FREE_ON_RESUME & set(given.keys()):
             config.model[name] = given[name]
         if self.ckpt_contents is not None:
-            # The checkpoint's classes, image size and normalisation (linked on to the model):
-            # `predict --ckpt_path X` needs no training options. It holds the trained weights too.
+            # `predict --ckpt_path X` needs no training options; the checkpoint holds the weights.
             saved = _saved_data_options(config, self.typed, self.ckpt_contents, self.subcommand)
             for name, value in saved.items():
                 config.data[name] = value
@@ -196,10 +189,8 @@ class ImageCLI(LightningCLI):
         if self.subcommand == "predict" and config.get("return_predictions") is None:
             config.return_predictions = False  # PredictionWriter streams them to CSV instead
         refuse_run_among(config)
-        if self.subcommand == "fit":  # another fit training the run now: the first thing to say
-            hold_run(config)
-            if self.ckpt_contents is None and not self.starting_last:
-                refuse_run_taken(config)
+        if self.subcommand == "fit" and self.ckpt_contents is None and not self.starting_last:
+            refuse_run_taken(config)
 
     def before_fit(self) -> None:
         if self.ckpt_contents is not None:
@@ -227,76 +218,44 @@ def _follow_pretrained_inputs(config, typed) -> None:
         print(f"--model.{given_by} {config.model.architecture}: {', '.join(chosen)}", flush=True)
 
 
-def _typed_options(cli: LightningCLI, parser, args: ArgsType, subcommand: str):
-    """The options given (command line, config files), which a resume keeps; where that parse
-    fails (a logger class without an argument it requires), those that differ from defaults."""
-    exit_on_error, parser.exit_on_error = parser.exit_on_error, False
-    try:
-        try:
-            if isinstance(args, dict):
-                typed = parser.parse_object(args, defaults=False)
-            else:
-                typed = parser.parse_args(sys.argv[1:] if args is None else args, defaults=False)
-            return typed.get(subcommand) or Namespace()
-        except ArgumentError:
-            defaults = parser.parse_args([subcommand])[subcommand]
-    finally:
-        parser.exit_on_error = exit_on_error
-    typed = Namespace()
-    for key, value in cli.config[subcommand].items():
-        if key not in defaults or defaults[key] != value:
-            typed[key] = value
-    return typed
-
-
 def _run_last(config, subcommand: str) -> str | None:
     """`--ckpt_path last`: this run's own `last.ckpt`; for `fit`, None until it has one."""
     folder = run_checkpoints(config)
     last, run, fit = folder and folder / "last.ckpt", config.run or folder, subcommand == "fit"
-    found = str(last) if last and last.is_file() else None
+    found = last is not None and last.is_file()
     if found:
-        notice = f"{'resuming' if fit else 'using'} run {run} from {last}"
+        said = f"{'resuming' if fit else 'using'} run {run} from {last}"
     elif folder is None:
         runs = sorted(p.parts[-3] for p in runs_folder(config).glob("*/checkpoints/last.ckpt"))
-        named = f" (runs here: {', '.join(runs)})" if runs else ""
-        refusal = f"name the run with --run NAME{named}"
-        notice = f"a new run has no last.ckpt; to resume one, name it with --run NAME{named}"
+        said = "without --run NAME" + (f" (runs here: {', '.join(runs)})" if runs else "")
+        said += " there is no run to resume" + ("; starting a new one" if fit else "")
     else:
-        refusal, notice = f"run {run} has no {last}", f"run {run} has no {last} yet; starting it"
-    if not found and not fit:
-        raise DataError(f"--ckpt_path last: {refusal}")
+        said = f"run {run} has no {last}" + (" yet; starting it" if fit else "")
+    if not (found or fit):
+        raise DataError(f"--ckpt_path last: {said}")
     if rank_zero_only.rank == 0:
-        print(f"--ckpt_path last: {notice}", flush=True)
-    return found
+        print(f"--ckpt_path last: {said}", flush=True)
+    return str(last) if found else None
 
 
 def _saved_data_options(config, typed, checkpoint: dict, subcommand: str) -> dict:
-    """The data options a command with `--ckpt_path` takes from the checkpoint, by name."""
+    """The data options a command with `--ckpt_path` takes from the checkpoint: the model's, and
+    for fit, validate and test the others not given now (predict reads only its predict_root)."""
     hparams = checkpoint["hyper_parameters"]
     options = {name: hparams[name] for name in LINKED if name in hparams}
-    # Resuming, validating or testing: data options not given take the saved ones (no need for
-    # --data.source). predict reads only --data.predict_root: the training data may be elsewhere.
-    if subcommand in ("fit", "validate", "test"):
-        given = typed.get("data") or Namespace()
-        for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
-            if name == "source":
-                options[name] = _saved_source(config.data.get("source"), given.get("source"), value)
-            elif name in config.data and name not in options and name not in given:
-                options[name] = value
+    if subcommand == "predict":
+        return options
+    given = (typed.get("data") or Namespace()).as_dict()
+    source = given.get("source", {})
+    for name, value in checkpoint.get("datamodule_hyper_parameters", {}).items():
+        kind = value["class_path"] if name == "source" else None
+        if kind and source.get("class_path", kind) == kind:  # the run's source, with what is given
+            args = {key: config.data.source.init_args[key] for key in source.get("init_args", {})}
+            args = Namespace(**{**(value.get("init_args") or {}), **args})
+            options[name] = Namespace(class_path=kind, init_args=args)
+        elif name in config.data and name not in options and name not in given:
+            options[name] = value  # a source of another kind given: as given
     return options
-
-
-def _saved_source(current, given, saved: dict) -> Namespace:
-    """The checkpoint's source with the options given now; another kind given is kept as given."""
-    current = current.as_dict() if isinstance(current, Namespace) else dict(current)
-    given_args = given.get("init_args") if isinstance(given, Namespace) else None
-    names = given_args.keys() if isinstance(given_args, Namespace) else ()
-    typed = {name: current["init_args"][name] for name in names}
-    source = current if typed else saved
-    if current["class_path"] == saved["class_path"]:
-        source = {"class_path": saved["class_path"], "init_args": {**saved["init_args"], **typed}}
-    args = Namespace(**(source.get("init_args") or {}))
-    return Namespace(class_path=source["class_path"], init_args=args)
 
 
 def _check_resumed_classes(config, typed, checkpoint: dict) -> None:
@@ -367,5 +326,4 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException as stop:  # 128 + the signal (143: SIGTERM), as if killed: unfinished
         sys.exit(getattr(stop, "exit_status", 143))
     finally:
-        release_runs()
         close_process_group()

@@ -54,10 +54,8 @@ def refuse_overlap(
         if given is None or "://" in str(given):
             continue
         source = Path(given).expanduser().resolve()
-        try:  # a hard link to the input is the input
-            same = out == source or os.path.samefile(out, source)
-        except OSError:  # one of them does not exist
-            same = False
+        # A hard link to the input is the input.
+        same = out == source or (out.exists() and source.exists() and os.path.samefile(out, source))
         relation = "is" if same else "lies inside" if source in out.parents else None
         if folder and out in source.parents:
             relation = "contains"

@@ -1,15 +1,20 @@
 """Resuming a run (docs/training.md): its whole configuration as the base, the options a resume
-may change, and the loader going on mid-epoch with exactly the images not yet trained on."""
+may change, the loader going on mid-epoch with exactly the images not yet trained on, and the
+logs going on in the run's folder."""
 
 from __future__ import annotations
 
+import csv
+import itertools
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import lightning as L
 import yaml
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
@@ -17,37 +22,48 @@ from {{ cookiecutter.package_name }}.data.loaders import EpochShuffle
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _KEY = "resume_in_epoch"  # in the checkpoint: what the loader's order depended on
-RUN_KEY = "run"  # in every checkpoint: the run's configuration
-# How the data is read or the model run, not what is trained: free to change on resume.
+RUN_KEY = "run"  # in every checkpoint: the run's configuration, and where it logged
+# How or where the data is read, or how the model runs, not what is trained: applied on resume.
 FREE_ON_RESUME = frozenset(
-    {"num_workers", "predict_root", "cache_dir", "weights", "pretrained", "compile"}
-    | {"tta_flip", "source.test_root", "source.test_csv", "source.cache_limit"}
-    | {"source.skip_bad_images", "source.cache"}
-)
-# Where the data lives, not what it is (a cluster job may stage it anew each time): applied.
-MOVABLE = frozenset(
-    {"source.root", "source.csv", "source.val_root", "source.val_csv", "source.path"}
+    {"num_workers", "cache_dir", "predict_root", "compile", "tta_flip"}
+    | {"source.root", "source.csv", "source.val_root", "source.val_csv", "source.path"}
+    | {"source.cache", "source.skip_bad_images"}
 )
 
 
 class RunMark(Callback):
-    """Keep the run's `config.yaml` in every checkpoint: a resume's base, so it keeps its recipe."""
+    """Keep in every checkpoint the run's `config.yaml`, a resume's base (so it keeps its recipe),
+    and where its CSV or TensorBoard logger logged, with `metrics.csv`'s rows: a resume logs on
+    there, keeping those rows (Lightning's CSVLogger deletes the file).{% if cookiecutter.logger in ("mlflow", "wandb") %} MLflow and W&B:
+    `training/tracking.py`.{% endif %}"""
 
     def __init__(self, config: str) -> None:
         self.config = config
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[RUN_KEY] = {"config": self.config}
+        logger = trainer.logger
+        if not trainer.is_global_zero or not isinstance(logger, CSVLogger | TensorBoardLogger):
+            return
+        where = {"root_dir": os.path.abspath(logger.root_dir), "version": logger.version}
+        log = checkpoint[RUN_KEY]["log"] = {**where, "log_dir": os.path.abspath(logger.log_dir)}
+        path = Path(logger.log_dir, "metrics.csv")
+        if isinstance(logger, CSVLogger):
+            logger.save()
+            # Saved after the epoch's last batch: its training means, logged next, count too.
+            epoch_ended = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+            rows = path.read_text().count("\n") - 1 if path.is_file() else 0  # but the header
+            log["rows"] = rows + int(epoch_ended >= trainer.num_training_batches)
 
 
-def run_config(checkpoint: dict) -> str | None:
-    return (checkpoint.get(RUN_KEY) or {}).get("config")
+def _run(checkpoint: dict) -> dict:  # what RunMark kept
+    return checkpoint.get(RUN_KEY) or {}
 
 
 def resume_base(checkpoint: dict, typed) -> str | None:
     """The run's configuration, as a resume's base. Callbacks given now replace the run's (a
     requeued job gives its first command again: EMA twice would average twice)."""
-    saved = run_config(checkpoint)
+    saved = _run(checkpoint).get("config")
     if saved is None or typed.get("trainer.callbacks") is None:
         return saved
     config = yaml.safe_load(saved)
@@ -55,13 +71,41 @@ def resume_base(checkpoint: dict, typed) -> str | None:
     return yaml.safe_dump(config)
 
 
+def resumed_version(logger, checkpoint: dict) -> None:
+    """Give the logger, before it is built, the checkpoint's version if it logs where that did."""
+    mark, init_args = _run(checkpoint).get("log", {}), getattr(logger, "init_args", None)
+    if not mark or init_args is None or init_args.get("version", 0) is not None:
+        return
+    root = os.path.join(init_args.get("save_dir") or ".", init_args.get("name") or "")
+    if os.path.abspath(root) == mark["root_dir"]:
+        init_args.version = mark["version"]
+
+
+def continue_metrics_csv(trainer: L.Trainer, checkpoint: dict) -> None:
+    """Before a resumed `fit`, on global rank zero: keep the rows of `metrics.csv` the checkpoint
+    counted, and let Lightning's writer append to them."""
+    mark, logger = _run(checkpoint).get("log", {}), trainer.logger
+    if not isinstance(logger, CSVLogger) or mark.get("log_dir") != os.path.abspath(logger.log_dir):
+        return
+    path = Path(logger.log_dir, "metrics.csv")
+    if rank_zero_only.rank or os.environ.get("NODE_RANK", "0") != "0" or not path.is_file():
+        return
+    with open(path, newline="") as file:
+        rows = list(itertools.islice(csv.reader(file), mark["rows"] + 1))  # the header first
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Experiment logs directory")
+        experiment = logger.experiment  # Lightning's writer deletes metrics.csv here
+    with open(path, "w", newline="") as file:
+        csv.writer(file).writerows(rows)
+    experiment.metrics_keys = rows[0]  # so that its rows append under the same columns
+
+
 class ResumeInEpoch(Callback):
     """Continue an interrupted epoch with exactly the images it had not trained on, in order:
     Lightning restarts the loader at its first batch; `EpochShuffle`'s order is fixed by (seed,
     epoch), so this skips the batches trained, refusing a resume that changed the order. Not
     torchdata's `StatefulDataLoader`: Lightning drops its state (#20550).{% if cookiecutter.shards == "yes" %} From
-    shards, LitData's loader state (in every checkpoint) is restored here for the same reason.{% endif %}
-    """
+    shards, LitData's loader state (in every checkpoint) is restored here for the same reason.{% endif %}"""
 
     def __init__(self) -> None:
         self._saved: dict | None = None
@@ -100,17 +144,14 @@ class ResumeInEpoch(Callback):
             )
         sampler, loader = _sampler(trainer), trainer.train_dataloader
         if sampler is not None:
-            now, saved = _order_inputs(trainer, sampler), self._saved
-            if done and saved is not None and saved != now:
-                changes = ", ".join(
-                    f"{key} {saved.get(key)} -> {value}"
-                    for key, value in now.items()
-                    if saved.get(key) != value
-                )
+            now, old = _order_inputs(trainer, sampler), (self._saved or {}).get
+            if done and self._saved is not None and self._saved != now:
+                changes = [f"{k} {old(k)} -> {v}" for k, v in now.items() if old(k) != v]
                 raise DataError(
                     f"{stopped}, and the rest of that epoch depends on what changed since "
-                    f"({changes}). Resume with the same --trainer.devices/--trainer.num_nodes, "
-                    f"--data.batch_size and data to finish the epoch exactly, {or_else}"
+                    f"({', '.join(changes)}). Resume with the same --trainer.devices/"
+                    "--trainer.num_nodes, --data.batch_size and data to finish the epoch exactly, "
+                    f"{or_else}"
                 )
             sampler.set_epoch(trainer.current_epoch)
             sampler.resume_at(done * loader.batch_size)
@@ -170,11 +211,16 @@ def check_resume(config, typed, checkpoint: dict) -> None:
             f"differ: {', '.join(refused)}; drop them, or start a new run (without --ckpt_path, "
             "or with another --run)"
         )
-    done = finished(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
+    loops = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs = loops.get("epoch_progress", {}).get("current", {}).get("processed", 0)
+    step, limits, done = checkpoint.get("global_step", 0), config.trainer, None
+    if limits.max_epochs not in (None, -1) and epochs >= limits.max_epochs:
+        done = f"at epoch {epochs} of --trainer.max_epochs {limits.max_epochs}"
+    elif limits.max_steps not in (None, -1) and step >= limits.max_steps:
+        done = f"at step {step} of --trainer.max_steps {limits.max_steps}"
     said = f"resuming run {run} with {', '.join(applied)}" if applied else None
     if done:
-        said = f"run {run} already finished {done}: nothing to train (to train on, resume with "
-        said += "a larger --trainer.max_epochs)"
+        said = f"run {run} already finished {done}: nothing to train (raise the limit to go on)"
     if said and rank_zero_only.rank == 0:
         print(said, flush=True)
     if done:
@@ -183,9 +229,9 @@ def check_resume(config, typed, checkpoint: dict) -> None:
 
 def changed_options(typed, checkpoint: dict) -> tuple[list[str], list[str]]:
     """Options given that differ from the run's, as `--model.lr 0.5 (the run's: 0.003)`: those a
-    resume refuses, and those it applies (how or where data is read; `--trainer.*`)."""
+    resume refuses, and those it applies (`FREE_ON_RESUME`, `--trainer.*`)."""
     hparams = checkpoint.get("hyper_parameters", {})
-    trainer = (yaml.safe_load(run_config(checkpoint) or "{}") or {}).get("trainer") or {}
+    trainer = (yaml.safe_load(_run(checkpoint).get("config") or "{}") or {}).get("trainer") or {}
     data = _flat(checkpoint.get("datamodule_hyper_parameters", {}))
     # The linked options (classes, image size, normalisation) are the model's first.
     runs = {"model": hparams, "data": {**data, **hparams}, "trainer": trainer}
@@ -195,40 +241,16 @@ def changed_options(typed, checkpoint: dict) -> tuple[list[str], list[str]]:
         given = given.as_dict() if given is not None else {}
         if group != "trainer":
             given = _flat(given)
-        else:  # not the logger's options; callbacks by class, as `--trainer.callbacks+=` names them
-            given = {key: value for key, value in given.items() if not isinstance(value, dict)}
-            if "callbacks" in given:
-                given["callbacks"], run["callbacks"] = (
-                    [c["class_path"].rpartition(".")[2] for c in callbacks or []]
-                    for callbacks in (given["callbacks"], run.get("callbacks"))
-                )
+        else:  # not the logger's options, nor the callbacks (they replace the run's)
+            given = {k: v for k, v in given.items() if k != "callbacks" and not isinstance(v, dict)}
         for key, value in given.items():
-            saved = run.get(key, _MISSING)
-            if key in ("weights", "pretrained") or saved is _MISSING or _same(value, saved):
+            saved = run.get(key, value)  # an option the run does not know: not checked
+            if key in ("weights", "pretrained") or _plain(value) == _plain(saved):
                 continue
-            free = key in FREE_ON_RESUME or (group == "data" and key in MOVABLE)
-            (applied if free or group == "trainer" else refused).append(
+            (applied if key in FREE_ON_RESUME or group == "trainer" else refused).append(
                 f"--{group}.{key} {_shown(value)} (the run's: {_shown(saved)})"
             )
     return refused, applied
-
-
-def finished(checkpoint: dict, max_epochs: int | None, max_steps: int) -> str | None:
-    """Why a `fit` resumed to these limits would train nothing (Lightning's or EarlyStopping's)."""
-    loops = checkpoint.get("loops", {}).get("fit_loop", {})
-    epochs = loops.get("epoch_progress", {}).get("current", {}).get("processed", 0)
-    step = checkpoint.get("global_step", 0)
-    if max_epochs is not None and max_epochs != -1 and epochs >= max_epochs:
-        return f"at epoch {epochs} of --trainer.max_epochs {max_epochs}"
-    if max_steps is not None and max_steps != -1 and step >= max_steps:
-        return f"at step {step} of --trainer.max_steps {max_steps}"
-    for key, state in checkpoint.get("callbacks", {}).items():
-        if key.startswith("EarlyStopping") and state.get("stopped_epoch"):
-            return f"stopped early by {key} at epoch {state['stopped_epoch']}"
-    return None
-
-
-_MISSING = object()
 
 
 def _flat(options: dict) -> dict:
@@ -243,13 +265,6 @@ def _flat(options: dict) -> dict:
             continue
         flat.update({f"{key}.{name}": option for name, option in value.items()})
     return flat
-
-
-def _same(given: object, saved: object) -> bool:
-    given, saved = _plain(given), _plain(saved)
-    paths = isinstance(given, str) and isinstance(saved, str)
-    paths = paths and os.path.exists(given) and os.path.exists(saved)
-    return given == saved or (paths and os.path.samefile(given, saved))
 
 
 def _plain(value: object) -> object:

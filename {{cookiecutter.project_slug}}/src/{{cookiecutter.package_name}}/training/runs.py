@@ -1,10 +1,9 @@
 """Runs by name (`--run NAME`, else the SLURM job, else Lightning's next `version_N`): the folder
-`fit` writes a run to, one `fit` at a time; `--ckpt_path last` is the named run's own."""
+`fit` writes a run to; `--ckpt_path last` is the named run's own."""
 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import lightning as L
@@ -14,17 +13,9 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 
-try:
-    import fcntl
-except ImportError:  # Windows: named runs go unguarded against a second fit at the same time
-    fcntl = None
-
 from {{ cookiecutter.package_name }}.data.sources import source_from_config
 from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.training.outputs import refuse_overlap
-{%- if cookiecutter.logger in ("mlflow", "wandb") %}
-from {{ cookiecutter.package_name }}.training.run_log import version_folder
-{%- endif %}
 
 # A no-logger fit's name, for the DDP processes that Lightning starts.
 _RUN_VARIABLE = "{{ cookiecutter.package_name.upper() }}_RUN"
@@ -32,17 +23,13 @@ _RUN_VARIABLE = "{{ cookiecutter.package_name.upper() }}_RUN"
 _VERSIONED = {"CSVLogger": "version", "TensorBoardLogger": "version", "WandbLogger": "id"}
 
 
-def slurm_job() -> str | None:
-    """The SLURM job's id (`<array job>_<task>` for an array task), or None outside SLURM."""
-    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array_job:
-        return f"{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
 def slurm_run_name() -> str | None:
-    """`slurm_<job>` in a SLURM batch job (as Lightning detects one: not interactive), else None."""
-    job = slurm_job() if SLURMEnvironment.detect() else None
+    """`slurm_<job>` (`slurm_<array job>_<task>`) in a SLURM batch job (as Lightning detects one:
+    not interactive), else None."""
+    if not SLURMEnvironment.detect():
+        return None
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{task or 0}" if array_job else os.environ.get("SLURM_JOB_ID")
     return f"slurm_{job}" if job else None
 
 
@@ -76,15 +63,8 @@ def name_run(config, typed, subcommand: str) -> None:
         raise DataError(f"--run {run!r}: a run's name is a folder name, without '/'")
     if run is None or subcommand != "fit":
         return
-    if kind in _VERSIONED:
-        key = _VERSIONED[kind]
-        asked = init_args.get(key)
-        if asked is not None and str(asked) != run:
-            raise DataError(
-                f"--run {run} and --trainer.logger.init_args.{key} {asked} name two runs; "
-                "give one of them"
-            )
-        init_args[key] = run
+    if kind in _VERSIONED:  # --run wins over the logger's own version
+        init_args[_VERSIONED[kind]] = run
     elif not config.checkpoint.dirpath:  # MLflow names folders by run id; no logger, none
         config.checkpoint.dirpath = str(runs_folder(config) / run / "checkpoints")
 {%- if cookiecutter.logger == "mlflow" %}
@@ -98,25 +78,23 @@ def refuse_run_among(config) -> None:
     a dataset it reads: its files would land among the user's."""
     inputs = source_from_config(config.data.source).inputs()
     inputs.append(("--data.predict_root", config.data.predict_root))
-    elsewhere = "choose a folder outside the data"
-    folders = [("--trainer.default_root_dir", config.trainer.default_root_dir, elsewhere)]
-    if not config.trainer.default_root_dir:
+    root, way_out = config.trainer.default_root_dir, "choose a folder outside the data"
+    folders = [("--trainer.default_root_dir", root)]
+    if not root:
         way_out = "run from a folder outside the data, or give --trainer.default_root_dir DIR"
-        folders = [("the working folder", os.getcwd(), way_out)]
-    kind, init_args = _logger(config)
-    if init_args is not None and init_args.get("save_dir"):
-        folders.append(("--trainer.logger.init_args.save_dir", init_args.save_dir, elsewhere))
-    if config.checkpoint.dirpath:
-        folders.append(("--checkpoint.dirpath", config.checkpoint.dirpath, elsewhere))
+        folders = [("the working folder", os.getcwd())]
+    init_args = _logger(config)[1]
+    folders.append(("--trainer.logger.init_args.save_dir", init_args and init_args.get("save_dir")))
+    folders.append(("--checkpoint.dirpath", config.checkpoint.dirpath))
 {%- if cookiecutter.logger == "mlflow" %}
-    store = _mlflow_store(kind, init_args)
+    store = _mlflow_store(*_logger(config))
     if store is not None:
-        way_out = "point MLFLOW_TRACKING_URI or --trainer.logger.init_args.tracking_uri elsewhere"
-        folders.append(("MLflow's store", store.parent, way_out))
+        folders.append(("MLflow's store (MLFLOW_TRACKING_URI)", store.parent))
 {%- endif %}
     among = "the run's logs and checkpoints would land among the images"
-    for option, folder, way_out in folders:
-        refuse_overlap(folder, option, inputs, way_out=f"{among}; {way_out}")
+    for option, folder in folders:
+        if folder:
+            refuse_overlap(folder, option, inputs, way_out=f"{among}; {way_out}")
 
 
 def runs_folder(config) -> Path:
@@ -155,7 +133,9 @@ class RunTrainer(L.Trainer):
         folder = None
         if self.is_global_zero:  # the version is rank zero's
             save_dir = logger.save_dir or self.default_root_dir
-            folder = os.path.join(save_dir, str(logger.name), version_folder(logger.version))
+            version = logger.version  # as Lightning's loggers name its folder
+            version = version if isinstance(version, str) else f"version_{version}"
+            folder = os.path.join(save_dir, str(logger.name), version)
         return self.strategy.broadcast(folder)
 {%- else %}
         return super().log_dir
@@ -172,8 +152,7 @@ def run_checkpoints(config) -> Path | None:
 def refuse_run_taken(config) -> None:
     """Refuse a fresh `fit` over a `last.ckpt` in its checkpoint folder, or into a named run's
     folder that holds other files: they are another run's, or the user's."""
-    folder = run_checkpoints(config)
-    run = config.get("run")
+    folder, run = run_checkpoints(config), config.get("run")
     if folder is not None and (folder / "last.ckpt").is_file():
         taken = f"--run {run}: that run" if run else "--checkpoint.dirpath: a checkpoint"
         raise DataError(
@@ -186,40 +165,6 @@ def refuse_run_taken(config) -> None:
             f"--run {run}: {place} holds files of another run or command and no last.ckpt; "
             "name a new run (or, if they are this run's, continue it with --ckpt_path last)"
         )
-
-
-_HELD: list = []  # the lock files of the runs this process trains, until `release_runs`
-
-
-def hold_run(config) -> None:
-    """Refuse a named run that another `fit` trains now: rank zero holds `flock` on `.<run>.lock`
-    until it ends (a kill releases it) or `release_runs` (no guard where locks are missing)."""
-    if fcntl is None or config.get("run") is None or rank_zero_only.rank != 0:
-        return
-    path = runs_folder(config) / f".{config.run}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(path, "a+")  # noqa: SIM115 (held open until release_runs)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise DataError(
-            f"--run {config.run}: that run is being trained now ({holder}, {path}); wait for "
-            "it to end, or name another run"
-        ) from None
-    except OSError:
-        lock.close()
-        return
-    lock.truncate(0)
-    print(f"fit, pid {os.getpid()} on {socket.gethostname()}", file=lock, flush=True)
-    _HELD.append(lock)
-
-
-def release_runs() -> None:  # for commands run in-process
-    while _HELD:
-        _HELD.pop().close()
 
 
 def _logger(config) -> tuple[str | None, object]:
