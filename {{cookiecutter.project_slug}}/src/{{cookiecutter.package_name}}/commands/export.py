@@ -61,8 +61,7 @@ def load_for_export(ckpt_path: str | Path, fmt: str = "pt2") -> tuple[ExportedCl
 def export_checkpoint(
     ckpt_path: str | Path, output: str | Path | None = None, fmt: str = "pt2", overwrite=False
 ) -> Path:
-    """Write the checkpoint as `fmt` to `output` (default `model.<fmt>`), over no existing file
-    unless `overwrite`; return its path."""
+    """Write the checkpoint as `fmt` to `output` (default `model.<fmt>`), over no file unasked."""
     output = Path(output or f"model.{fmt}")
     unasked = dict(ours=lambda _: False, what="to be replaced unasked", overwrite=overwrite)
     check_output(output, "--output", inputs=[("--ckpt_path", ckpt_path)], **unasked)

@@ -75,8 +75,7 @@ def load_exported(path: str | Path) -> ExportedModel:
 
 
 def find_images(inputs: list[str], report: Callable[[str], None]) -> list[str]:
-    """The files named and every image below the folders named; `report` gets a line per input
-    giving none."""
+    """The files named and every image below the folders named; `report` hears of empty ones."""
     paths = []
     for name in inputs:
         if Path(name).is_dir():
@@ -94,8 +93,7 @@ def find_images(inputs: list[str], report: Callable[[str], None]) -> list[str]:
 def classify(
     model: ExportedModel, paths: list[str], batch_size: int, report: Callable[[str], None]
 ) -> Iterator[tuple[str, Tensor]]:
-    """(path, class probabilities) for each image that can be read, `batch_size` at a time;
-    `report` gets a line about each image that cannot."""
+    """(path, class probabilities) per readable image, `batch_size` at a time; `report` the rest."""
     transform = eval_transform(model.image_size)
     batch, images = [], []
     for number, path in enumerate(paths, 1):
