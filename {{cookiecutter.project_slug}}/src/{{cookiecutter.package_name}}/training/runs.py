@@ -89,7 +89,7 @@ def refuse_run_among(config) -> None:
 {%- if cookiecutter.logger == "mlflow" %}
     store = _mlflow_store(*_logger(config))
     if store is not None:
-        folders.append(("MLflow's store (MLFLOW_TRACKING_URI)", store.parent))
+        folders.append(("MLflow's store", store.parent))  # MLFLOW_TRACKING_URI, or tracking_uri
 {%- endif %}
     among = "the run's logs and checkpoints would land among the images"
     for option, folder in folders:
