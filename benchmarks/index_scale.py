@@ -8,7 +8,7 @@ Writes the inputs once under DIR (default build/bench/index): labels CSVs of 100
 class folders, the files that each CSV names (a million empty files: about a minute, once).
 Times, in alternating rounds so that both see the same machine minutes, the baseline (BASELINE
 below: a copy of the index code before it was vectorised, a csv-module reader, os.walk listing and
-`np.isin` on path strings) against the bake's `data/labels_csv.py` and `data/index.py`:
+`np.isin` on path strings) against the bake's `data/index.py`:
 `read_labels_csv` + `targets`, `make_dataset` on each tree, and `find_missing` of the 100k
 CSV against its tree (also against the simplest check, a `stat` per row); with --against, the CSV
 reading of another bake too (of an earlier commit, say, on PYTHONPATH beside the first). Prints
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--against", help="another bake's package: its CSV reader timed too")
     args = parser.parse_args()
     index = importlib.import_module(f"{args.package}.data.index")
-    labels = importlib.import_module(f"{args.package}.data.labels_csv")
+    labels = index  # the labels CSV reader too
     extensions = importlib.import_module(f"{args.package}.data.images").IMG_EXTENSIONS
     small, large = args.rows
     csvs, trees = write_inputs(args.dir, small, large)
@@ -147,7 +147,9 @@ def main() -> None:
     class_to_idx = {name: i for i, name in enumerate(classes)}
     small_table = labels.read_labels_csv(csvs[small])
 
-    against = args.against and importlib.import_module(f"{args.against}.data.labels_csv")
+    against = args.against and importlib.import_module(f"{args.against}.data.index")
+    if against and not hasattr(against, "read_labels_csv"):  # older bakes: data/labels_csv.py
+        against = importlib.import_module(f"{args.against}.data.labels_csv")
 
     def encode(table, module=labels):
         if not hasattr(module, "classes_from_labels"):  # labels are class names

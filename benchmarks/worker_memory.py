@@ -118,7 +118,7 @@ def measure(package: str, kind: str, path: Path) -> dict:
     """In a fresh process: build the index from the CSV, then one worker's pass over it."""
     root = "/data/images"
     if kind == "ours":  # what the DataModule does with a labels CSV
-        labels = importlib.import_module(f"{package}.data.labels_csv")
+        labels = importlib.import_module(f"{package}.data.index")
         dataset_module = importlib.import_module(f"{package}.data.dataset")
         table = labels.read_labels_csv(path)
         targets = table.targets(sorted(table.values))  # labels are class names

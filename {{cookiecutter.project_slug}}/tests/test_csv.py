@@ -14,7 +14,7 @@ from conftest import one_error, tiny_run_options, write_image
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.data.dataset import ImageFolderDataset
 from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, ensure_demo_data
-from {{ cookiecutter.package_name }}.data.labels_csv import LabelsTable, read_labels_csv
+from {{ cookiecutter.package_name }}.data.index import LabelsTable, read_labels_csv
 from {{ cookiecutter.package_name }}.data.sources import LabelsCsv
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -223,7 +223,7 @@ H = "filename,label\n"
         ("", r"has no column 'filename' or 'label' \(its header: \)"),
         (H + 'a.jpg,cat\n"b.jpg"x,cat\n', r"line 3 is malformed CSV"),
         (H + 'a.jpg,"cat\n', r"line 2 is malformed CSV: unexpected end of data"),
-        ("FILENAME,label\na.jpg,cat\n", r"has no column 'filename' .*--data\.source\.filename_col"),
+        ("FILENAME,label\na.jpg,cat\n", r"no column 'filename' .*--data\.source\.filename_column"),
         ((H + "a.jpg,cat\ncafé.jpg,b\n").encode("latin-1"), r"labels\.csv line 3 is not UTF-8"),
         (b"\xef\xbb\xbf" + (H + "a,x\ncaf\xe9.jpg,b\n").encode("latin-1"), r"line 3 is not UTF-8"),
     ],

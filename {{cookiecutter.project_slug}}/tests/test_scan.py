@@ -94,7 +94,7 @@ def test_a_crashing_decoder_is_named_and_the_scan_finishes(tmp_path: Path):
     assert [i for i, _ in bad] == [len(first), len(first) + 1, len(first) + 2]
     assert "broken.jpg" in bad[0][1] and "crashed" not in bad[0][1]
     for (_, message), name in zip(bad[1:], ("crash_1.png", "crash_2.png"), strict=True):
-        assert message.endswith(f"{name}: crashed the decoder (signal 11)")
+        assert message.endswith(f"{name}: crashed the decoder")
         assert message.count(name) == 1
 
 

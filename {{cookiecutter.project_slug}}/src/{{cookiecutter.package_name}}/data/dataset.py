@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,23 +16,18 @@ from {{ cookiecutter.package_name }}.data.images import read_image
 from {{ cookiecutter.package_name }}.data.transforms import seed_augmentation
 
 
+@dataclass(eq=False)
 class ImageFolderDataset(Dataset):
     """Images under `root` named by `paths` (relative, bytes): items `(uint8 (3, H, W), target)`,
     or `(image, index)` without `targets`. Nothing is opened before `__getitem__`."""
 
-    def __init__(
-        self,
-        root: Path,
-        paths: np.ndarray,
-        targets: np.ndarray | None,
-        transform: Callable[[torch.Tensor], torch.Tensor],
-        classes: list[str] | None = None,
-        min_size: int | None = None,
-        approximate_decode: bool = False,
-    ) -> None:
-        self.root, self.paths, self.targets, self.transform = Path(root), paths, targets, transform
-        self.classes, self.min_size = classes or [], min_size
-        self.approximate_decode = approximate_decode
+    root: Path
+    paths: np.ndarray
+    targets: np.ndarray | None
+    transform: Callable[[torch.Tensor], torch.Tensor]
+    classes: list[str] | None = None
+    min_size: int | None = None
+    approximate_decode: bool = False
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -29,14 +29,11 @@ def demo_dir() -> Path:
 def ensure_demo_data(root: Path | None = None, images_per_class: int = _IMAGES_PER_CLASS) -> Path:
     """The demo dataset in `root` (unset: `demo_dir()`), made unless there through a staging folder
     renamed into place: processes starting together (DDP ranks) never see half of it."""
-    root = Path(root) if root is not None else demo_dir()
+    root = Path(root or demo_dir())
     if (root / ".complete").exists():
         return root
     if root.is_dir() and any(root.iterdir()):  # not ours
-        raise DataError(
-            f"{root} holds files that are not the demo set: move them, or name your images "
-            "with --data.source.root"
-        )
+        raise DataError(f"{root} holds files that are not the demo set: give --data.source.root")
     count = len(DEMO_CLASSES) * images_per_class
     log.warning("Generating the demo dataset (%d images) in %s", count, root.resolve())
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -61,10 +58,6 @@ def ensure_demo_data(root: Path | None = None, images_per_class: int = _IMAGES_P
     return root
 
 
-def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
-    return tuple(int(c) for c in rng.integers(0, 256, size=3))
-
-
 def _draw(name: str, rng: np.random.Generator) -> Image.Image:
     """A scene with one pattern per class (textures survive random crops, unlike single objects)
     on a smooth random colour field, like an out-of-focus background."""
@@ -76,7 +69,7 @@ def _draw(name: str, rng: np.random.Generator) -> Image.Image:
         yy, xx = np.mgrid[0:height, 0:width]
         pattern = np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * 2 * np.pi / period) > 0
         pixels = np.asarray(image).copy()
-        pixels[pattern] = _colour(rng)
+        pixels[pattern] = rng.integers(0, 256, size=3)  # a random colour
         image = Image.fromarray(pixels)
     else:  # dots, confetti, or "plain": a few soft blobs, like an out-of-focus scene
         draw = ImageDraw.Draw(image)
@@ -89,7 +82,7 @@ def _draw(name: str, rng: np.random.Generator) -> Image.Image:
         for _ in range(count):
             r = rng.uniform(low, high)
             cx, cy = rng.uniform(0, width), rng.uniform(0, height)
-            shape((cx - r, cy - r, cx + r, cy + r), fill=_colour(rng))
+            shape((cx - r, cy - r, cx + r, cy + r), fill=tuple(rng.integers(0, 256, 3).tolist()))
         if name == "plain":
             image = image.filter(ImageFilter.GaussianBlur(6))
     noise = rng.normal(0, 6, size=(height, width, 3))

@@ -1,9 +1,12 @@
-"""The index of a dataset as numpy arrays: class folders, unlabelled folders, the seeded split."""
+"""The index of a dataset as numpy arrays: class folders, a labels CSV, unlabelled folders, the
+seeded split."""
 
 from __future__ import annotations
 
 import csv
 import os
+import warnings
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,7 @@ from {{ cookiecutter.package_name }}.data.images import IMG_EXTENSIONS
 from {{ cookiecutter.package_name }}.errors import DataError
 
 _JUNK_FOLDERS = ("__MACOSX", "$RECYCLE.BIN", "System Volume Information")  # never classes
+_SHOWN = 5  # how many missing files an error message lists
 
 
 @dataclass(frozen=True)
@@ -81,21 +85,18 @@ def folder_index(root: Path, class_names: list[str], option: str, training: bool
     """The class folders under `root`: for training, one per class; else, each a training class."""
     class_to_idx = {name: i for i, name in enumerate(class_names)}
     folders = find_classes(root, option)
-    if training and (ignored := sorted(set(folders) - set(class_to_idx))):
-        from lightning.pytorch.utilities import rank_zero_warn  # here: `infer` has none
-
-        rank_zero_warn(
+    if training and (ignored := sorted(set(folders) - set(class_to_idx))):  # on rank zero (`once`)
+        warnings.warn(
             f"--data.class_names leaves out {len(ignored)} class folders of {root}, which are "
-            f"not used: {', '.join(ignored)}"
+            f"not used: {', '.join(ignored)}",
+            stacklevel=2,
         )
     return ImageIndex(root, *make_dataset(root, class_to_idx, None if training else folders))
 
 
-Where = Callable[[int], str]  # where row i of an index comes from, for error messages
-
-
-def refuse_overlap(train: ImageIndex, train_where: Where, val: ImageIndex, val_where: Where):
-    """Refuse a training image also validated, however its path is spelled (`./a.jpg`, `a.jpg`)."""
+def refuse_overlap(train: ImageIndex, train_where: Callable, val: ImageIndex, val_where: Callable):
+    """Refuse a training image also validated, however its path is spelled (`./a.jpg`, `a.jpg`);
+    `where(row)` says where a row of an index comes from."""
 
     def files(index: ImageIndex) -> list[bytes]:
         base = os.fsencode(os.path.abspath(index.root))
@@ -106,6 +107,91 @@ def refuse_overlap(train: ImageIndex, train_where: Where, val: ImageIndex, val_w
         if file in trained:
             name = os.fsdecode(os.path.normpath(val.paths[row]))
             raise DataError(f"{train_where(trained[file])} and {val_where(row)} both name {name!r}")
+
+
+@dataclass(frozen=True)
+class LabelsTable:
+    """A labels CSV's rows: file names (bytes), line numbers, labels (row i: `values[codes[i]]`)."""
+
+    source: Path
+    paths: np.ndarray
+    values: list[str]
+    codes: np.ndarray
+    lines: np.ndarray
+
+    def where(self, row: int) -> str:
+        return f"{self.source.name} line {self.lines[row]}"
+
+    def targets(self, class_names: list[str]) -> np.ndarray:
+        """Each row's class index; a label that is not one of `class_names` is refused."""
+        to_idx = {name: i for i, name in enumerate(class_names)}
+        targets = np.array([to_idx.get(value, -1) for value in self.values], np.int64)
+        if len(unknown := np.flatnonzero(targets < 0)):  # codes number the labels in order of
+            row = int(np.flatnonzero(self.codes == unknown[0])[0])  # appearance: the first row
+            label, known = self.values[unknown[0]], preview(class_names)
+            raise DataError(f"{self.where(row)}: label {label!r} is not a class ({known})")
+        return targets[self.codes]
+
+
+def read_labels_csv(
+    csv_file: Path, filename_column: str = "filename", label_column: str = "label"
+) -> LabelsTable:
+    """A labels CSV with a header row (UTF-8, BOM or not, CRLF or LF, spaces stripped, blank lines
+    skipped), streamed into numpy arrays; a row without a file name or label is refused."""
+    with open(csv_file, encoding="utf-8-sig", newline="") as text:
+        reader = csv.reader(text, strict=True)
+        try:
+            columns = [name.strip() for name in next(reader, [])]
+            if filename_column not in columns or label_column not in columns:
+                names = f"{filename_column!r} or {label_column!r} (its header: {','.join(columns)})"
+                how = "set --data.source.filename_column, --data.source.label_column"
+                raise DataError(f"{csv_file} has no column {names}: {how}")
+            at = columns.index(filename_column), columns.index(label_column)
+            paths, codes, lines, index = [], array("q"), array("q"), {}  # index: label -> code
+            for row in reader:
+                name, label = (row[i].strip() if i < len(row) else "" for i in at)
+                if name and label:
+                    paths.append(os.fsencode(name))
+                    codes.append(index.setdefault(label, len(index)))
+                    lines.append(reader.line_num)  # where the record ends
+                elif "".join(row).strip():  # not a blank line
+                    raise DataError(
+                        f"{csv_file} line {reader.line_num} lacks a file name or label "
+                        f"({','.join(columns)}): {','.join(row)!r}"
+                    )
+        except csv.Error as err:
+            raise DataError(f"{csv_file} line {reader.line_num} is malformed CSV: {err}") from err
+        except UnicodeDecodeError:  # its offset is within one block: find the line in the bytes
+            try:
+                (raw := csv_file.read_bytes()).decode("utf-8")
+            except UnicodeDecodeError as err:
+                line = raw.count(b"\n", 0, err.start) + 1
+                raise DataError(f"{csv_file} line {line} is not UTF-8 text: {err.reason}") from err
+            raise
+    if not paths:
+        raise DataError(f"{csv_file} has a header but no rows")
+    arrays = np.frombuffer(codes, np.int64), np.frombuffer(lines, np.int64)
+    return LabelsTable(csv_file, np.array(paths, np.bytes_), list(index), *arrays)
+
+
+def find_missing(table: LabelsTable, root: Path, option: str = "data.source.root") -> None:
+    """Refuse a table naming files not under `root`: one listing answers for most rows, only
+    those it misses (`./`, links) cost a `stat` each."""
+    check_dir(root, option)
+    present = set(map(os.fsencode, list_images(root, images_only=False)))
+    missing = [
+        row
+        for row, path in enumerate(table.paths.tolist())
+        if path not in present and not os.path.isfile(os.path.join(root, os.fsdecode(path)))
+    ]
+    if missing:
+        shown = ", ".join(
+            f"line {table.lines[row]} {os.fsdecode(table.paths[row])!r}" for row in missing[:_SHOWN]
+        )
+        raise DataError(
+            f"{table.source}: {len(missing)} of {len(table.paths)} rows name files that are not in "
+            f"{root}: {shown}" + (" ..." if len(missing) > _SHOWN else "")
+        )
 
 
 def unlabelled_folder(folder: Path, option: str = "data.predict_root") -> ImageIndex:
@@ -142,14 +228,13 @@ def interleave_classes(index: ImageIndex) -> ImageIndex:
     return index.subset(np.argsort(place, kind="stable"))  # ties: in the index's order
 
 
-def write_split(path: Path, index: ImageIndex, class_names: list[str]) -> Path:
-    """`filename,label` rows of an index in `path`, so that a split can be audited."""
+def write_split(path: Path, index: ImageIndex, class_names: list[str]) -> None:
+    """`filename,label` rows of an index (or dataset) in `path`, so that a split can be audited."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as file:
         labels = [class_names[t] for t in index.targets.tolist()]
         rows = zip(map(os.fsdecode, index.paths), labels, strict=True)
         csv.writer(file).writerows([("filename", "label"), *rows])
-    return path
 
 
 def preview(names: list[str], limit: int = 10) -> str:

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 
 import numpy as np
 import torch
@@ -29,17 +30,13 @@ _SHOWN = 20  # how many skipped files the warning lists
 class _ReadCheck(ConcatDataset):
     """Image i of `datasets` (numbered in turn), read as its dataset reads it."""
 
-    def _locate(self, index: int) -> tuple[ImageFolderDataset, int]:
+    def locate(self, index: int) -> tuple[ImageFolderDataset, int]:
         which = bisect.bisect_right(self.cumulative_sizes, index)
         return self.datasets[which], index - ([0, *self.cumulative_sizes][which])
 
-    def path(self, index: int) -> str:
-        dataset, i = self._locate(index)
-        return dataset.path(i)
-
     def message(self, index: int) -> str:
         """ "" when image `index` decodes, else the error naming the file."""
-        dataset, i = self._locate(index)
+        dataset, i = self.locate(index)
         try:
             dataset.read(i)
         except DataError as err:
@@ -59,14 +56,11 @@ def _context() -> multiprocessing.context.BaseContext:
 _CHECK: _ReadCheck | None = None  # in a child process: the images it reads
 
 
-def _start_worker(check: _ReadCheck, pipe=None, index: int = 0) -> None:
-    """A child's start; with `pipe`, it reads image `index` alone and sends its message."""
+def _start_worker(check: _ReadCheck) -> None:
     global _CHECK
     _CHECK = check
     torch.set_num_threads(1)  # as in DataLoader workers: the processes share the CPUs
     faulthandler.disable()  # a crash is reported as a line naming the file, not a stack dump
-    if pipe is not None:
-        pipe.send(_check_range(index, index + 1))
 
 
 def _check_range(start: int, stop: int) -> list[str]:
@@ -77,9 +71,8 @@ def find_unreadable(
     datasets: Sequence[ImageFolderDataset], num_workers: int = 0, progress: bool = True
 ) -> list[tuple[int, str]]:
     """(index, error message) of each unreadable image of `datasets` (numbered in turn), decoded in
-    child processes; what a dead one held is read again a file per process, to name the killer."""
-    check = _ReadCheck(datasets)
-    bad: dict[int, str] = {}
+    a process pool; what a dead process held is read again a file per pool, to name a killer."""
+    check, bad, workers, suspects = _ReadCheck(datasets), {}, max(1, num_workers), []
     bar = tqdm(total=len(check), desc="scanning images", unit="img", disable=not progress or None)
 
     def record(start: int, messages: list[str]) -> None:
@@ -87,56 +80,35 @@ def find_unreadable(
         bar.update(len(messages))
         bar.set_postfix(unreadable=len(bad), refresh=False)
 
-    chunks = [(s, min(s + _BATCH, len(check))) for s in range(0, len(check), _BATCH)]
+    queue = deque((s, min(s + _BATCH, len(check))) for s in range(0, len(check), _BATCH))
     with bar:
-        for start, stop in _in_pool(check, chunks, max(1, num_workers), record):
-            for index in range(start, stop):  # in hand when a process died: file by file
-                one = _alone(check, index)
-                if isinstance(one, int):  # this one killed its process: a signal, or an exit code
-                    how = f"signal {-one}" if one < 0 else f"exit code {one}"
-                    one = [f"cannot read image {check.path(index)}: crashed the decoder ({how})"]
-                record(index, one)
+        while queue:  # a new pool once a process has died: its pool is broken
+            with ProcessPoolExecutor(workers, _context(), _start_worker, (check,)) as pool:
+                running: dict = {}
+                while queue or running:
+                    while queue and len(running) < 2 * workers:
+                        chunk = queue.popleft()
+                        running[pool.submit(_check_range, *chunk)] = chunk
+                    try:
+                        for future in wait(running, return_when=FIRST_COMPLETED)[0]:
+                            record(running[future][0], future.result())
+                            del running[future]
+                    except BrokenProcessPool:
+                        suspects += running.values()  # in flight when the pool broke
+                        break
+        for index in (i for start, stop in suspects for i in range(start, stop)):
+            record(index, _alone(check, index))
     return sorted(bad.items())
 
 
-def _in_pool(check: _ReadCheck, chunks: list[tuple[int, int]], workers: int, record) -> list:
-    """`record` each of `chunks` run in a process pool; return those a dead process held."""
-    queue, suspects = deque(chunks), []
-    while queue:
-        broken = False
-        with ProcessPoolExecutor(
-            workers, _context(), initializer=_start_worker, initargs=(check,)
-        ) as pool:
-            running: dict = {}
-            while (queue or running) and not broken:
-                while queue and len(running) < 2 * workers:
-                    chunk = queue.popleft()
-                    running[pool.submit(_check_range, *chunk)] = chunk
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    chunk = running.pop(future)
-                    try:
-                        record(chunk[0], future.result())
-                    except BrokenProcessPool:
-                        broken = True
-                        suspects.append(chunk)
-            suspects += running.values()  # in flight when the pool broke
-    return suspects
-
-
-def _alone(check: _ReadCheck, index: int) -> list[str] | int:
-    """The message of image `index`, read in a fresh process; its exit code if it died."""
-    context = _context()
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_start_worker, args=(check, send, index))
-    process.start()
-    send.close()
-    try:
-        result = receive.recv()
-    except EOFError:  # the process died before it could answer
-        result = None
-    process.join()
-    return result if result is not None else process.exitcode
+def _alone(check: _ReadCheck, index: int) -> list[str]:
+    """The message of image `index`, read in a process of its own, which may die of it."""
+    with ProcessPoolExecutor(1, _context(), _start_worker, (check,)) as pool:
+        try:
+            return pool.submit(_check_range, index, index + 1).result()
+        except BrokenProcessPool:
+            dataset, i = check.locate(index)
+            return [f"cannot read image {dataset.path(i)}: crashed the decoder"]
 
 
 def drop_unreadable(
@@ -144,29 +116,23 @@ def drop_unreadable(
     num_workers: int,
     progress: bool,
     listing_dir: str | None,
-    write_listing: bool,
     run_once: Callable | None = None,
 ) -> list[ImageFolderDataset]:
     """`datasets` without their unreadable images, with one warning, listed in
-    `listing_dir/skipped_images.txt` with `write_listing` unless inside a dataset."""
-    scan = lambda: find_unreadable(datasets, num_workers, progress)  # noqa: E731
+    `listing_dir/skipped_images.txt` where given (this run's list only: empty when none)."""
+    scan = partial(find_unreadable, datasets, num_workers, progress)
     bad = scan() if run_once is None else run_once(scan)
     total = sum(len(dataset) for dataset in datasets)
     if bad and len(bad) == total:
         raise DataError(f"none of the {total} images can be read: {bad[0][1]}")
-    where, roots = "", tuple(os.path.realpath(d.root).rstrip(os.sep) + os.sep for d in datasets)
-    if listing_dir is not None and (os.path.realpath(listing_dir) + os.sep).startswith(roots):
-        where = f" (not listed in {listing_dir}: it lies inside the dataset)"
-    elif listing_dir is not None:
-        listing = os.path.join(listing_dir, SKIPPED_FILE)
-        where = f" (all listed in {listing})"
-        if write_listing:
-            os.makedirs(listing_dir, exist_ok=True)
-            with open(listing, "w", encoding="utf-8") as file:  # this run's list only, or none
-                file.writelines(f"{message}\n" for _, message in bad)
+    where = ""
+    if listing_dir is not None:
+        os.makedirs(listing_dir, exist_ok=True)
+        where = f" (all listed in {(listing := os.path.join(listing_dir, SKIPPED_FILE))})"
+        with open(listing, "w", encoding="utf-8") as file:
+            file.writelines(f"{message}\n" for _, message in bad)
     if not bad:
         return list(datasets)
-
     shown = "\n".join(message for _, message in bad[:_SHOWN])
     more = f"\n... and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
     rank_zero_warn(

@@ -6,12 +6,15 @@ from __future__ import annotations
 import inspect
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from datetime import timedelta
 from functools import cached_property, partial
 from importlib import import_module
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.data.cache import cached
@@ -20,19 +23,19 @@ from {{ cookiecutter.package_name }}.data.demo import DEMO_CLASSES, demo_dir, en
 from {{ cookiecutter.package_name }}.data.images import warn_if_small
 from {{ cookiecutter.package_name }}.data.index import (
     ImageIndex,
-    Where,
+    LabelsTable,
     check_dir,
     find_classes,
+    find_missing,
     folder_index,
     interleave_classes,
+    read_labels_csv,
     refuse_overlap,
     stratified_split,
     unlabelled_folder,
     write_split,
 )
-from {{ cookiecutter.package_name }}.data.labels_csv import LabelsTable, find_missing, read_labels_csv
 from {{ cookiecutter.package_name }}.data.loaders import make_loader, placement
-from {{ cookiecutter.package_name }}.data.once import once
 from {{ cookiecutter.package_name }}.data.scan import drop_unreadable
 from {{ cookiecutter.package_name }}.data.transforms import eval_transform, train_transform
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 
 SPLIT_FILE = "val_files.csv"
 ImageDataModule = L.LightningDataModule  # `datamodule.py`'s, which imports this module
+_WAIT = timedelta(days=7)  # how long the other ranks wait for rank zero's work in `once`
 
 
 class Source(ABC):  # abstract: not itself offered as a --data.source
@@ -80,6 +84,32 @@ class Source(ABC):  # abstract: not itself offered as a --data.source
         return make_loader(dataset, data.batch_size, data.resolve_num_workers(), **options)
 
 
+def once(trainer, compute: Callable):
+    """`compute()` on global rank zero, its result (or its error) broadcast to every rank: work over
+    the whole dataset (listing, CSV, scan), done once per job. The others wait (hours, for a scan)
+    in a gloo group of their own, as `broadcast` has the job's timeout. A collective: every rank
+    calls it, in the same order (one process: just `compute()`)."""
+    if trainer is None or trainer.world_size <= 1:
+        return compute()
+    group = dist.new_group(backend="gloo", timeout=_WAIT)  # every rank makes it: a collective
+    outcome, failed = [None], None
+    try:
+        if trainer.is_global_zero:
+            try:
+                outcome = [(compute(), None)]
+            except Exception as err:  # raised here; the waiting ranks raise it, or say it failed
+                failed = err
+                bad = err if isinstance(err, DataError) else RuntimeError(f"rank 0 failed: {err!r}")
+                outcome = [(None, bad)]
+        dist.broadcast_object_list(outcome, src=0, group=group)
+    finally:
+        dist.destroy_process_group(group)
+    value, error = outcome[0]
+    if failed or error:
+        raise failed or error
+    return value
+
+
 def predict_folder(data: ImageDataModule, folder: Path) -> ImageFolderDataset:
     """The images below `folder`, for `predict`; unreadable ones skipped as the source says."""
     index = once(data.trainer, partial(unlabelled_folder, folder))
@@ -97,8 +127,8 @@ def skip_unreadable(data: ImageDataModule, *datasets: ImageFolderDataset) -> lis
     """`datasets` without the images that cannot be read, with `skip_bad_images` (`scan.py`)."""
     if not data.source.skip_bad_images:
         return list(datasets)
-    writer = data.trainer is None or data.trainer.is_global_zero
-    options = (data.resolve_num_workers(), writer, data.log_dir(), writer)
+    writer, log_dir = data.trainer is None or data.trainer.is_global_zero, data.log_dir()
+    options = (data.resolve_num_workers(), writer, log_dir if writer else None)
     return drop_unreadable(datasets, *options, partial(once, data.trainer))
 
 
@@ -133,15 +163,14 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
             if getattr(self, option) is not None:
                 check_dir(getattr(self, option), f"data.source.{option}", "a file")
 
-    def _labelled(self, role: str, class_names: list[str]) -> tuple[ImageIndex, Where]:
+    def _labelled(self, role: str, class_names: list[str]) -> tuple[ImageIndex, Callable]:
         """The images of `role` (training, validation, test), and where each one comes from."""
         base = self.root or demo_dir()
         root, csv, option = {
-            "training": (base, self.csv, "root"),
-            "validation": (self.val_root or base, self.val_csv, "val_root"),
-            "test": (self.test_root or base, self.test_csv, "test_root"),
+            "training": (base, self.csv, "data.source.root"),
+            "validation": (self.val_root or base, self.val_csv, "data.source.val_root"),
+            "test": (self.test_root or base, self.test_csv, "data.source.test_root"),
         }[role]
-        option = f"data.source.{option}"
         if role == "training" and isinstance(self, LabelsCsv):
             table = self.table
         elif csv is None:  # class folders
@@ -171,31 +200,29 @@ class _ImageFiles(Source):  # private: jsonargparse offers no "._" class path as
 
     def fit_datasets(self, data: ImageDataModule, stage: str | None) -> tuple[Dataset, Dataset]:
         self.prepare(predicting=False)  # also done by prepare_data; here for use without a Trainer
-        # Listing folders, or reading the CSV and checking its files: on rank zero only (once.py)
+        # Listing folders, or reading the CSV and checking its files: on rank zero only
         split = partial(self.split, data.class_names, data.seed)
         train_index, val_index = once(data.trainer, split)
         augment = train_transform(data.image_size, data.augment)
         size = augment.min_source_size()  # random crops tolerate libjpeg's fast approximate decode
         train = files_dataset(data, train_index, augment, size, approximate=True)
         val = files_dataset(data, interleave_classes(val_index))  # any prefix: every class
-        fitting = stage in ("fit", None)
-        if fitting and (data.trainer is None or data.trainer.is_global_zero):
+        lead = stage in ("fit", None) and (data.trainer is None or data.trainer.is_global_zero)
+        if lead:
             warn_if_small(train.path, len(train), data.image_size, data.seed)
         train, val = skip_unreadable(data, train, val)
         if self.cache == "memmap":  # training only: validation resizes from the files, as predict
             progress = data.trainer is None or data.trainer.local_rank == 0
             options = dict(progress=progress, run_once=partial(once, data.trainer))
             train = cached(train, max(data.image_size, size), data.cache_dir, **options)
-        if (log_dir := data.log_dir()) is not None and fitting and data.trainer.is_global_zero:
-            path = write_split(Path(log_dir) / SPLIT_FILE, val, data.class_names)
+        if (log_dir := data.log_dir()) is not None and lead:  # every rank asks for `log_dir`
+            write_split(path := Path(log_dir) / SPLIT_FILE, val, data.class_names)
             log.info("Validation split: %d images, listed in %s", len(val), path)
         return train, val
 
     def test_dataset(self, data: ImageDataModule) -> Dataset:
         if self.test_root is None and self.test_csv is None:
-            raise DataError(
-                "test needs --data.source.test_root (class folders) or --data.source.test_csv"
-            )
+            raise DataError("test needs --data.source.test_root or --data.source.test_csv")
         index = once(data.trainer, lambda: self._labelled("test", data.class_names)[0])
         return skip_unreadable(data, files_dataset(data, index))[0]
 
@@ -211,17 +238,13 @@ class ClassFolders(_ImageFiles):
         root: folder with one sub-folder of images per class; unset: the generated demo set.
         val_root: validation images in class folders (or the image folder of `val_csv`).
         val_csv: validation images named by a CSV, relative to `val_root` when set, else `root`.
-        val_fraction: share of each class held out for validation, drawn with `--data.seed`
-            (the same files on every run and process); not with `val_root` or `val_csv`.
+        val_fraction: share of each class held out for validation, drawn with `--data.seed`.
         test_root: `test` images in class folders (or the image folder of `test_csv`).
         test_csv: test images named by a CSV, relative to `test_root` when set, else `root`.
-        epoch_images: draw about this many images per epoch: passes = max(1, round(epoch_images
-            / training images)), each in an order of its own, so that a preset keeps its steps
-            per epoch on more data.
+        epoch_images: about this many images per epoch: max(1, round(N / training images)) passes.
         skip_bad_images: decode every image at setup and leave out, with a warning, those that
             cannot be read (also for `--data.predict_root`); off, such an image stops the run.
-        cache: "memmap": decode every image once into a uint8 file under `--data.cache_dir` that
-            training reads in later epochs and runs: a speed switch only (docs/performance.md).
+        cache: "memmap": training pixels decoded once into a uint8 file (docs/performance.md).
     """
 
 
