@@ -43,10 +43,10 @@ def test_fit_prints_progress_lines_then_validate_runs_from_the_best_checkpoint(
     fit = run_main(*tiny_fit(tmp_path), cwd=tmp_path)  # stdout not a terminal, as in a file
     assert fit.returncode == 0, fit.stderr
     out = fit.stdout
-    start = r"^fit \S+: (\d+) steps an epoch of 2 images, 2 epochs: (\d+) images$"
+    start = r"^fit \S+: (\d+) steps an epoch of 2 images, (\d+) steps: (\d+) images$"
     assert (start := re.search(start, out, re.M)), out
     per_epoch = int(start[1])
-    assert int(start[2]) == 2 * per_epoch * 2
+    assert int(start[2]) * 2 == int(start[3]) == 2 * per_epoch * 2
     lines = re.findall(
         r"^epoch (\d), step (\d+)/(\d+), ([\d,]+) images/s, data wait (\d+)%, ETA (\d+:\d\d:\d\d), "
         r"train_loss_step [\d.]+$",

@@ -1,5 +1,5 @@
 """What a run prints: progress as a bar on a terminal or as plain lines in a log, the run's name,
-the model summary, and nothing of Lightning's that a run did not ask for."""
+and nothing of Lightning's that a run did not ask for."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import warnings
 from datetime import timedelta
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 
 
 class RunTQDMProgressBar(TQDMProgressBar):
-    """Lightning's bar, showing the run's whole name where it shows `v_num` (its end)."""
+    """Lightning's bar, with the run's whole name for its `v_num` (the version's last 4 letters)."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -26,8 +26,7 @@ class RunTQDMProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)
-        items.pop("v_num", None)
-        return {"run": self.run, **items} if self.run else items
+        return {"run": self.run, **items} if items.pop("v_num", None) is not None else items
 
 
 class ProgressLines(ProgressBar):
@@ -44,35 +43,32 @@ class ProgressLines(ProgressBar):
     def enable(self) -> None: ...
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = (time.monotonic(), trainer.global_step)
-        self._last = self._start[0]
+        self._start = self._last = time.monotonic()
+        self._first_step = trainer.global_step
         monitors = (c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor))
         self._monitor = next(monitors, None)
         batch = getattr(trainer.train_dataloader, "batch_size", None) or 0
         step_images = batch * trainer.accumulate_grad_batches * trainer.world_size
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        total, epochs = trainer.estimated_stepping_batches, trainer.max_epochs
+        total, run = trainer.estimated_stepping_batches, _run_name(trainer)
+        run = " ".join(filter(None, ["fit", run]))
         length = f"{total:,} steps: {total * step_images:,} images"
-        if not math.isfinite(total):
-            length = "until stopped"
-        elif total == epochs * per_epoch:
-            length = f"{epochs} epoch{'s' * (epochs != 1)}: {total * step_images:,} images"
-        run = " ".join(filter(None, ["fit", _run_name(trainer)]))
+        length = length if math.isfinite(total) else "until stopped"
         self._print(f"{run}: {per_epoch:,} steps an epoch of {step_images} images, {length}")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         now, step, total = time.monotonic(), trainer.global_step, trainer.estimated_stepping_batches
         if now - self._last < self.every_n_seconds:
             return
-        self._last, (started, first_step) = now, self._start
+        self._last = now
         of = f"/{total:,}" if math.isfinite(total) else ""
         line = [f"epoch {trainer.current_epoch}", f"step {step:,}{of}"]
         images, seconds, waited = self._monitor.epoch_so_far() if self._monitor else (0, 0, 0)
         if seconds > 0:  # this rank's images: the others' batches are as large
             line.append(f"{images * trainer.world_size / seconds:,.0f} images/s")
             line.append(f"data wait {waited / seconds:.0%}")
-        if step > first_step and math.isfinite(total):
-            left = (now - started) / (step - first_step) * (total - step)
+        if step > self._first_step and math.isfinite(total):
+            left = (now - self._start) / (step - self._first_step) * (total - step)
             line.append(f"ETA {timedelta(seconds=round(left))}")
         self._print(", ".join(line + self._metrics(trainer, pl_module, validation=False)))
 
@@ -82,35 +78,21 @@ class ProgressLines(ProgressBar):
             self._print(f"epoch {trainer.current_epoch} validated: {', '.join(metrics)}")
 
     def _metrics(self, trainer, pl_module, validation: bool) -> list[str]:
-        items = self.get_metrics(trainer, pl_module)
-        items.pop("v_num", None)
-        return [f"{k} {v:.4g}" for k, v in items.items() if k.startswith("val") == validation]
+        items = trainer.progress_bar_metrics.items()
+        return [f"{k} {v:.4g}" for k, v in items if k.startswith("val") == validation]
 
     def _print(self, line: str) -> None:
         if self.trainer.is_global_zero:
             print(line, flush=True)
 
 
-class ModelSummaryNoFlops(ModelSummary):
-    """Lightning's summary without a FLOPs column of zeros (no `example_input_array`)."""
-
-    @staticmethod
-    def summarize(summary_data: list, *totals, total_flops: int, **kwargs) -> None:
-        if not total_flops:
-            summary_data = [column for column in summary_data if column[0] != "FLOPs"]
-        ModelSummary.summarize(summary_data, *totals, total_flops=total_flops, **kwargs)
-
-
 def callbacks(callbacks: list, trainer_options: dict) -> list:
-    """`callbacks` with the progress (`ProgressLines` unless stdout is a terminal, else
-    Lightning's bar with the run's name) and our model summary, in place of Lightning's."""
+    """`callbacks` with the progress: `ProgressLines` unless stdout is a terminal, else Lightning's
+    bar with the run's name."""
     lines = next(c for c in callbacks if isinstance(c, ProgressLines))
     callbacks = [c for c in callbacks if c is not lines]
     if trainer_options.get("enable_progress_bar") is not False:
         callbacks.append(RunTQDMProgressBar() if sys.stdout.isatty() else lines)
-    if trainer_options.get("enable_model_summary") is not False:
-        callbacks.append(ModelSummaryNoFlops())
-        trainer_options["enable_model_summary"] = False
     return callbacks
 
 
@@ -119,27 +101,24 @@ def _run_name(trainer: L.Trainer) -> str | None:
     return os.path.basename(trainer.log_dir) if trainer.loggers else None
 
 
-def _not_an_advert(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
-
-
 def _no_zero_flops(record: logging.LogRecord) -> bool:
-    table, _, last = str(record.msg).rpartition("\n")
-    if last.endswith("Total Flops") and last.split()[0] == "0":
-        record.msg = table
+    """Lightning's model summary without its FLOPs, zeros where the model has no
+    `example_input_array` (then the table's last column and its last line)."""
+    *table, total = str(record.msg).split("\n")
+    if total.endswith("Total Flops") and total.split()[0] == "0":
+        table = [line.rpartition(" | ")[0] or line for line in table]
+        width = max(len(line) for line in table if " | " in line)
+        record.msg = "\n".join("-" * width if line.startswith("--") else line for line in table)
     return True
 
 
 def quiet_lightning() -> None:
     """Leave out what Lightning prints on every run that no option turns off."""
     # Lightning 2.6 advertises its LitLogger on every Trainer without one (`configure_logger`).
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
+    )
     logging.getLogger("lightning.pytorch.callbacks.model_summary").addFilter(_no_zero_flops)
     # Lightning 2.6 itself (`lightning.pytorch.utilities._pytree`) makes torch's deprecated
     # `LeafSpec()` for each loader (Lightning #21326): nothing a run can change.
-    warnings.filterwarnings(
-        "ignore",
-        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        category=FutureWarning,
-        module=r"lightning\.pytorch\.utilities\._pytree",
-    )
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is dep", FutureWarning)

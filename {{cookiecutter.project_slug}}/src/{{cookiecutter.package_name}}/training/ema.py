@@ -9,16 +9,12 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch import Tensor
 
-from {{ cookiecutter.package_name }}.errors import DataError
-
 
 class EMAWeights(WeightAveraging):
     """The average of the weights and BatchNorm statistics on Lightning's `WeightAveraging`
     (validated, checkpointed, exported), its decay warmed up as timm's (docs/training.md)."""
 
     def __init__(self, decay: float = 0.999) -> None:
-        if not 0.0 <= decay < 1.0:
-            raise DataError(f"EMAWeights decay must be in [0, 1), got {decay}")
         super().__init__(use_buffers=True, avg_fn=partial(warmed_up_ema, decay))
         self.decay = decay
         self._validating = False  # the average is in the model, the raw weights aside

@@ -57,30 +57,27 @@ class RunHistory(Callback):
             return
         wrong = self._most_confident_mistakes(trainer)  # collective under DDP: every rank
         metrics = trainer.callback_metrics  # computing synced metrics is collective too
-        confusion = getattr(pl_module, "confusion", None)
-        confusion = confusion.tolist() if confusion is not None else None
+        confusion = None if pl_module.confusion is None else pl_module.confusion.tolist()
         self.validation = {"epoch": trainer.current_epoch, "confusion": confusion, "wrong": wrong}
         self.validation |= {key: _number(metrics.get(key)) for key in ("val_loss", "val_acc")}
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
             return
-        train_loss = _number(trainer.callback_metrics.get("train_loss_epoch"))  # every rank
+        epoch, train_loss = trainer.current_epoch, trainer.callback_metrics.get("train_loss_epoch")
         monitors = (c for c in trainer.callbacks if isinstance(c, DataStarvationMonitor))
         measured = next((c.measurement for c in monitors), None) or {}
-        if measured.get("epoch") != trainer.current_epoch:  # stale: not this epoch's
-            measured = {}
-        row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "lr": self._lr}
-        validated = self.validation and self.validation["epoch"] == trainer.current_epoch
+        row = {"epoch": epoch, "step": trainer.global_step, "lr": self._lr}
+        validated = self.validation and self.validation["epoch"] == epoch
         row |= {k: self.validation.get(k) if validated else None for k in ("val_loss", "val_acc")}
-        row |= {"train_loss": train_loss, "data_wait_fraction": None, "advice": None} | measured
-        self.epochs = [e for e in self.epochs if e["epoch"] < row["epoch"]] + [row]
+        row |= {"train_loss": _number(train_loss), "data_wait_fraction": None, "advice": None}
+        row |= measured if measured.get("epoch") == epoch else {}  # not a stale one
+        self.epochs = [e for e in self.epochs if e["epoch"] < epoch] + [row]
         if trainer.is_global_zero:  # written whole: into a file beside it, then renamed
-            history = {"class_names": list(getattr(pl_module, "class_names", []))}
-            history |= {"epochs": self.epochs, "validation": self.validation}
+            history = {"class_names": list(pl_module.class_names), "epochs": self.epochs}
             self.folder.mkdir(parents=True, exist_ok=True)
             staging = self.folder / f".{HISTORY_FILE}.partial"
-            staging.write_text(json.dumps(history, indent=1))
+            staging.write_text(json.dumps(history | {"validation": self.validation}, indent=1))
             os.replace(staging, self.folder / HISTORY_FILE)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -95,23 +92,22 @@ class RunHistory(Callback):
             targets, predicted, confidence = (torch.cat(part).cpu() for part in parts)
             wrong = (predicted != targets).nonzero().flatten()
             top = wrong[confidence[wrong].argsort(descending=True)][:MISTAKES]
-            loader = trainer.val_dataloaders
             # The n-th image this process validated is the n-th its sampler gave.
-            dataset = loader.dataset
+            dataset, sampler = trainer.val_dataloaders.dataset, trainer.val_dataloaders.sampler
 {%- if cookiecutter.shards == "yes" %}
-            streamed = isinstance(dataset, torch.utils.data.IterableDataset)  # shards: no sampler
-            order = None if streamed else list(loader.sampler)
-{%- else %}
-            order = list(loader.sampler)
-{%- endif %}
-            for position in top.tolist():
+            order = None if isinstance(dataset, torch.utils.data.IterableDataset) else list(sampler)
+            for position in top.tolist():  # shards: streamed, no sampler, no path
                 index = position if order is None else int(order[position])
                 path = dataset.path(index) if hasattr(dataset, "path") else None
-                rows.append(
-                    {"index": index, "path": path and os.path.abspath(path)}
-                    | {"true": int(targets[position]), "predicted": int(predicted[position])}
-                    | {"confidence": float(confidence[position])}
-                )
+                rows.append({"index": index, "path": path and os.path.abspath(path)})
+{%- else %}
+            order = list(sampler)
+            for position in top.tolist():
+                index = int(order[position])
+                rows.append({"index": index, "path": os.path.abspath(dataset.path(index))})
+{%- endif %}
+                rows[-1] |= {"true": int(targets[position]), "predicted": int(predicted[position])}
+                rows[-1]["confidence"] = float(confidence[position])
         self._batches = []
         if trainer.world_size > 1:
             shards: list = [None] * trainer.world_size

@@ -25,12 +25,11 @@ class DataStarvationMonitor(L.Callback):
     def __init__(self, threshold: float = 0.2, min_steps: int = 10) -> None:
         self.threshold, self.min_steps = threshold, min_steps
         self.warned = False
-        self.measurement: dict | None = None  # of the epoch that just ended; None: not measured
+        self.measurement: dict | None = None  # the epoch just ended's, for the run history
         self.on_train_epoch_start()
 
     def on_train_epoch_start(self, trainer=None, pl_module=None) -> None:
-        self._wait = self._step = self._step_start = self._validation_start = 0.0
-        self._images = self._steps = 0
+        self._wait, self._step, self._images, self._steps = 0.0, 0.0, 0, 0
         self._mark: float | None = None  # end of the last step; None before the first
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -55,8 +54,6 @@ class DataStarvationMonitor(L.Callback):
             self._mark += time.perf_counter() - self._validation_start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log the epoch's numbers; keep them in `measurement` for the run history, with the
-        advice if starved."""
         total, self.measurement = self._wait + self._step, None
         if self._steps == 0 or total <= 0:
             return

@@ -1,4 +1,4 @@
-"""Writing predictions to CSV: one row per image with the label, its probability and the top-k."""
+"""`predict`'s CSV: one row per image with its top-k classes; under DDP the ranks' parts merged."""
 
 from __future__ import annotations
 
@@ -11,21 +11,17 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from {{ cookiecutter.package_name }}.training.outputs import check_output, starts_with_line
 
 HEADER = ["path", "label", "probability", "top_k"]
-# The first line of each CSV written here: how a file that is there already is known as
-# predict's (or infer's) own, to be replaced without --overwrite.
+# Each CSV's first line: how a file already there is known as predict's (or infer's) own.
 MARK = ",".join(HEADER)
-PART_MARK = ",".join(["index", *HEADER])
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Write `predict` results to a CSV file, batch by batch, and print where it is. Columns:
-    `path`{{ " (from shards: relative to the folder sharded)" if cookiecutter.shards == "yes" else "" }},
-    `label` (the predicted class), `probability` (of that class), `top_k` (the `top_k` most
-    likely classes as `name:probability` joined by spaces).
+    """Write `predict` results to a CSV, batch by batch: `path`, `label` (the predicted class),
+    `probability` (of that class), `top_k` (the `top_k` most likely classes as `name:probability`
+    joined by spaces).{{ " From shards, `path` is relative to the folder sharded." if cookiecutter.shards == "yes" else "" }}
 
     Args:
-        output: the CSV file; unset: `predictions.csv` in the run folder. Refused among the
-            inputs, or over a file that is not a predictions CSV.
+        output: the CSV file; unset: `predictions.csv` in the run folder.
         top_k: how many classes the `top_k` column lists.
         overwrite: replace an existing `output` that is not a CSV of predict or infer.
     """
@@ -36,67 +32,54 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         folder = Path(trainer.log_dir or trainer.default_root_dir)
-        self.path = path = Path(self.output or folder / "predictions.csv")
-        # Under DDP each rank writes a `.rankN.csv` of its share; rank zero merges them.
-        self._sharded = trainer.world_size > 1
-        self._check(trainer, path, MARK)
-        if self._sharded:
-            path = path.with_suffix(f".rank{trainer.global_rank}.csv")
-            self._check(trainer, path, PART_MARK)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end)
+        self.path = self.part = Path(self.output or folder / "predictions.csv")
+        header = HEADER
+        if trainer.world_size > 1:  # each rank writes its `.rankN.csv`, rank zero merges them
+            self.part = self.path.with_suffix(f".rank{trainer.global_rank}.csv")
+            header = ["index", *HEADER]
+        for path, mark in {(self.path, MARK), (self.part, ",".join(header))}:
+            check_output(  # on every rank alike
+                path,
+                "--predictions.output" if self.output is not None else "predictions CSV",
+                ours=lambda existing, mark=mark: starts_with_line(existing, mark),
+                what="a predictions CSV that predict or infer wrote",
+                overwrite=self.overwrite,
+                way_out="pass --predictions.overwrite true",
+                instead="name another file with --predictions.output",
+                inputs=[*trainer.datamodule.inputs(), ("--ckpt_path", trainer.ckpt_path)],
+            )
+        self.part.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.part, "w", newline="")  # noqa: SIM115 (closed in on_predict_end)
         self._writer = csv.writer(self._file)
-        self._writer.writerow(["index", *HEADER] if self._sharded else HEADER)
+        self._writer.writerow(header)
 
     def write_on_batch_end(self, trainer, pl_module, prediction: dict, *_) -> None:
-        dataset = trainer.predict_dataloaders.dataset
         names = pl_module.class_names
-        k = min(self.top_k, len(names))
-        top_probs, top_labels = prediction["probs"].topk(k, dim=1)
+        top_probs, top_labels = prediction["probs"].topk(min(self.top_k, len(names)), dim=1)
         indices = prediction["index"].tolist()
 {%- if cookiecutter.shards == "yes" %}
-        paths = prediction.get("path") or [dataset.path(index) for index in indices]
+        paths = prediction.get("path") or map(trainer.predict_dataloaders.dataset.path, indices)
 {%- else %}
-        paths = [dataset.path(index) for index in indices]
+        paths = map(trainer.predict_dataloaders.dataset.path, indices)
 {%- endif %}
         for index, path, probs, labels in zip(
             indices, paths, top_probs.tolist(), top_labels.tolist(), strict=True
         ):
             top = " ".join(f"{names[c]}:{p:.4f}" for c, p in zip(labels, probs, strict=True))
             row = [path, names[labels[0]], f"{probs[0]:.4f}", top]
-            self._writer.writerow([index, *row] if self._sharded else row)
+            self._writer.writerow([index, *row] if self.part != self.path else row)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._file.close()
-        if self._sharded:
+        if self.part != self.path:
             trainer.strategy.barrier("predictions written")
-            if trainer.is_global_zero:
-                self._merge(trainer.world_size)
+            if trainer.is_global_zero:  # the ranks' rows in the images' order; the parts removed
+                rows = []
+                for rank in range(trainer.world_size):
+                    with open(part := self.path.with_suffix(f".rank{rank}.csv"), newline="") as f:
+                        rows += [(int(row[0]), row[1:]) for row in list(csv.reader(f))[1:]]
+                    part.unlink()
+                with open(self.path, "w", newline="") as file:
+                    csv.writer(file).writerows([HEADER, *(row for _, row in sorted(rows))])
         if trainer.is_global_zero:
             print(f"predictions: {self.path}")
-
-    def _check(self, trainer: L.Trainer, path: Path, mark: str) -> None:
-        """Refuse, on every rank alike, a CSV among the inputs or over a file not predict's."""
-        inputs = getattr(trainer.datamodule, "inputs", list)()
-        check_output(
-            path,
-            "--predictions.output" if self.output is not None else "predictions CSV",
-            ours=lambda existing: starts_with_line(existing, mark),
-            what="a predictions CSV that predict or infer wrote",
-            overwrite=self.overwrite,
-            way_out="pass --predictions.overwrite true",
-            instead="name another file with --predictions.output",
-            inputs=[*inputs, ("--ckpt_path", trainer.ckpt_path)],
-        )
-
-    def _merge(self, world_size: int) -> None:
-        """Rank zero: the ranks' files as one CSV, in the images' order; the parts removed."""
-        rows = []
-        for part in (self.path.with_suffix(f".rank{rank}.csv") for rank in range(world_size)):
-            with open(part, newline="") as file:
-                rows += [(int(row[0]), row[1:]) for row in list(csv.reader(file))[1:]]
-            part.unlink()
-        with open(self.path, "w", newline="") as file:
-            writer = csv.writer(file)
-            writer.writerow(HEADER)
-            writer.writerows(row for _, row in sorted(rows))

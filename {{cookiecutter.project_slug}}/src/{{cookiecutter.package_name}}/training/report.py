@@ -76,13 +76,12 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
         body += [_table("per-class", header + [f"as {name}" for name in names], rows)]
         rows = [
             [html.escape(str(m["path"])), names[m["true"]], names[m["predicted"]]]
-            + [f"{m['confidence']:.3f}"]
+            + [_number(m["confidence"])]
             for m in validation["wrong"]
         ]
-        header = ["file", "true", "predicted", "probability"]
+        mistakes = _table("mistakes", ["file", "true", "predicted", "probability"], rows)
         none = "<p>No validation image was misclassified.</p>"
-        body += ["<h2>Most confident mistakes</h2>"]
-        body += [_table("mistakes", header, rows) if rows else none]
+        body += ["<h2>Most confident mistakes</h2>", mistakes if rows else none]
     title, last = f"Run report: {html.escape(str(folder.resolve()))}", epochs[-1]
     head = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8">{GENERATOR}<title>{title}</title>'
     head += f"<style>{STYLE}</style></head>\n<body><h1>{title}</h1>\n<p>{len(epochs)} epochs, "
