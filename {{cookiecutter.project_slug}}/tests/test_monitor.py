@@ -10,19 +10,15 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.training import monitor as monitor_module
-from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 
 
 class Clock:
-    """The monitor's `time` in a test: it moves only when the test's data or step says so."""
+    """The monitor's `time` in a test: it moves only when the test's data or step moves it."""
 
     now = 0.0
 
     def perf_counter(self) -> float:
         return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class SlowItems(RandomDataset):
@@ -33,24 +29,23 @@ class SlowItems(RandomDataset):
         self.delay, self.clock = delay, clock
 
     def __getitem__(self, index: int):
-        self.clock.sleep(self.delay)
+        self.clock.now += self.delay
         return super().__getitem__(index)
 
 
 class TinyModel(BoringModel):
-    """Lightning's linear layer; each batch's copy takes `copy_delay` seconds, each step
-    `step_delay`."""
+    """Lightning's linear layer; each batch's copy takes `copy_delay` s, each step `step_delay`."""
 
     def __init__(self, step_delay: float, copy_delay: float, clock: Clock) -> None:
         super().__init__()
         self.step_delay, self.copy_delay, self.clock = step_delay, copy_delay, clock
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        self.clock.sleep(self.copy_delay)
+        self.clock.now += self.copy_delay
         return batch
 
     def training_step(self, batch, batch_idx):
-        self.clock.sleep(self.step_delay)
+        self.clock.now += self.step_delay
         return super().training_step(batch, batch_idx)
 
 
@@ -68,7 +63,7 @@ def test_the_wait_is_measured_without_validation_and_a_starved_run_warned_once(
     clock = Clock()
     monkeypatch.setattr(monitor_module, "time", clock)
     loaders = [DataLoader(SlowItems(delay, clock), batch_size=2) for delay in (load, 1.0)]
-    monitor = DataStarvationMonitor(min_steps=3)
+    monitor = monitor_module.DataStarvationMonitor(min_steps=3)
     options = dict(max_epochs=2, val_check_interval=3, limit_val_batches=1, callbacks=[monitor])
     with caplog.at_level(logging.WARNING, logger=monitor_module.__name__):
         trainer = quiet_trainer(tmp_path, **options)

@@ -27,11 +27,8 @@ SCRIPT = "scripts/recipe_bench.py"
 
 
 def short_run(root: Path, *extra: str) -> list[str]:
-    return [
-        *tiny_run_options(root),
-        "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
-        "--trainer.logger", "false", "--checkpoint.dirpath", "ckpts", *extra,
-    ]  # fmt: skip
+    short = "--trainer.max_epochs 1 --trainer.limit_train_batches 2 --trainer.logger false"
+    return [*tiny_run_options(root), *short.split(), "--checkpoint.dirpath", "ckpts", *extra]
 
 
 @pytest.mark.slow
@@ -59,9 +56,8 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
 
     monkeypatch.setattr(BatchMixer, "__call__", counted)
     argv[argv.index("configs/recipes/finetune.yaml")] = str(RECIPES / "finetune.yaml")
-    cut = ["--trainer.max_epochs", "2", "--model.mix_off_epochs", "1",
-           "--data.image_size", "64", "--run", "finetune"]  # fmt: skip
-    fit = run_main(*argv[3:], *cut, cwd=tmp_path)
+    cut = "--trainer.max_epochs 2 --model.mix_off_epochs 1 --data.image_size 64 --run finetune"
+    fit = run_main(*argv[3:], *cut.split(), cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert mixed_epochs and set(mixed_epochs) == {0}  # MixUp/CutMix ran, then stopped
     (last,) = tmp_path.rglob("last.ckpt")
@@ -74,10 +70,9 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
 
 def test_the_ema_decay_warms_up() -> None:
     """The n-th update at (1 + n) / (10 + n), late ones at `decay`."""
-    average, current = torch.zeros(1), torch.ones(1)
-    assert warmed_up_ema(0.999, average, current, torch.tensor(1)).item() == pytest.approx(9 / 11)
-    late = warmed_up_ema(0.999, average, current, torch.tensor(10**6)).item()
-    assert late == pytest.approx(0.001)
+    zero, one = torch.zeros(1), torch.ones(1)
+    updated = [warmed_up_ema(0.999, zero, one, torch.tensor(n)).item() for n in (1, 1e6)]
+    assert updated == pytest.approx([9 / 11, 0.001])
 
 
 def val_loss(output: str) -> float:
@@ -128,17 +123,14 @@ def test_the_recipe_benchmark_runs(tmp_path: Path, tmp_path_factory) -> None:
     assert list(tmp_path.iterdir()) == []  # it works in a temporary folder
 
 
-def _ema(trainer) -> object:
-    return next(c for c in trainer.callbacks if type(c).__name__ == "EMAWeights")
-
-
 class AverageDevice(L.Callback):
     """Notes where the model and EMA's average are once training starts."""
 
     seen: dict = {}
 
     def on_train_start(self, trainer, pl_module) -> None:
-        average = next(_ema(trainer)._average_model.parameters())
+        ema = next(c for c in trainer.callbacks if type(c).__name__ == "EMAWeights")
+        average = next(ema._average_model.parameters())
         AverageDevice.seen = {"model": pl_module.device, "average": average.device}
 
 
