@@ -1,2 +1,1 @@
-"""Callbacks that run beside training: last.ckpt, runs by name, the starvation monitor, the
-prediction writer, the run history and report; the output check of every writing command."""
+"""Callbacks that run beside training, the run report, the output check of writing commands."""

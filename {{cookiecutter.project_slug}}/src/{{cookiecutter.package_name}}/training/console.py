@@ -1,5 +1,4 @@
-"""What a run prints: progress as a bar on a terminal or as plain lines in a log, the run's name,
-and nothing of Lightning's that a run did not ask for."""
+"""What a run prints: a progress bar or plain lines, the run's name, no noise of Lightning's."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ class RunTQDMProgressBar(TQDMProgressBar):
 
 
 class ProgressLines(ProgressBar):
-    """Progress as plain lines for a log (nohup, SLURM, CI): the run's length, then every
-    `every_n_seconds` the step, images/s and data wait (this epoch's so far), time left and
-    training metrics; each validation's metrics. Rank zero prints."""
+    """Progress as plain lines for a log (nohup, SLURM, CI), from rank zero: the run's length, then
+    every `every_n_seconds` step, images/s, data wait, ETA, loss; each validation's metrics."""
 
     def __init__(self, every_n_seconds: float = 30.0) -> None:
         super().__init__()
@@ -87,8 +85,7 @@ class ProgressLines(ProgressBar):
 
 
 def callbacks(callbacks: list, trainer_options: dict) -> list:
-    """`callbacks` with the progress: `ProgressLines` unless stdout is a terminal, else Lightning's
-    bar with the run's name."""
+    """`callbacks` with `ProgressLines`, or on a terminal Lightning's bar with the run's name."""
     lines = next(c for c in callbacks if isinstance(c, ProgressLines))
     callbacks = [c for c in callbacks if c is not lines]
     if trainer_options.get("enable_progress_bar") is not False:
@@ -102,8 +99,7 @@ def _run_name(trainer: L.Trainer) -> str | None:
 
 
 def _no_zero_flops(record: logging.LogRecord) -> bool:
-    """Lightning's model summary without its FLOPs, zeros where the model has no
-    `example_input_array` (then the table's last column and its last line)."""
+    # Without an `example_input_array` the summary's FLOPs (last column, last line) are zeros.
     *table, total = str(record.msg).split("\n")
     if total.endswith("Total Flops") and total.split()[0] == "0":
         table = [line.rpartition(" | ")[0] or line for line in table]
@@ -119,6 +115,5 @@ def quiet_lightning() -> None:
         lambda record: not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
     )
     logging.getLogger("lightning.pytorch.callbacks.model_summary").addFilter(_no_zero_flops)
-    # Lightning 2.6 itself (`lightning.pytorch.utilities._pytree`) makes torch's deprecated
-    # `LeafSpec()` for each loader (Lightning #21326): nothing a run can change.
+    # Lightning 2.6's `utilities._pytree` makes torch's deprecated `LeafSpec()` (Lightning #21326).
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is dep", FutureWarning)

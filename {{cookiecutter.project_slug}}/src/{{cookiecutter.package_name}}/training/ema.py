@@ -17,24 +17,11 @@ class EMAWeights(WeightAveraging):
     def __init__(self, decay: float = 0.999) -> None:
         super().__init__(use_buffers=True, avg_fn=partial(warmed_up_ema, decay))
         self.decay = decay
-        self._validating = False  # the average is in the model, the raw weights aside
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning builds the average where the module is: still on the CPU here.
         pl_module.to(trainer.strategy.root_device)
         super().setup(trainer, pl_module, stage)
-
-    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_validation_epoch_start(trainer, pl_module)
-        self._validating = True
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_validation_epoch_end(trainer, pl_module)
-        self._validating = False
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
-        if self._validating:  # the raw weights back before `LastCheckpoint` saves
-            self.on_validation_epoch_end(trainer, pl_module)
 
 
 @torch.no_grad()

@@ -18,9 +18,8 @@ MISTAKES = 24  # the most confidently misclassified validation images the report
 
 
 class RunHistory(Callback):
-    """Each epoch's losses, accuracy, learning rate and data wait, and the latest validation's
-    confusion matrix and most confident mistakes (over all DDP ranks), in the run folder's
-    `history.json` and in checkpoints.
+    """Each epoch's numbers and the latest validation's confusion matrix and most confident
+    mistakes (over all DDP ranks), in the run folder's `history.json` and in checkpoints.
 
     Args:
         report: write `report.html` into the run folder at the end of `fit`.
@@ -56,10 +55,10 @@ class RunHistory(Callback):
         if not _fitting(trainer):
             return
         wrong = self._most_confident_mistakes(trainer)  # collective under DDP: every rank
-        metrics = trainer.callback_metrics  # computing synced metrics is collective too
         confusion = None if pl_module.confusion is None else pl_module.confusion.tolist()
         self.validation = {"epoch": trainer.current_epoch, "confusion": confusion, "wrong": wrong}
-        self.validation |= {key: _number(metrics.get(key)) for key in ("val_loss", "val_acc")}
+        for key in ("val_loss", "val_acc"):  # synced metrics: collective too, every rank
+            self.validation[key] = _number(trainer.callback_metrics.get(key))
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
@@ -85,7 +84,6 @@ class RunHistory(Callback):
             write_report(self.folder)
 
     def _most_confident_mistakes(self, trainer: L.Trainer) -> list[dict]:
-        """This epoch's misclassified images, most confident first, over all processes."""
         rows: list[dict] = []
         if self._batches:
             parts = zip(*self._batches, strict=True)

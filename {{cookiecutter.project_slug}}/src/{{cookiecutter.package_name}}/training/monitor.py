@@ -1,4 +1,4 @@
-"""The starvation monitor: how much of each training epoch was spent waiting for the next batch."""
+"""The starvation monitor: the share of each training epoch spent waiting for the next batch."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ class DataStarvationMonitor(L.Callback):
     """
 
     def __init__(self, threshold: float = 0.2, min_steps: int = 10) -> None:
-        self.threshold, self.min_steps = threshold, min_steps
-        self.warned = False
+        self.threshold, self.min_steps, self.warned = threshold, min_steps, False
         self.measurement: dict | None = None  # the epoch just ended's, for the run history
         self.on_train_epoch_start()
 

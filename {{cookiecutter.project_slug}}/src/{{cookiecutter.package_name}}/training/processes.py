@@ -1,5 +1,4 @@
-"""The processes of a DDP run on one machine: each ends with the one that started it, and each
-closes its process group before the interpreter ends."""
+"""A DDP run's processes on one machine: each ends with its starter, its process group closed."""
 
 from __future__ import annotations
 

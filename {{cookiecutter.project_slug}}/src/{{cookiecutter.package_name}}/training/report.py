@@ -1,5 +1,4 @@
-"""The run report: one self-contained HTML page (tables, inline SVG curves) from a run's
-`history.json`."""
+"""The run report: one self-contained HTML page (tables, SVG curves) from `history.json`."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from {{ cookiecutter.package_name }}.training.outputs import check_output, holds
 HISTORY_FILE = "history.json"  # written by training/history.py, RunHistory
 # In the page's head: how a report.html already in the run folder is known as this project's.
 GENERATOR = '<meta name="generator" content="{{ cookiecutter.package_name }} report">'
-STYLE = "body { font-family: sans-serif; margin: 2em } table { border-collapse: collapse }"
-STYLE += " td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: right }"
+STYLE = "table { border-collapse: collapse } td, th { border: 1px solid #ccc; padding: 2px 8px }"
 CURVES = {"train_loss": "training loss", "val_loss": "validation loss", "lr": "learning rate"}
 CURVES["val_acc"] = "validation accuracy"
 COLUMNS = [*CURVES, "data_wait_fraction"]  # the table of epochs
@@ -29,8 +27,7 @@ class NothingToReport(DataError):
 
 
 def write_report(folder: str | Path, overwrite: bool = False) -> Path:
-    """Write `report.html` from the run folder's `history.json`, over a file that is not an
-    earlier report (its page carries `GENERATOR`) only with `overwrite`; print where, how long."""
+    """Write the run folder's `report.html` (over another file only with `overwrite`)."""
     started, folder = time.perf_counter(), Path(folder)
     path = folder / HISTORY_FILE
     if not path.is_file() and not (folder / "config.yaml").is_file():  # fit writes it first
@@ -53,7 +50,6 @@ def write_report(folder: str | Path, overwrite: bool = False) -> Path:
         ours=lambda path: holds(path, GENERATOR.encode(), 1024),
         what="a report this project wrote",
         overwrite=overwrite,
-        way_out=f"run `python -m {{ cookiecutter.package_name }} report {folder} --overwrite`",
         instead="move it away",
     )
     validation = history.get("validation") or {}
@@ -111,7 +107,6 @@ def _number(value: float | None) -> str:
 
 
 def _table(name: str, header: list[str], rows: list[list]) -> str:
-    """Cells given as HTML (text escaped by the caller)."""
     lines = ["".join(f"<th>{cell}</th>" for cell in header)]
     lines += ["".join(f"<td>{cell}</td>" for cell in row) for row in rows]
     return f'<table id="{name}">' + "\n".join(f"<tr>{line}</tr>" for line in lines) + "</table>"
