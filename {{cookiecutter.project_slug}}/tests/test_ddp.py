@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -38,8 +37,8 @@ def logged(run_dir: Path, *keys: str) -> dict[str, float]:
 def test_test_and_predict_take_every_image_once_under_ddp(
     trained_checkpoint: Path, tmp_path: Path, run_main
 ) -> None:
-    """`test` scores held-out images as `validate` does (per class too), `predict` lists each
-    once; 7 images, which 2 processes do not divide: padded shards would count one twice."""
+    """`test` scores held-out images as `validate` does, `predict` lists each once; 7 images,
+    which 2 processes do not divide: padded shards would count one twice."""
     common = ["--ckpt_path", str(trained_checkpoint), "--data.num_workers", "0", *CSV_LOGGER]
     done = run_main("test", *common, cwd=tmp_path)
     assert "error: test needs --data.source.test_root" in one_error(done.returncode, done.stderr)
@@ -53,13 +52,12 @@ def test_test_and_predict_take_every_image_once_under_ddp(
     for command, folder, processes in (("validate", "val", one), ("test", "test", DDP)):
         (tmp_path / command).mkdir()
         options = [command, *common, f"--data.source.{folder}_root", str(held_out), *processes]
-        said = run_cli(*options, cwd=tmp_path / command)
+        run_cli(*options, cwd=tmp_path / command)
     expected = logged(tmp_path / "validate", "val_acc", "val_loss")
     assert 5 / 7 <= expected["val_acc"] < 1  # the odd cat is wrong, so a repeat would show
     tested = logged(tmp_path / "test", "test_acc", "test_loss")
     assert tested["test_acc"] == pytest.approx(expected["val_acc"], abs=1e-6)
     assert tested["test_loss"] == pytest.approx(expected["val_loss"], rel=1e-5)
-    assert re.search(r"^bee\s+2\s+\d+\s+[\d.]+$", said, re.MULTILINE), said  # per class, once
 
     output = tmp_path / "predict" / "predictions.csv"
     output.parent.mkdir()
