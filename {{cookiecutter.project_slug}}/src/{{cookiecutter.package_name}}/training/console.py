@@ -11,7 +11,7 @@ import warnings
 from datetime import timedelta
 
 import lightning as L
-from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar, TQDMProgressBar
 
 from {{ cookiecutter.package_name }}.training.monitor import DataStarvationMonitor
 
@@ -90,6 +90,10 @@ def callbacks(callbacks: list, trainer_options: dict) -> list:
     callbacks = [c for c in callbacks if c is not lines]
     if trainer_options.get("enable_progress_bar") is not False:
         callbacks.append(RunTQDMProgressBar() if sys.stdout.isatty() else lines)
+    if trainer_options.get("enable_model_summary") is not False:
+        # The plain summary, even where Rich is installed: `_no_zero_flops` reads its table.
+        callbacks.append(ModelSummary())
+        trainer_options["enable_model_summary"] = False
     return callbacks
 
 
