@@ -66,6 +66,13 @@ def image_root(tmp_path: Path) -> Path:
     return write_classes(tmp_path / "images")
 
 
+def write_labels_csv(image_root: Path, path: Path) -> None:
+    """The labels CSV of `image_root`'s class folders (the README's `labels.csv`)."""
+    images = sorted(image_root.rglob("*.jpg"))
+    rows = "".join(f"{p.relative_to(image_root).as_posix()},{p.parent.name}\n" for p in images)
+    path.write_text("filename,label\n" + rows)
+
+
 # For tests that read metrics.csv, whatever the bake's logger (the name: a new class keeps W&B's).
 CSV_LOGGER = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger"]
 CSV_LOGGER += ["--trainer.logger.save_dir", ".", "--trainer.logger.name", "lightning_logs"]

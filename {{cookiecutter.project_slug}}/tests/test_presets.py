@@ -14,7 +14,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_run_options
+from conftest import tiny_run_options, write_labels_csv
 
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.commands.export import load_for_export
@@ -48,6 +48,8 @@ def test_readme_finetune_command_trains_from_a_hub_cache(
     block = re.search(r"\*\*Fine-tune a pretrained backbone\*\*.*?```bash\n(.*?)```", text, re.S)
     (line,) = [line for line in block.group(1).splitlines() if line.startswith("python -m ")]
     argv = shlex.split(line.replace("path/to/images", str(image_root)))
+    if "labels.csv" in argv:  # the csv layout's README: in the working folder
+        write_labels_csv(image_root, tmp_path / "labels.csv")
     mixed_epochs, mix = [], BatchMixer.__call__
 
     def counted(mixer: BatchMixer, images, targets, key: tuple[int, ...]) -> tuple:

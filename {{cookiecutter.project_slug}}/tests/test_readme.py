@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_labels_csv
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -28,13 +29,7 @@ def readme_commands() -> list[str]:
 
 @pytest.mark.slow
 def test_readme_commands_run_as_shown(image_root: Path, tmp_path: Path) -> None:
-    (tmp_path / "labels.csv").write_text(  # in the working folder, as the README has it
-        "filename,label\n"
-        + "".join(
-            f"{p.relative_to(image_root).as_posix()},{p.parent.name}\n"
-            for p in sorted(image_root.rglob("*.jpg"))
-        )
-    )
+    write_labels_csv(image_root, tmp_path / "labels.csv")  # the working folder's, as shown
     commands = readme_commands()
     assert [c.split()[3] for c in commands][:3] == ["scan", "fit", "validate"]
     run_id = None
