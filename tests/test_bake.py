@@ -476,7 +476,7 @@ def lines_of(folder: Path) -> int:
 
 def foreign_private_names(package: Path) -> list[str]:
     """`file:line name` of each use of a private name that the package does not define itself:
-    `obj._x`, `from lib._mod import ...`, `from lib import _x`."""
+    `obj._x`, `f(_x=...)`, `from lib._mod import ...`, `from lib import _x`."""
     trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in package.rglob("*.py")}
     own = {package.name} | {
         getattr(node, "name", None) or getattr(node, "attr", None) or getattr(node, "id", None)
@@ -491,6 +491,8 @@ def foreign_private_names(package: Path) -> list[str]:
             names = []
             if isinstance(node, ast.Attribute):
                 names = [node.attr]
+            elif isinstance(node, ast.keyword) and node.arg:  # `parse_args(..., _skip=True)`
+                names = [node.arg]
             elif isinstance(node, ast.ImportFrom) and node.module.split(".")[0] not in own:
                 names = [*node.module.split("."), *(alias.name for alias in node.names)]
             for name in names:
