@@ -53,7 +53,12 @@ from {{ cookiecutter.package_name }}.training.runs import (
 {%- if cookiecutter.logger == "mlflow" %}
 from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, resume_run
 {%- elif cookiecutter.logger == "wandb" %}
-from {{ cookiecutter.package_name }}.training.tracking import RunIdCheckpoint, finish_run, resume_run
+from {{ cookiecutter.package_name }}.training.tracking import (
+    RunIdCheckpoint,
+    drop_anonymous,
+    finish_run,
+    resume_run,
+)
 {%- endif %}
 
 # DataModule options that are also the model's: linked data -> model, saved in each checkpoint.
@@ -163,6 +168,9 @@ class ImageCLI(LightningCLI):
             self.save_config_callback = None  # the run's config.yaml stays as the run began
         # Private, as no public hook takes the callbacks: LightningCLI's own last step.
         trainer = self._instantiate_trainer(config, callbacks)
+{%- if cookiecutter.logger == "wandb" %}
+        drop_anonymous(trainer)
+{%- endif %}
         if self.subcommand == "fit" and self.config.fit.get("run") is not None:
             trainer.run_folder = str(runs_folder(self.config.fit) / self.config.fit.run)
         return trainer

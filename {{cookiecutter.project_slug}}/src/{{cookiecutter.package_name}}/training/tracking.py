@@ -61,4 +61,12 @@ def finish_run() -> None:
     progress), into the first run's folder."""
     if wandb.run is not None:
         wandb.finish()
+
+
+def drop_anonymous(trainer: L.Trainer) -> None:
+    """Lightning passes `anonymous=None` to `wandb.init`, on which wandb 0.31 warns "The anonymous
+    setting has no effect" whatever its value: not passed, as wandb asks."""
+    for logger in trainer.loggers:
+        if isinstance(logger, TRACKER):  # Private: Lightning's wandb.init arguments (no option)
+            logger._wandb_init.pop("anonymous", None)
 {%- endif %}
