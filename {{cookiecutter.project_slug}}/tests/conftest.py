@@ -248,6 +248,7 @@ def cli_fit(folder: Path, *options: str, omp: str | None = None) -> str:
         cwd=folder, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    (folder / "stderr.txt").write_text(done.stderr)
     return done.stdout
 
 
