@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -94,7 +95,9 @@ def build(
         staging.mkdir()
         decoded = _Decoded(dataset.root, dataset.paths, None, None, min_size=size)
         images = DataLoader(decoded, batch_size=None, num_workers=workers)
-        images = tqdm(images, f"Caching images in {folder}", unit="img", disable=not progress)
+        if progress:  # a line a log file holds; the bar on a terminal only
+            print(f"Caching {len(dataset)} training images in {folder}", file=sys.stderr)
+        images = tqdm(images, "Caching", unit="img", disable=not progress or None)
         index, offset = np.zeros((len(dataset), 3), dtype=np.int64), 0
         try:
             with open(staging / "pixels.u8", "wb") as out:

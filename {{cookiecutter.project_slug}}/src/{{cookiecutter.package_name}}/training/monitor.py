@@ -58,9 +58,8 @@ class DataStarvationMonitor(L.Callback):
             return
         fraction, rate, epoch = self._wait / total, self._images / total, trainer.current_epoch
         self.measurement = {"epoch": epoch, "data_wait_fraction": fraction, "advice": None}
-        # Under DDP: the ranks' mean wait and the job's rate (Lightning warns on unsynced ones).
-        pl_module.log("data_wait_fraction", fraction, sync_dist=True)
-        pl_module.log("train_images_per_s", rate, sync_dist=True, reduce_fx="sum")
+        pl_module.log("data_wait_fraction", fraction, sync_dist=True)  # DDP: the ranks' mean
+        pl_module.log("train_images_per_s", rate, sync_dist=True, reduce_fx="sum")  # the job's
         if fraction <= self.threshold or self._steps < self.min_steps:
             return
         step_rate = self._images / self._step if self._step else float("inf")
