@@ -15,20 +15,12 @@ from conftest import bake, new_venv, run, venv_pip
 
 pytestmark = pytest.mark.slow
 
-# The defaults and every option at its last value (the bake-time capabilities, a bare project
-# with no CI and no SLURM script, the last logger) run their whole suites; the other value of
-# each option that changes code and dependencies (each logger's dependency, the CSV layout) its
-# fast tier. Distinct names, so that installs never collide.
+# One bake per row: the defaults, the other value of the options that change code and
+# dependencies (each logger's dependency), and every option at its last value: the bake-time
+# capabilities with a bare project (no CI, no SLURM script) and the last logger, whose fast tier
+# and capability tests run there rather than in a bake of their own (about 140 s of CI each).
+# Distinct names, so that installs never collide.
 DEFAULT = {"project_name": "Shape Sorter"}
-EVERY_OPTION = {
-    "project_name": "Wide Net",
-    "serve": "yes",
-    "shards": "yes",
-    "logger": "wandb",
-    "ci": "none",
-    "slurm": "no",
-    "license": "Proprietary",
-}
 OTHERS = {
     "csv-tensorboard": {
         "project_name": "Leaf Lens",
@@ -37,7 +29,36 @@ OTHERS = {
         "license": "Apache-2.0",
     },
     "mlflow": {"project_name": "Mind Map", "logger": "mlflow", "license": "BSD-3-Clause"},
+    # The fast tier, then every test of the files the capabilities add.
+    "serve-shards-wandb-bare": {
+        "project_name": "Wide Net",
+        "serve": "yes",
+        "shards": "yes",
+        "logger": "wandb",
+        "ci": "none",
+        "slurm": "no",
+        "license": "Proprietary",
+    },
 }
+OPTION_BAKES = ("serve-shards-wandb-bare",)
+# The test files each capability adds, and its tests in shared files, run whole (slow tests
+# included) in its bake, with the extras they need so that none is skipped.
+OPTION_TESTS = {
+    "serve": (["tests/test_serve.py"], "serve,onnx"),
+    "shards": (
+        [
+            "tests/test_shards.py",
+            "tests/test_shard_safety.py",
+            "tests/test_stop.py::test_a_ctrl_c_that_reaches_a_loader_worker_leaves_training_running[shards]",
+        ],
+        "stream",
+    ),
+}
+# In a tracker's (MLflow's, W&B's) bake, `fit` and `predict` as commands print no warning (a W&B
+# bake's whole suite failed on one of W&B's alone); its resume is its own test file's, fast tier.
+TRACKER_TESTS = [
+    "tests/test_cli.py::test_a_fit_and_predict_in_processes_of_their_own_print_no_warnings"
+]
 # Skipped for a reason that is not a missing package: no GPU; a test of the messages without an
 # extra, in a bake that has it.
 ALLOWED_SKIPS = ("CUDA", "GPU", "has the stream extra")
@@ -84,18 +105,13 @@ def install(project: Path, folder: Path, dependencies: Path, extras: str) -> str
 
 
 @pytest.mark.minutes(12)
-@pytest.mark.parametrize(
-    ("answers", "extras"),
-    [(DEFAULT, "dev,onnx,timm"), (EVERY_OPTION, "dev,onnx,timm,serve,stream")],
-    ids=["default", "every-option"],
-)
-def test_bake_passes_all_its_tests_and_lint(
-    cookies, tmp_path: Path, dependencies: Path, answers: dict[str, str], extras: str
+def test_default_bake_passes_all_its_tests_and_lint(
+    cookies, tmp_path: Path, dependencies: Path
 ) -> None:
     """`make lint` and `make test-all` (one pytest worker per CPU): its whole suite, with every
-    extra it has, so that ONNX export and inference, timm models, serving and shards are tested."""
-    project = bake(cookies, **answers)
-    python = install(project, tmp_path / "venv", dependencies, extras)
+    extra it has (onnx, timm), so that ONNX export and inference and timm models are tested."""
+    project = bake(cookies, **DEFAULT)
+    python = install(project, tmp_path / "venv", dependencies, "dev,onnx,timm")
     run("make", "lint", f"PYTHON={python}", cwd=project)
     result = run("make", "test-all", f"PYTHON={python}", cwd=project, timeout=2700)
     assert_passed(result.stdout)
@@ -114,18 +130,34 @@ def assert_no_package_skipped(stdout: str) -> None:
     assert all(any(reason in line for reason in ALLOWED_SKIPS) for line in skipped), skipped
 
 
-@pytest.mark.minutes(3)
-@pytest.mark.parametrize("answers", list(OTHERS.values()), ids=list(OTHERS))
+@pytest.mark.parametrize(
+    "answers",
+    [
+        # the capabilities' own test files run whole there: about as long as a default half
+        pytest.param(answers, id=name, marks=pytest.mark.minutes(10 if name in OPTION_BAKES else 3))
+        for name, answers in OTHERS.items()
+    ],
+)
 def test_bake_passes_its_fast_tests_and_lint(
     cookies, tmp_path: Path, dependencies: Path, answers: dict[str, str]
 ) -> None:
-    """`make test`, the fast tier: what these options change is in-process code and config. These
-    bakes go without the extras, so that the messages for a missing extra are tested."""
+    """`make test`, the fast tier: what the options change is in-process code and config. These
+    bakes go without the extras, so that the messages for a missing extra are tested, but for
+    the bake-time capabilities, whose own test files then run whole, as a tracker's CLI tests."""
     project = bake(cookies, **answers)
-    python = install(project, tmp_path / "venv", dependencies, "dev")
+    added = [name for name in OPTION_TESTS if answers.get(name) == "yes"]
+    extras = ["dev", *(OPTION_TESTS[name][1] for name in added)]
+    python = install(project, tmp_path / "venv", dependencies, ",".join(extras))
     run("make", "lint", f"PYTHON={python}", cwd=project)
     result = run("make", "test", f"PYTHON={python}", cwd=project, timeout=900)
     assert_passed(result.stdout)
+    files = [file for name in added for file in OPTION_TESTS[name][0]]
+    files += TRACKER_TESTS if answers.get("logger") in ("mlflow", "wandb") else []
+    if files:
+        chosen = f"PYTEST_ARGS={' '.join(files)}"
+        result = run("make", "test-all", f"PYTHON={python}", chosen, cwd=project, timeout=1500)
+        assert_passed(result.stdout)
+        assert_no_package_skipped(result.stdout)
     if answers.get("dataset_layout") == "csv":
         # Its README's commands differ (a labels CSV): they run as shown, as the default's do.
         # (A logger's README differs in a run folder's name only, and its bake's test-all runs
