@@ -183,6 +183,11 @@ def test_a_root_that_is_no_class_folder_tree_is_named(
         ImageDataModule(ClassFolders(image_root.parent / root, val_root=val)).setup("fit")
 
 
+def test_validate_without_validation_images_is_refused(image_root: Path) -> None:
+    with pytest.raises(DataError, match="validate has no images: --data.source.val_fraction is 0"):
+        ImageDataModule(ClassFolders(image_root, val_fraction=0)).setup("validate")
+
+
 def test_class_folders_listed_in_order(tmp_path: Path) -> None:
     """Sorted names, a folder's files before its subfolders', hidden and junk folders left out."""
     for name in [

@@ -96,6 +96,10 @@ class ImageDataModule(L.LightningDataModule):
             self.test_dataset = self.source.test_dataset(self)
         elif self.train_dataset is None:
             self.train_dataset, self.val_dataset = self.source.fit_datasets(self, stage)
+            if stage == "validate" and not len(self.val_dataset):
+                raise DataError("validate has no images: --data.source.val_fraction is 0 here")
+            if stage == "fit" and self.trainer is not None and not len(self.val_dataset):
+                self.trainer.limit_val_batches = 0  # `val_fraction 0`: Lightning's quiet "no val"
 
     def log_dir(self) -> str | None:
         """The run's log folder, or None; every rank must ask (`trainer.log_dir` broadcasts)."""

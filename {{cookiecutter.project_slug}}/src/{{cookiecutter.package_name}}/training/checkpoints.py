@@ -31,6 +31,8 @@ class BestCheckpoint(ModelCheckpoint):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         self.fitting = stage == "fit"
+        if self.fitting and trainer.limit_val_batches == 0:  # no validation: the last epoch's
+            self.monitor = None
 
     def load_state_dict(self, state_dict: dict) -> None:
         if self.fitting:
