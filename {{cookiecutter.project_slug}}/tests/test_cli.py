@@ -16,8 +16,9 @@ from lightning.pytorch.loggers import CSVLogger
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.training.console import RunTQDMProgressBar
 
-# A warning (Lightning's and Python's name the file and line), a tip, a deprecation, FLOPs.
-SUSPECT = re.compile(r"warn|tip\b|deprecat|flops|\.py:\d+:", re.IGNORECASE)
+# A warning (Lightning's and Python's name the file and line), a tip, a deprecation, FLOPs, the
+# training loader loaded "to estimate number of stepping batches".
+SUSPECT = re.compile(r"warn|tip\b|deprecat|flops|\.py:\d+:|to estimate", re.IGNORECASE)
 
 
 def run_to_file(*args: str, cwd: Path) -> tuple[int, str, str]:

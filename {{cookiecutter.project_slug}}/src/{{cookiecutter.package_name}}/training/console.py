@@ -114,9 +114,11 @@ def _no_zero_flops(record: logging.LogRecord) -> bool:
 
 def quiet_lightning() -> None:
     """Leave out what Lightning prints on every run that no option turns off."""
-    # Lightning 2.6 advertises its LitLogger on every Trainer without one (`configure_logger`).
+    # Lightning 2.6 advertises its LitLogger on every Trainer without one (`configure_logger`), and
+    # says that the schedule's length (`estimated_stepping_batches`) loads the training loader.
+    noise = ("💡 Tip: For seamless cloud logging", "Loading `train_dataloader` to estimate")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
+        lambda record: not str(record.msg).startswith(noise)
     )
     logging.getLogger("lightning.pytorch.callbacks.model_summary").addFilter(_no_zero_flops)
     # Lightning 2.6's `utilities._pytree` makes torch's deprecated `LeafSpec()` (Lightning #21326).
