@@ -259,7 +259,7 @@ def test_spawn_workers(tmp_path: Path) -> None:
     """The default on Windows, macOS, Python 3.14: the dataset pickled (one image four times)."""
     write_image(tmp_path / "same" / "only" / "0.png", (128, 128, 128), size=(64, 64))
     dm = ImageDataModule(ClassFolders(tmp_path / "same", val_fraction=0), image_size=16)
-    dm.setup("validate")
+    dm.setup("fit")
     dataset = dm.train_dataset
     dataset.paths, dataset.targets = np.repeat(dataset.paths, 4), np.zeros(4, dtype=np.int64)
     options = dict(batch_size=2, num_workers=1, multiprocessing_context="spawn")  # one: slow start
