@@ -52,6 +52,8 @@ def test_stored_pixels_are_the_files_at_the_size_asked_for(image_root: Path, tmp
     assert served._pixels is not None  # mapped in this process; a pickle travels without
     copy = pickle.loads(pickle.dumps(served))
     assert copy._pixels is None and torch.equal(copy.read(3), served.read(3))
+    part = served.subset(np.arange(len(dataset)) % 2 == 1)  # `bench --max_images`: its pixels too
+    assert part.path(2) == dataset.path(5) and torch.equal(part.read(2), served.read(5))
 
 
 def test_a_new_size_file_or_content_selects_a_new_cache(image_root: Path, tmp_path: Path) -> None:

@@ -82,10 +82,7 @@ def main(args: list[str] | None = None) -> None:
         keep = np.zeros(total, dtype=bool)
         keep[np.random.default_rng(decode.seed).choice(total, cap, replace=False)] = True
         for name in {"decode", "memmap"} & modules.keys():
-            subset = modules[name].train_dataset.subset(keep)
-            if name == "memmap":  # and the rows of its pixel index (MemmapImageDataset.index)
-                subset.index = subset.index[keep]
-            modules[name].train_dataset = subset
+            modules[name].train_dataset = modules[name].train_dataset.subset(keep)
     naive = NaiveDataset(decode.train_dataset, decode.image_size, decode.mean, decode.std)
     print(
         f"{decode.image_size}px, batch {batch}, device {device}, {cpus} usable CPUs; "

@@ -41,6 +41,11 @@ class MemmapImageDataset(ImageFolderDataset):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_pixels": None}
 
+    def subset(self, keep: np.ndarray) -> MemmapImageDataset:
+        subset = super().subset(keep)
+        subset.index = self.index[keep]  # the rows of the pixels, with their files
+        return subset
+
     def read(self, index: int) -> torch.Tensor:
         if self._pixels is None:  # copy-on-write: writable for torch, never written back
             self._pixels = np.memmap(self.folder / "pixels.u8", np.uint8, mode="c")
